@@ -1,0 +1,36 @@
+"""The shape every stage's `__main__` shares: parse the config, set up logging, run, report errors clearly."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from components.common.config import parse_config
+from components.common.logs import setup_logging
+
+EXIT_BAD_INPUT = 2
+
+
+def run_stage(
+    config_class: type,
+    run: Callable[[Any], Any],
+    argv: Sequence[str] | None,
+    description: str,
+    program: str,
+    expected_errors: tuple[type[BaseException], ...] = (ValueError,),
+) -> int:
+    """Parse `argv` into `config_class`, call `run(config)`; a bad input logs one clear line and exits 2."""
+    try:
+        config, namespace = parse_config(config_class, argv, description, program)
+    except ValueError as error:
+        setup_logging("INFO")
+        logging.getLogger(program).error("%s", error)
+        return EXIT_BAD_INPUT
+    setup_logging(namespace.log_level)
+    try:
+        run(config)
+    except expected_errors as error:
+        logging.getLogger(program).error("%s", error)
+        return EXIT_BAD_INPUT
+    return 0

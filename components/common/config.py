@@ -1,0 +1,143 @@
+"""Typed configuration: dataclasses with defaults in code, overridable from a JSON file and the command line.
+
+Every stage declares one frozen dataclass. `parse_config` turns its fields into `--kebab-case` options
+(help text from the field's `metadata["help"]`, choices from `metadata["choices"]`), reads an optional
+`--config FILE.json` whose keys are field names, and lets the command line override the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+ConfigT = TypeVar("ConfigT")
+
+
+def option_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    """Return (inner type, is_optional) for `X | None` / `Optional[X]`."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        arguments = [argument for argument in typing.get_args(annotation) if argument is not type(None)]
+        if len(arguments) == 1:
+            return arguments[0], True
+    return annotation, False
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _converter(annotation: Any, optional: bool):
+    """A function turning one command-line string into a value of `annotation`."""
+
+    def convert(text: str):
+        if optional and text.strip().lower() in ("", "none", "null"):
+            return None
+        if annotation is bool:
+            return _parse_bool(text)
+        return annotation(text)
+
+    return convert
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) -> None:
+    """Add one option per field of `config_class`; defaults are left as None so the file can supply them."""
+    hints = typing.get_type_hints(config_class)
+    for field in dataclasses.fields(config_class):
+        annotation, optional = _unwrap_optional(hints[field.name])
+        help_text = field.metadata.get("help", "")
+        default = field.default if field.default is not dataclasses.MISSING else None
+        if field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        help_text = f"{help_text} (required)" if required else f"{help_text} (default: {default!r})"
+        keywords: dict[str, Any] = {"dest": field.name, "default": None, "help": help_text}
+        if typing.get_origin(annotation) is tuple:
+            (element_type, *_rest) = typing.get_args(annotation)
+            keywords.update(nargs="*", type=_converter(element_type, False), metavar=field.name.upper())
+        elif annotation is bool and not optional:
+            keywords["action"] = argparse.BooleanOptionalAction
+        else:
+            keywords.update(type=_converter(annotation, optional), metavar=field.name.upper())
+        if "choices" in field.metadata:
+            keywords["choices"] = field.metadata["choices"]
+        parser.add_argument(option_name(field.name), **keywords)
+
+
+def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], origin: str) -> ConfigT:
+    """Build `config_class` from a mapping, naming `origin` and the key in every error."""
+    known = {field.name for field in dataclasses.fields(config_class)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{origin}: unknown configuration field(s) {unknown}; known fields: {sorted(known)}")
+    hints = typing.get_type_hints(config_class)
+    converted = {}
+    for name, value in values.items():
+        annotation, _optional = _unwrap_optional(hints[name])
+        if typing.get_origin(annotation) is tuple and isinstance(value, list):
+            value = tuple(value)
+        converted[name] = value
+    try:
+        return config_class(**converted)
+    except TypeError as error:
+        raise ValueError(f"{origin}: {error}") from error
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        content = json.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ValueError(f"{path}: configuration file does not exist") from error
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON: {error}") from error
+    if not isinstance(content, dict):
+        raise ValueError(f"{path}: expected a JSON object of field names to values, got {type(content).__name__}")
+    return content
+
+
+def parse_config(
+    config_class: type[ConfigT], argv: Sequence[str] | None, description: str, program: str | None = None
+) -> tuple[ConfigT, argparse.Namespace]:
+    """Parse `argv` into a `config_class`; returns the config and the namespace (for the non-config options)."""
+    parser = build_parser(config_class, description, program)
+    namespace = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    if namespace.config:
+        values.update(read_config_file(namespace.config))
+    for field in dataclasses.fields(config_class):
+        given = getattr(namespace, field.name)
+        if given is not None:
+            values[field.name] = given
+    origin = f"configuration (command line{' and ' + namespace.config if namespace.config else ''})"
+    return config_from_mapping(config_class, values, origin), namespace
+
+
+def build_parser(config_class: type, description: str, program: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=program, description=description)
+    parser.add_argument(
+        "--config", default=None, help="JSON file of field names to values; command-line options override it"
+    )
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_config_arguments(parser, config_class)
+    return parser
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a config dataclass (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))

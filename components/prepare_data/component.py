@@ -1,0 +1,45 @@
+"""The prepare_data KFP component: a lightweight Python component whose image holds this project.
+
+The body only imports the project and calls one function, so the same definition runs in-process with
+`kfp.local.SubprocessRunner`, in Docker, and on a cluster.
+"""
+
+from __future__ import annotations
+
+from kfp import dsl
+
+from components.images import image
+
+
+@dsl.component(base_image=image("prepare_data"), install_kfp_package=False)
+def prepare_data_component(
+    dataset: dsl.Output[dsl.Dataset],
+    source: str = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+    source_sha256: str = "",
+    validation_fraction: float = -1.0,
+    examples_per_shard: int = 5000,
+    compression: str = "NONE",
+    seed: int = 42,
+    synthetic_train_per_class: int = 200,
+    synthetic_eval_per_class: int = 50,
+):
+    """Convert the source to sharded, checksummed TFRecords in the `dataset` artifact.
+
+    validation_fraction < 0 keeps the source's own hold-out (data batch 5); source_sha256 "" checks
+    only the official archive's known digest.
+    """
+    from components.common.logs import setup_logging
+    from components.prepare_data.component_support import run_prepare_data
+
+    setup_logging()
+    run_prepare_data(
+        dataset,
+        source=source,
+        source_sha256=source_sha256,
+        validation_fraction=validation_fraction,
+        examples_per_shard=examples_per_shard,
+        compression=compression,
+        seed=seed,
+        synthetic_train_per_class=synthetic_train_per_class,
+        synthetic_eval_per_class=synthetic_eval_per_class,
+    )

@@ -1,0 +1,92 @@
+"""Configuration of the prepare_data stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from components.common import records
+
+OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+OFFICIAL_SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
+SOURCE_FORMATS = ("auto", "python", "binary", "folders")
+
+
+@dataclass(frozen=True)
+class PrepareDataConfig:
+    output: str = field(metadata={"help": "output folder or gs://bucket/prefix for the shards and manifest"})
+    source: str = field(
+        default=OFFICIAL_URL,
+        metadata={
+            "help": "an http(s) URL, gs:// URI, local .tar.gz or folder (official python or binary CIFAR-10 "
+            "layout, or <split>/<class>/<image> folders), or 'synthetic'"
+        },
+    )
+    source_format: str = field(
+        default="auto", metadata={"help": "layout of the source; auto detects it", "choices": SOURCE_FORMATS}
+    )
+    source_sha256: str | None = field(
+        default=None,
+        metadata={"help": "expected SHA-256 of the source archive; the official URL's is known and always checked"},
+    )
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "where downloads are cached (default $XDG_CACHE_HOME/cifar10-pipeline)"}
+    )
+    validation_fraction: float | None = field(
+        default=None,
+        metadata={
+            "help": "take a stratified, seeded validation split of this fraction of the training data; by default "
+            "the source's own hold-out is used (data batch 5, or a validation/ folder), else 0.2"
+        },
+    )
+    seed: int = field(default=42, metadata={"help": "seed of the validation split and the shuffling"})
+    shuffle: bool = field(default=True, metadata={"help": "shuffle each split (seeded) before sharding"})
+    examples_per_shard: int = field(default=5000, metadata={"help": "records per shard (the last may hold fewer)"})
+    compression: str = field(
+        default=records.COMPRESSION_NONE,
+        metadata={"help": "shard compression", "choices": (records.COMPRESSION_NONE, records.COMPRESSION_GZIP)},
+    )
+    synthetic_train_per_class: int = field(
+        default=200, metadata={"help": "with source 'synthetic': training images per class"}
+    )
+    synthetic_eval_per_class: int = field(
+        default=50, metadata={"help": "with source 'synthetic': evaluation images per class"}
+    )
+    synthetic_classes: int = field(default=10, metadata={"help": "with source 'synthetic': number of classes"})
+    force: bool = field(default=False, metadata={"help": "rewrite even when the published dataset already matches"})
+
+    def __post_init__(self) -> None:
+        if not self.output:
+            raise ValueError("output: must name a folder or gs:// prefix")
+        if self.source_format not in SOURCE_FORMATS:
+            raise ValueError(f"source_format: {self.source_format!r} is not one of {SOURCE_FORMATS}")
+        if self.validation_fraction is not None and not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"validation_fraction: {self.validation_fraction} is not in [0, 1)")
+        if self.examples_per_shard < 1:
+            raise ValueError(f"examples_per_shard: {self.examples_per_shard} must be at least 1")
+        if self.compression not in (records.COMPRESSION_NONE, records.COMPRESSION_GZIP):
+            raise ValueError(f"compression: {self.compression!r} is not NONE or GZIP")
+        for name in ("synthetic_train_per_class", "synthetic_eval_per_class"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        if not 2 <= self.synthetic_classes <= 100:
+            raise ValueError(f"synthetic_classes: {self.synthetic_classes} must be between 2 and 100")
+        if self.source_sha256 is not None and len(self.source_sha256) != 64:
+            raise ValueError(f"source_sha256: {self.source_sha256!r} is not a 64-digit hex SHA-256")
+
+    def output_parameters(self) -> dict:
+        """The options that determine the output's bytes (recorded in the manifest; a rerun compares them)."""
+        parameters = {
+            "source_format": self.source_format,
+            "validation_fraction": self.validation_fraction,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "examples_per_shard": self.examples_per_shard,
+            "compression": self.compression,
+        }
+        if self.source == "synthetic":
+            parameters.update(
+                synthetic_train_per_class=self.synthetic_train_per_class,
+                synthetic_eval_per_class=self.synthetic_eval_per_class,
+                synthetic_classes=self.synthetic_classes,
+            )
+        return parameters

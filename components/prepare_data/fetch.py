@@ -1,0 +1,100 @@
+"""Bringing a remote source (http(s):// or gs://) to a local, verified, cached file."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from components.common import storage
+from components.common.progress import Progress
+from components.prepare_data.safe_io import SourceError
+
+logger = logging.getLogger(__name__)
+
+DOWNLOAD_TIMEOUT_SECONDS = 60
+_CHUNK_BYTES = 1024 * 1024
+
+
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def _offline_hint(source: str) -> str:
+    return (
+        f"If this machine cannot reach {source}, download the archive elsewhere and pass the local file "
+        "instead: --source /path/to/cifar-10-python.tar.gz (or use --source synthetic for an offline demo)."
+    )
+
+
+def _cache_path(cache_dir: Path, source: str) -> Path:
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    return cache_dir / "downloads" / f"{key}-{Path(source.split('?')[0]).name or 'download'}"
+
+
+def _check_sha256(path: Path, digest: str, expected: str | None, source: str) -> None:
+    if expected is not None and digest != expected.lower():
+        raise SourceError(
+            f"{source}: SHA-256 is {digest}, expected {expected.lower()}; the file is damaged or not the "
+            f"expected archive (checked copy: {path})"
+        )
+
+
+def download_url(url: str, cache_dir: Path, expected_sha256: str | None) -> tuple[Path, str]:
+    """Download `url` into the cache (once), verify its SHA-256, and return (path, sha256)."""
+    target = _cache_path(cache_dir, url)
+    if target.exists():
+        digest = storage.sha256_file(target)
+        if expected_sha256 is None or digest == expected_sha256.lower():
+            logger.info("using cached download %s of %s", target, url)
+            return target, digest
+        logger.warning("cached %s does not match the expected SHA-256; downloading again", target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
+    digest = hashlib.sha256()
+    logger.info("downloading %s", url)
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response, open(partial, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0)
+            progress = Progress(f"download {Path(url).name}", total, unit="bytes", logger=logger)
+            while chunk := response.read(_CHUNK_BYTES):
+                out.write(chunk)
+                digest.update(chunk)
+                progress.advance(len(chunk))
+        _check_sha256(partial, digest.hexdigest(), expected_sha256, url)
+        os.replace(partial, target)
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise SourceError(f"could not download {url}: {reason}. {_offline_hint(url)}") from error
+    finally:
+        partial.unlink(missing_ok=True)
+    return target, digest.hexdigest()
+
+
+def download_gcs(uri: str, cache_dir: Path, expected_sha256: str | None) -> tuple[Path, str]:
+    """Copy a gs:// object into the cache (reused while its size and CRC32C match) and verify it."""
+    bucket_name, name = storage.split_gcs_uri(uri)
+    blob = storage.gcs_client().bucket(bucket_name).get_blob(name)
+    if blob is None:
+        raise SourceError(f"{uri}: object does not exist")
+    target = _cache_path(cache_dir, uri)
+    if target.exists():
+        content = target.read_bytes()
+        if (len(content), storage.crc32c_base64(content)) == (blob.size, blob.crc32c):
+            digest = hashlib.sha256(content).hexdigest()
+            _check_sha256(target, digest, expected_sha256, uri)
+            logger.info("using cached copy %s of %s", target, uri)
+            return target, digest
+    logger.info("downloading %s (%d bytes)", uri, blob.size)
+    storage.download_file(uri, target)
+    digest = storage.sha256_file(target)
+    try:
+        _check_sha256(target, digest, expected_sha256, uri)
+    except SourceError:
+        target.unlink(missing_ok=True)
+        raise
+    return target, digest

@@ -1,0 +1,235 @@
+"""The prepare_data stage: source -> validated splits -> sharded, checksummed TFRecords + manifest.
+
+Order of work, so that bad input publishes nothing and a reader never sees partial data:
+1. resolve the source (download/cache, SHA-256 check) and compare with the published manifest: when the
+   source digest and the output parameters match and every shard is intact, nothing is rewritten;
+2. read and validate everything in memory (any SourceError stops here, before any write);
+3. withdraw a stale manifest, publish each shard atomically, publish the manifest last;
+4. re-check every shard's checksum, so that a concurrent publisher of different data is detected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from components.common import records, storage
+from components.common.dataset import (
+    MANIFEST_NAME,
+    SPLITS,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    default_cache_dir,
+    manifest_digest,
+)
+from components.common.progress import Progress
+from components.prepare_data import fetch, splits, synthetic
+from components.prepare_data.config import OFFICIAL_SHA256, OFFICIAL_URL, PrepareDataConfig
+from components.prepare_data.safe_io import DirTree, FileTree, SourceError, TarTree
+from components.prepare_data.sources import RawDataset, RawSplit, check_classes_present, read_tree
+
+logger = logging.getLogger(__name__)
+
+SHARD_NAME = re.compile(r"^(train|validation|eval)/(train|validation|eval)-\d{5}-of-\d{5}\.tfrecord(\.gz)?$")
+PUBLISH_THREADS = 4
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    output: str
+    manifest: Manifest
+    manifest_sha256: str
+    reused: bool
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    uri: str
+    sha256: str
+    tree: FileTree | None  # None for synthetic data
+
+
+def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
+    """Make the source readable locally and compute its digest; verify it when a SHA-256 is expected."""
+    source = config.source
+    if source == "synthetic":
+        specification = synthetic.specification(
+            config.synthetic_classes, config.synthetic_train_per_class, config.synthetic_eval_per_class, config.seed
+        )
+        return ResolvedSource("synthetic", synthetic.specification_sha256(specification), None)
+    expected = config.source_sha256 or (OFFICIAL_SHA256 if source == OFFICIAL_URL else None)
+    cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    if fetch.is_url(source):
+        path, _digest = fetch.download_url(source, cache_dir, expected)
+    elif storage.is_gcs_uri(source):
+        path, _digest = fetch.download_gcs(source, cache_dir, expected)
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise SourceError(
+                f"{source}: no such file or folder (give a URL, gs:// URI, archive, folder or 'synthetic')"
+            )
+    if Path(path).is_dir():
+        tree: FileTree = DirTree(path)
+    else:
+        content = Path(path).read_bytes()
+        digest = hashlib.sha256(content).hexdigest()
+        if expected is not None and digest != expected.lower():
+            raise SourceError(f"{source}: SHA-256 is {digest}, expected {expected.lower()}; the file is damaged")
+        tree = TarTree(path, content)
+    if expected is not None and isinstance(tree, DirTree):
+        raise SourceError(f"{source}: --source-sha256 applies to an archive file, not to a folder")
+    return ResolvedSource(source, tree.sha256(), tree)
+
+
+def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDataset:
+    if resolved.tree is None:
+        raw = synthetic.generate(
+            config.synthetic_classes, config.synthetic_train_per_class, config.synthetic_eval_per_class, config.seed
+        )
+    else:
+        raw = read_tree(resolved.tree, config.source_format)
+    raw.source.update(uri=resolved.uri, sha256=resolved.sha256)
+    return raw
+
+
+def shard_name(split: str, index: int, count: int, compression: str) -> str:
+    suffix = ".gz" if compression == records.COMPRESSION_GZIP else ""
+    return f"{split}/{split}-{index:05d}-of-{count:05d}.tfrecord{suffix}"
+
+
+def shard_slices(num_examples: int, examples_per_shard: int) -> list[slice]:
+    count = max(1, math.ceil(num_examples / examples_per_shard))
+    return [
+        slice(index * examples_per_shard, min((index + 1) * examples_per_shard, num_examples)) for index in range(count)
+    ]
+
+
+def _encode(split: RawSplit, part: slice, name: str, compression: str) -> tuple[ShardInfo, bytes]:
+    content = records.encode_shard(split.images[part], split.labels[part], split.ids[part], compression)
+    info = ShardInfo(
+        path=name,
+        num_records=part.stop - part.start,
+        size_bytes=len(content),
+        sha256=hashlib.sha256(content).hexdigest(),
+        crc32c=storage.crc32c_base64(content),
+    )
+    return info, content
+
+
+def _matches(existing: Manifest | None, source_sha256: str, parameters: dict) -> bool:
+    return (
+        existing is not None
+        and existing.schema_version == records.SCHEMA_VERSION
+        and existing.source.get("sha256") == source_sha256
+        and existing.parameters == parameters
+    )
+
+
+def _shards_intact(publisher: storage.Publisher, manifest: Manifest) -> list[str]:
+    """Names of the manifest's shards that are missing or differ from it (by size and CRC32C)."""
+    return [
+        shard.path
+        for split in manifest.splits.values()
+        for shard in split.shards
+        if publisher.checksum(shard.path) != (shard.size_bytes, shard.crc32c)
+    ]
+
+
+def _published_manifest(publisher: storage.Publisher) -> tuple[Manifest | None, bytes | None]:
+    content = publisher.read(MANIFEST_NAME)
+    if content is None:
+        return None, None
+    try:
+        return Manifest.from_json(content, publisher.uri(MANIFEST_NAME)), content
+    except ValueError as error:
+        logger.warning("ignoring the unreadable published manifest: %s", error)
+        return None, content
+
+
+def prepare_data(config: PrepareDataConfig) -> PrepareResult:
+    publisher = storage.publisher_for(config.output)
+    resolved = resolve_source(config)
+    parameters = config.output_parameters()
+    existing, existing_bytes = _published_manifest(publisher)
+    if not config.force and _matches(existing, resolved.sha256, parameters):
+        damaged = _shards_intact(publisher, existing)
+        if not damaged:
+            logger.info("%s already holds this dataset (source %s); nothing to do", config.output, resolved.sha256[:12])
+            return PrepareResult(config.output, existing, manifest_digest(existing_bytes), reused=True)
+        logger.warning("published shards %s are missing or damaged; preparing the dataset again", damaged)
+
+    raw = read_source(resolved, config)
+    named_splits = splits.assign_splits(raw, config.validation_fraction, config.seed, config.shuffle)
+    check_classes_present(raw.label_names, named_splits["train"].labels, f"{resolved.uri} (train split)")
+    total = sum(len(split) for split in named_splits.values())
+    progress = Progress("encode and publish", total, unit="images", logger=logger)
+
+    if existing_bytes is not None:
+        publisher.withdraw(MANIFEST_NAME)  # readers now see no dataset rather than a stale one
+    split_infos: dict[str, SplitInfo] = {}
+    with ThreadPoolExecutor(PUBLISH_THREADS) as pool:
+        pending = []
+        for split_name, split in named_splits.items():
+            parts = shard_slices(len(split), config.examples_per_shard)
+            shards = []
+            for index, part in enumerate(parts):
+                name = shard_name(split_name, index, len(parts), config.compression)
+                info, content = _encode(split, part, name, config.compression)
+                pending.append(pool.submit(publisher.publish, name, content))
+                shards.append(info)
+                progress.advance(info.num_records)
+            split_infos[split_name] = SplitInfo(
+                num_examples=len(split),
+                class_counts=np.bincount(split.labels, minlength=len(raw.label_names)).tolist(),
+                shards=shards,
+            )
+        for future in pending:
+            future.result()
+
+    manifest = Manifest(
+        schema_version=records.SCHEMA_VERSION,
+        dataset=raw.dataset,
+        synthetic=raw.dataset == "synthetic",
+        source=raw.source,
+        label_names=raw.label_names,
+        image_shape=list(named_splits["train"].images.shape[1:]),
+        compression=config.compression,
+        parameters=parameters,
+        splits=split_infos,
+    )
+    content = manifest.to_json()
+    publisher.publish_new(MANIFEST_NAME, content)
+    damaged = _shards_intact(publisher, manifest)
+    if damaged:
+        if publisher.read(MANIFEST_NAME) == content:
+            publisher.withdraw(MANIFEST_NAME)
+        raise storage.PublishConflictError(
+            f"{config.output}: shards {damaged} were overwritten by another writer while publishing; "
+            "the manifest was withdrawn. Run again once the other writer has finished."
+        )
+    _remove_stale_shards(publisher, manifest)
+    logger.info(
+        "published %s: %s; manifest %s",
+        config.output,
+        ", ".join(f"{name} {info.num_examples}" for name, info in split_infos.items()),
+        manifest_digest(content)[:12],
+    )
+    return PrepareResult(config.output, manifest, manifest_digest(content), reused=False)
+
+
+def _remove_stale_shards(publisher: storage.Publisher, manifest: Manifest) -> None:
+    current = {shard.path for split in manifest.splits.values() for shard in split.shards}
+    for split in SPLITS:
+        for name in publisher.list(f"{split}/"):
+            if SHARD_NAME.match(name) and name not in current:
+                logger.info("removing stale shard %s", publisher.uri(name))
+                publisher.withdraw(name)

@@ -1,0 +1,76 @@
+"""A small, deterministic, learnable CIFAR-shaped dataset for offline demos and tests.
+
+Each class has its own colour and stripe pattern; every image is its class's pattern, shifted by up to
+four pixels, under Gaussian noise. A small ResNet learns it in a few hundred steps. Outputs made from
+it are named `synthetic` in every manifest and artifact, so they are never mistaken for CIFAR-10.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+
+from components.prepare_data.sources import CIFAR_SHAPE, RawDataset, RawSplit
+
+NOISE_STANDARD_DEVIATION = 48.0
+GENERATOR = "stripes-v1"
+
+
+def class_prototypes(num_classes: int) -> np.ndarray:
+    """float32 [num_classes, 32, 32, 3]: a colour times a stripe pattern per class, in [0, 255]."""
+    rows, columns = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
+    prototypes = np.zeros((num_classes, *CIFAR_SHAPE), np.float32)
+    for label in range(num_classes):
+        hue = 2 * np.pi * label / num_classes
+        colour = 127.5 + 110 * np.cos(hue + np.array([0.0, 2.094, 4.189]))
+        angle = np.pi * (label % 4) / 4
+        frequency = 2 * np.pi * (2 + label // 4) / 32
+        stripes = 0.5 + 0.5 * np.sin(frequency * (np.cos(angle) * rows + np.sin(angle) * columns))
+        prototypes[label] = colour[None, None, :] * (0.35 + 0.65 * stripes[..., None])
+    return prototypes
+
+
+def _generate_split(prototypes: np.ndarray, per_class: int, rng: np.random.Generator, name: str) -> RawSplit:
+    num_classes = len(prototypes)
+    labels = np.repeat(np.arange(num_classes, dtype=np.int64), per_class)
+    shifts = rng.integers(-4, 5, size=(len(labels), 2))
+    images = np.empty((len(labels), *CIFAR_SHAPE), np.uint8)
+    for index, (label, (down, right)) in enumerate(zip(labels, shifts, strict=True)):
+        pattern = np.roll(prototypes[label], (down, right), axis=(0, 1))
+        noisy = pattern + rng.normal(0.0, NOISE_STANDARD_DEVIATION, CIFAR_SHAPE)
+        images[index] = np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
+    return RawSplit(images, labels, [f"synthetic/{name}/{index:06d}" for index in range(len(labels))])
+
+
+def generate(num_classes: int, train_per_class: int, eval_per_class: int, seed: int) -> RawDataset:
+    rng = np.random.default_rng(seed)
+    prototypes = class_prototypes(num_classes)
+    return RawDataset(
+        dataset="synthetic",
+        label_names=[f"synthetic_class_{label}" for label in range(num_classes)],
+        train=_generate_split(prototypes, train_per_class, rng, "train"),
+        eval=_generate_split(prototypes, eval_per_class, rng, "eval"),
+        holdout=None,
+        source={
+            "uri": "synthetic",
+            "format": "synthetic",
+            "specification": specification(num_classes, train_per_class, eval_per_class, seed),
+        },
+    )
+
+
+def specification(num_classes: int, train_per_class: int, eval_per_class: int, seed: int) -> dict:
+    """Everything the generated data depends on; its digest plays the part of a source archive's SHA-256."""
+    return {
+        "generator": GENERATOR,
+        "num_classes": num_classes,
+        "train_per_class": train_per_class,
+        "eval_per_class": eval_per_class,
+        "seed": seed,
+    }
+
+
+def specification_sha256(described: dict) -> str:
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,139 @@
+"""Small CIFAR-10 sources in the official layouts, built by the tests themselves (no download, no shared data)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+BATCH_NAMES = [f"data_batch_{index}" for index in range(1, 6)] + ["test_batch"]
+
+
+@dataclass
+class OfficialData:
+    """What a test archive holds: per batch name, CHW-plane rows [N, 3072] and labels."""
+
+    data: dict[str, np.ndarray]
+    labels: dict[str, np.ndarray]
+
+    def image_hwc(self, example_id: str) -> np.ndarray:
+        batch, index = example_id.split("/")
+        return self.data[batch][int(index)].reshape(3, 32, 32).transpose(1, 2, 0)
+
+    def label(self, example_id: str) -> int:
+        batch, index = example_id.split("/")
+        return int(self.labels[batch][int(index)])
+
+
+def official_data(per_batch: int = 20, seed: int = 0, num_classes: int = 10) -> OfficialData:
+    """Random pixels; every class appears in every batch (labels cycle), so no class is empty."""
+    rng = np.random.default_rng(seed)
+    data, labels = {}, {}
+    for offset, name in enumerate(BATCH_NAMES):
+        data[name] = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
+        labels[name] = (np.arange(per_batch) + offset) % num_classes
+    return OfficialData(data, labels)
+
+
+def add_member(archive: tarfile.TarFile, name: str, content: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(content), 1577836800, 0o644
+    archive.addfile(info, io.BytesIO(content))
+
+
+def python_batch_bytes(data: np.ndarray, labels, batch_label: str = "batch") -> bytes:
+    return pickle.dumps(
+        {
+            b"batch_label": batch_label.encode(),
+            b"labels": [int(label) for label in labels],
+            b"data": data,
+            b"filenames": [f"image_{index}.png".encode() for index in range(len(labels))],
+        },
+        protocol=2,
+    )
+
+
+def python_meta_bytes(label_names=LABEL_NAMES) -> bytes:
+    return pickle.dumps(
+        {b"num_cases_per_batch": 10000, b"label_names": [name.encode() for name in label_names], b"num_vis": 3072},
+        protocol=2,
+    )
+
+
+def write_python_archive(
+    path: Path, official: OfficialData, overrides: dict[str, bytes] | None = None, extra=()
+) -> Path:
+    """An archive in the official "python version" layout; `overrides` replaces a member's bytes."""
+    overrides = overrides or {}
+    with tarfile.open(path, "w:gz") as archive:
+        members = {name: python_batch_bytes(official.data[name], official.labels[name]) for name in BATCH_NAMES}
+        members["batches.meta"] = python_meta_bytes()
+        members.update(overrides)
+        for name, content in members.items():
+            add_member(archive, f"cifar-10-batches-py/{name}", content)
+        for member_function in extra:
+            member_function(archive)
+    return path
+
+
+def write_binary_archive(path: Path, official: OfficialData, truncate: str | None = None) -> Path:
+    with tarfile.open(path, "w:gz") as archive:
+        for name in BATCH_NAMES:
+            records = np.concatenate(
+                [official.labels[name].astype(np.uint8)[:, None], official.data[name]], axis=1
+            ).tobytes()
+            if name == truncate:
+                records = records[:-100]
+            add_member(archive, f"cifar-10-batches-bin/{name}.bin", records)
+        add_member(archive, "cifar-10-batches-bin/batches.meta.txt", ("\n".join(LABEL_NAMES) + "\n").encode())
+    return path
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    import tensorflow as tf
+
+    return tf.io.encode_png(image).numpy()
+
+
+def write_class_folders(root: Path, per_class: dict[str, int], classes=("cat", "dog", "frog"), seed: int = 0):
+    """`root/<split>/<class>/<n>.png` with random pixels; returns {relative path: HWC image}."""
+    rng = np.random.default_rng(seed)
+    written = {}
+    for split, count in per_class.items():
+        for class_name in classes:
+            folder = root / split / class_name
+            folder.mkdir(parents=True, exist_ok=True)
+            for index in range(count):
+                image = rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+                (folder / f"{index:04d}.png").write_bytes(encode_png(image))
+                written[f"{split}/{class_name}/{index:04d}.png"] = image
+    return written
+
+
+def tar_folder(root: Path, archive_path: Path, top: str = "") -> Path:
+    with tarfile.open(archive_path, "w:gz") as archive:
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                add_member(archive, f"{top}{path.relative_to(root).as_posix()}", path.read_bytes())
+    return archive_path
+
+
+def read_records(files: list[str], compression: str = "NONE") -> dict[str, tuple[np.ndarray, int]]:
+    """Every record of the shards, parsed with TensorFlow: {id: (HWC uint8 image, label)}."""
+    import tensorflow as tf
+
+    from components.common import records
+
+    dataset = tf.data.TFRecordDataset(files, compression_type="" if compression == "NONE" else compression)
+    result = {}
+    for serialized in dataset:
+        parsed = tf.io.parse_single_example(serialized, records.feature_spec())
+        shape = [int(parsed[key]) for key in (records.FEATURE_HEIGHT, records.FEATURE_WIDTH, records.FEATURE_CHANNELS)]
+        image = tf.io.decode_raw(parsed[records.FEATURE_IMAGE], tf.uint8).numpy().reshape(shape)
+        result[parsed[records.FEATURE_ID].numpy().decode()] = (image, int(parsed[records.FEATURE_LABEL]))
+    return result

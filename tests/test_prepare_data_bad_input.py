@@ -1,0 +1,217 @@
+"""prepare_data on bad input: a clear error naming the file and the problem, and nothing published."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import socket
+import tarfile
+
+import numpy as np
+import pytest
+
+from components.prepare_data.config import PrepareDataConfig
+from components.prepare_data.prepare import prepare_data
+from components.prepare_data.safe_io import SourceError
+from tests import builders
+
+
+def assert_rejected(tmp_path, source, match, **options):
+    output = tmp_path / "out"
+    with pytest.raises(SourceError, match=match):
+        prepare_data(PrepareDataConfig(output=str(output), source=str(source), **options))
+    published = sorted(path.relative_to(output).as_posix() for path in output.rglob("*")) if output.exists() else []
+    assert published == [], f"something was published despite the error: {published}"
+
+
+@pytest.fixture
+def official():
+    return builders.official_data(per_batch=10)
+
+
+def _member(name, content=b"x", kind=tarfile.REGTYPE, link=""):
+    def add(archive):
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname, info.size = kind, link, len(content) if kind == tarfile.REGTYPE else 0
+        archive.addfile(info, io.BytesIO(content) if kind == tarfile.REGTYPE else None)
+
+    return add
+
+
+@pytest.mark.parametrize(
+    ("member", "problem"),
+    [
+        (_member("../evil.txt"), r"\.\./evil\.txt"),
+        (_member("/etc/cron.d/evil"), r"/etc/cron\.d/evil"),
+        (_member("cifar-10-batches-py/link", kind=tarfile.SYMTYPE, link="../../../etc/passwd"), r"link"),
+        (_member("cifar-10-batches-py/abs", kind=tarfile.SYMTYPE, link="/etc/passwd"), r"abs"),
+        (_member("cifar-10-batches-py/hard", kind=tarfile.LNKTYPE, link="../outside"), r"hard"),
+    ],
+    ids=["dot-dot", "absolute", "symlink-out", "absolute-symlink", "hardlink-out"],
+)
+def test_unsafe_archive_members_are_refused(tmp_path, official, member, problem):
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, extra=[member])
+    assert_rejected(tmp_path, archive, rf"cifar\.tar\.gz: refusing unsafe archive member .*{problem}")
+    assert not (tmp_path.parent / "evil.txt").exists()
+
+
+class _Gadget:
+    """Unpickling this would run `touch MARKER`: the classic pickle exploit."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_gadget_is_refused_and_never_runs(tmp_path, official):
+    marker = tmp_path / "gadget-ran"
+    evil = pickle.dumps({b"data": official.data["data_batch_2"], b"labels": [0] * 10, b"x": _Gadget(marker)}, 2)
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, {"data_batch_2": evil})
+    assert_rejected(tmp_path, archive, r"data_batch_2: pickle references (posix|os)\.system; only numpy arrays")
+    assert not marker.exists()
+
+
+def test_pickle_codecs_with_another_encoding_is_refused(tmp_path, official):
+    class Encoded:
+        def __reduce__(self):
+            import _codecs
+
+            return (_codecs.encode, ("x", "rot13"))
+
+    evil = pickle.dumps({b"data": official.data["test_batch"], b"labels": [0] * 10, b"x": Encoded()}, 2)
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, {"test_batch": evil})
+    assert_rejected(tmp_path, archive, r"test_batch: pickle calls _codecs.encode with encoding 'rot13'; only latin1")
+
+
+def test_wrong_checksum(tmp_path, official):
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official)
+    assert_rejected(
+        tmp_path, archive, r"cifar\.tar\.gz: SHA-256 is [0-9a-f]{64}, expected 0{64}", source_sha256="0" * 64
+    )
+
+
+def test_truncated_archive(tmp_path, official):
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official)
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    assert_rejected(tmp_path, archive, r"cifar\.tar\.gz: archive is truncated or corrupt")
+
+
+def test_truncated_uncompressed_tar(tmp_path, official):
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official)
+    import gzip
+
+    plain = gzip.decompress(archive.read_bytes())
+    truncated = tmp_path / "cifar.tar"
+    truncated.write_bytes(plain[: len(plain) - 30000])
+    assert_rejected(tmp_path, truncated, r"cifar\.tar: .*truncated")
+
+
+def test_wrong_image_size(tmp_path, official):
+    small = builders.python_batch_bytes(np.zeros((10, 3000), np.uint8), official.labels["data_batch_3"])
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, {"data_batch_3": small})
+    assert_rejected(tmp_path, archive, r"data_batch_3: images have 3000 values, expected 3072")
+
+
+def test_label_out_of_range(tmp_path, official):
+    labels = official.labels["data_batch_4"].copy()
+    labels[3] = 10
+    bad = builders.python_batch_bytes(official.data["data_batch_4"], labels)
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, {"data_batch_4": bad})
+    assert_rejected(tmp_path, archive, r"data_batch_4: label 10 is out of range; labels must be in \[0, 9\]")
+
+
+def test_label_and_data_length_mismatch(tmp_path, official):
+    bad = builders.python_batch_bytes(official.data["data_batch_1"], official.labels["data_batch_1"][:7])
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, {"data_batch_1": bad})
+    assert_rejected(tmp_path, archive, r"data_batch_1: 7 labels for 10 images")
+
+
+def test_empty_class(tmp_path):
+    official = builders.official_data(per_batch=10, num_classes=9)  # class 9 ("truck") never appears
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official)
+    assert_rejected(tmp_path, archive, r"cifar\.tar\.gz: class\(es\) \['truck'\] have no training images")
+
+
+def test_missing_batch(tmp_path, official):
+    archive = tmp_path / "cifar.tar.gz"
+    with tarfile.open(archive, "w:gz") as handle:
+        builders.add_member(handle, "cifar-10-batches-py/batches.meta", builders.python_meta_bytes())
+        builders.add_member(
+            handle,
+            "cifar-10-batches-py/data_batch_1",
+            builders.python_batch_bytes(official.data["data_batch_1"], official.labels["data_batch_1"]),
+        )
+    assert_rejected(tmp_path, archive, r"missing \['data_batch_2', .*'test_batch'\]", source_format="python")
+
+
+def test_binary_batch_of_wrong_length(tmp_path, official):
+    archive = builders.write_binary_archive(tmp_path / "cifar-bin.tar.gz", official, truncate="data_batch_2")
+    assert_rejected(tmp_path, archive, r"data_batch_2\.bin: 30630 bytes is not a whole number of 3073-byte records")
+
+
+def test_empty_class_folder(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    (tmp_path / "images" / "train" / "horse").mkdir()
+    assert_rejected(tmp_path, tmp_path / "images", r"images/train/horse: class folder is empty")
+
+
+def test_non_image_file_in_class_folder(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    (tmp_path / "images" / "train" / "dog" / "notes.txt").write_text("not an image")
+    assert_rejected(tmp_path, tmp_path / "images", r"images/train/dog/notes\.txt: not a JPEG or PNG image")
+
+
+def test_corrupt_image_in_class_folder(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    good = (tmp_path / "images" / "train" / "cat" / "0000.png").read_bytes()
+    (tmp_path / "images" / "train" / "cat" / "0001.png").write_bytes(good[:60])
+    assert_rejected(tmp_path, tmp_path / "images", r"images/train/cat/0001\.png: could not decode the PNG image")
+
+
+def test_wrong_size_image_in_class_folder(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    large = builders.encode_png(np.zeros((40, 48, 3), np.uint8))
+    (tmp_path / "images" / "test" / "frog" / "big.png").write_bytes(large)
+    assert_rejected(tmp_path, tmp_path / "images", r"images/test/frog/big\.png: image is 48x40, expected 32x32")
+
+
+def test_eval_class_without_training_folder(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    (tmp_path / "images" / "test" / "yak").mkdir()
+    (tmp_path / "images" / "test" / "yak" / "0.png").write_bytes(builders.encode_png(np.zeros((32, 32, 3), np.uint8)))
+    assert_rejected(tmp_path, tmp_path / "images", r"eval classes \['yak'\] have no train/ folder")
+
+
+def test_folder_link_leaving_the_source(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    (tmp_path / "secret.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path / "images" / "train" / "cat" / "escape.png").symlink_to(tmp_path / "secret.png")
+    assert_rejected(tmp_path, tmp_path / "images", r"escape\.png: link leads outside the source folder")
+
+
+def test_missing_local_source(tmp_path):
+    assert_rejected(tmp_path, tmp_path / "nope.tar.gz", r"nope\.tar\.gz: no such file or folder")
+
+
+def test_unreachable_url_says_how_to_pass_a_local_file(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed once the block ends: nothing listens there
+    url = f"http://127.0.0.1:{port}/cifar-10-python.tar.gz"
+    assert_rejected(tmp_path, url, rf"could not download {url}: .*--source /path/to/cifar-10-python\.tar\.gz")
+
+
+def test_not_an_archive(tmp_path):
+    junk = tmp_path / "cifar.tar.gz"
+    junk.write_bytes(b"<html>Not found</html>")
+    assert_rejected(tmp_path, junk, r"cifar\.tar\.gz: not a readable tar archive")
+
+
+def test_bad_options_name_the_field():
+    with pytest.raises(ValueError, match=r"validation_fraction: 1\.5 is not in \[0, 1\)"):
+        PrepareDataConfig(output="x", validation_fraction=1.5)
+    with pytest.raises(ValueError, match=r"examples_per_shard: 0 must be at least 1"):
+        PrepareDataConfig(output="x", examples_per_shard=0)
