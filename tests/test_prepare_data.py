@@ -151,7 +151,11 @@ def test_sharding_and_gzip(tmp_path):
 
     train = result.manifest.splits["train"]
     assert [shard.num_records for shard in train.shards] == [30, 30, 20]
-    assert [shard.path for shard in train.shards] == [f"train/train-0000{i}-of-00003.tfrecord.gz" for i in range(3)]
+    key = train.shards[0].path.split("-")[1]
+    assert [shard.path for shard in train.shards] == [
+        f"train/train-{key}-0000{i}-of-00003.tfrecord.gz" for i in range(3)
+    ]
+    assert all(path.name.endswith(".tfrecord.gz") for path in (output / "train").iterdir())
     parsed = all_records(output)
     assert len(parsed["train"]) == 80 and len(parsed["eval"]) == 20
 
@@ -201,23 +205,27 @@ def test_changed_options_rewrite_and_remove_stale_shards(tmp_path):
     second, _ = prepare(tmp_path, archive, examples_per_shard=40)
 
     assert not second.reused
-    assert sorted(path.name for path in (output / "train").iterdir()) == [
-        "train-00000-of-00002.tfrecord",
-        "train-00001-of-00002.tfrecord",
-    ]
+    expected = sorted(shard.path for split in second.manifest.splits.values() for shard in split.shards)
+    assert sorted(path.relative_to(output).as_posix() for path in output.rglob("*.tfrecord")) == expected
+    assert [shard.path.endswith("-of-00002.tfrecord") for shard in second.manifest.splits["train"].shards] == [True] * 2
     open_dataset(str(output))
 
 
 def test_a_damaged_shard_is_repaired_by_a_rerun(tmp_path):
     archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", builders.official_data(per_batch=20))
-    _first, output = prepare(tmp_path, archive)
-    shard = output / "train" / "train-00000-of-00001.tfrecord"
+    first, output = prepare(tmp_path, archive)
+    shard = output / first.manifest.splits["train"].shards[0].path
     shard.write_bytes(shard.read_bytes()[:-10])
 
     second, _ = prepare(tmp_path, archive)
 
     assert not second.reused
     open_dataset(str(output))
+
+
+def only_shard(output, split):
+    (shard,) = (output / split).iterdir()
+    return shard
 
 
 class TestVerification:
@@ -227,17 +235,17 @@ class TestVerification:
         return prepare(tmp_path, archive)[1]
 
     def test_truncated_shard(self, output):
-        shard = output / "train" / "train-00000-of-00001.tfrecord"
+        shard = only_shard(output, "train")
         shard.write_bytes(shard.read_bytes()[:-100])
-        with pytest.raises(DatasetError, match=r"train-00000-of-00001.tfrecord.*bytes, manifest says"):
+        with pytest.raises(DatasetError, match=rf"{shard.name}: has \d+ bytes, manifest says"):
             open_dataset(str(output))
 
     def test_tampered_pixel(self, output):
-        shard = output / "eval" / "eval-00000-of-00001.tfrecord"
+        shard = only_shard(output, "eval")
         content = bytearray(shard.read_bytes())
         content[500] ^= 0xFF
         shard.write_bytes(bytes(content))
-        with pytest.raises(DatasetError, match=r"eval-00000-of-00001.tfrecord: SHA-256 .* does not match"):
+        with pytest.raises(DatasetError, match=rf"{shard.name}: SHA-256 .* does not match"):
             open_dataset(str(output))
 
     def test_record_count_differs_from_manifest(self, output):
@@ -250,8 +258,9 @@ class TestVerification:
             open_dataset(str(output), splits=("eval",))
 
     def test_missing_shard_and_missing_manifest(self, output):
-        (output / "validation" / "validation-00000-of-00001.tfrecord").unlink()
-        with pytest.raises(DatasetError, match=r"validation-00000-of-00001.tfrecord: shard listed in the manifest"):
+        shard = only_shard(output, "validation")
+        shard.unlink()
+        with pytest.raises(DatasetError, match=rf"{shard.name}: shard listed in the manifest is missing"):
             open_dataset(str(output))
         (output / "manifest.json").unlink()
         with pytest.raises(DatasetError, match=r"manifest.json does not exist"):

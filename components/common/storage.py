@@ -5,15 +5,17 @@ fake-gcs-server), never through TensorFlow's own GCS filesystem.
 
 Publishing rules, the same for both back ends:
 - an object appears whole or not at all (local: temporary file + rename; gs://: a single upload);
-- `publish` replaces the version it saw, and succeeds without writing when identical bytes are already
-  there (so concurrent publishers of the same content both succeed);
-- `publish_new` creates an object that must not exist, unless identical bytes are already there;
-- a writer that lost a race to different content gets `PublishConflictError` naming the object.
+- `publish` succeeds without writing when identical bytes are already there (so concurrent publishers of
+  the same content both succeed);
+- `publish(..., expected_version=V)` is a compare-and-swap: it replaces only version V (as returned by
+  `read_versioned`; ABSENT for "must not exist"), and a writer that lost the race to different content
+  gets `PublishConflictError` naming the object.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import functools
 import hashlib
 import logging
@@ -130,6 +132,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+ABSENT = "absent"  # the version of an object that does not exist
+
+
 class Publisher(Protocol):
     """Objects under one root (a local folder or a gs:// prefix), named by relative paths."""
 
@@ -137,14 +142,20 @@ class Publisher(Protocol):
 
     def uri(self, name: str) -> str: ...
     def read(self, name: str) -> bytes | None: ...
+    def read_versioned(self, name: str) -> tuple[bytes | None, str]: ...
     def checksum(self, name: str) -> tuple[int, str] | None: ...
-    def publish(self, name: str, data: bytes) -> None: ...
-    def publish_new(self, name: str, data: bytes) -> None: ...
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None: ...
     def withdraw(self, name: str) -> None: ...
     def list(self, prefix: str = "") -> list[str]: ...
 
 
+def _conflict(uri: str) -> PublishConflictError:
+    return PublishConflictError(f"{uri} was changed by another writer with different content while publishing")
+
+
 class LocalPublisher:
+    """A local folder. Compare-and-swap publishing holds an exclusive lock on `<root>/.publish.lock`."""
+
     def __init__(self, root: str | Path):
         self.root = str(root)
 
@@ -157,33 +168,29 @@ class LocalPublisher:
         except FileNotFoundError:
             return None
 
+    def read_versioned(self, name: str) -> tuple[bytes | None, str]:
+        data = self.read(name)
+        return data, _content_version(data)
+
     def checksum(self, name: str) -> tuple[int, str] | None:
         """(size in bytes, CRC32C base64) of an object, or None when it does not exist."""
         data = self.read(name)
         return None if data is None else (len(data), crc32c_base64(data))
 
-    def publish(self, name: str, data: bytes) -> None:
-        if self.checksum(name) == (len(data), crc32c_base64(data)):
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
+        if expected_version is None:
+            if self.checksum(name) != (len(data), crc32c_base64(data)):
+                atomic_write_bytes(Path(self.root, name), data)
             return
-        atomic_write_bytes(Path(self.root, name), data)
-
-    def publish_new(self, name: str, data: bytes) -> None:
-        path = Path(self.root, name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(descriptor, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(temporary, 0o644)
-            try:
-                os.link(temporary, path)  # atomic, and fails when the name exists
-            except FileExistsError:
-                if path.read_bytes() != data:
-                    raise PublishConflictError(f"{path} was created by another writer with different content") from None
-        finally:
-            Path(temporary).unlink(missing_ok=True)
+        Path(self.root).mkdir(parents=True, exist_ok=True)
+        with open(Path(self.root, ".publish.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current, version = self.read_versioned(name)
+            if current == data:
+                return
+            if version != expected_version:
+                raise _conflict(self.uri(name))
+            atomic_write_bytes(Path(self.root, name), data)
 
     def withdraw(self, name: str) -> None:
         Path(self.root, name).unlink(missing_ok=True)
@@ -192,11 +199,17 @@ class LocalPublisher:
         root = Path(self.root)
         if not root.exists():
             return []
-        names = (str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
+        names = (path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
         return sorted(name for name in names if name.startswith(prefix) and not Path(name).name.startswith("."))
 
 
+def _content_version(data: bytes | None) -> str:
+    return ABSENT if data is None else f"{len(data)}:{crc32c_base64(data)}"
+
+
 class GcsPublisher:
+    """A gs:// prefix. Every write carries a generation precondition, so a lost race is detected, never silent."""
+
     def __init__(self, root_uri: str):
         self.root = root_uri.rstrip("/")
         self.bucket_name, self.prefix = split_gcs_uri(self.root)
@@ -211,12 +224,19 @@ class GcsPublisher:
         return f"{GCS_SCHEME}{self.bucket_name}/{self._object_name(name)}"
 
     def read(self, name: str) -> bytes | None:
+        return self.read_versioned(name)[0]
+
+    def read_versioned(self, name: str) -> tuple[bytes | None, str]:
+        """The content and generation of an object, read together (the download is pinned to the generation)."""
+        blob = self._get(name)
+        if blob is None:
+            return None, ABSENT
         from google.api_core import exceptions
 
         try:
-            return self._bucket().blob(self._object_name(name)).download_as_bytes()
-        except exceptions.NotFound:
-            return None
+            return blob.download_as_bytes(if_generation_match=blob.generation), str(blob.generation)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+            return self.read_versioned(name)  # replaced between the two calls: read the new version
 
     def _get(self, name: str):
         return self._bucket().get_blob(self._object_name(name))
@@ -225,29 +245,26 @@ class GcsPublisher:
         blob = self._get(name)
         return None if blob is None else (blob.size, blob.crc32c)
 
-    def _upload(self, name: str, data: bytes, generation: int) -> None:
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
+        """Upload `data`; with `expected_version` only over that generation (ABSENT: only if nothing is there)."""
         from google.api_core import exceptions
 
-        expected = (len(data), crc32c_base64(data))
+        wanted = (len(data), crc32c_base64(data))
+        if expected_version is None:
+            blob = self._get(name)
+            if blob is not None and (blob.size, blob.crc32c) == wanted:
+                return
+            generation = blob.generation if blob is not None else 0
+        else:
+            generation = 0 if expected_version == ABSENT else int(expected_version)
         try:
             self._bucket().blob(self._object_name(name)).upload_from_string(
                 data, if_generation_match=generation, checksum="crc32c"
             )
         except exceptions.PreconditionFailed:
-            if self.checksum(name) == expected:
+            if self.checksum(name) == wanted:
                 return  # another writer published the same bytes
-            raise PublishConflictError(
-                f"{self.uri(name)} was changed by another writer with different content while publishing"
-            ) from None
-
-    def publish(self, name: str, data: bytes) -> None:
-        blob = self._get(name)
-        if blob is not None and (blob.size, blob.crc32c) == (len(data), crc32c_base64(data)):
-            return
-        self._upload(name, data, generation=blob.generation if blob is not None else 0)
-
-    def publish_new(self, name: str, data: bytes) -> None:
-        self._upload(name, data, generation=0)
+            raise _conflict(self.uri(name)) from None
 
     def withdraw(self, name: str) -> None:
         from google.api_core import exceptions
@@ -262,7 +279,8 @@ class GcsPublisher:
 
     def list(self, prefix: str = "") -> list[str]:
         start = f"{self.prefix}/" if self.prefix else ""
-        names = (blob.name[len(start) :] for blob in gcs_client().list_blobs(self.bucket_name, prefix=start + prefix))
+        blobs = gcs_client().list_blobs(self.bucket_name, prefix=start + prefix)
+        names = (blob.name[len(start) :] for blob in blobs)
         return sorted(name for name in names if name and not name.rsplit("/", 1)[-1].startswith("."))
 
 

@@ -4,8 +4,6 @@ The body only imports the project and calls one function, so the same definition
 `kfp.local.SubprocessRunner`, in Docker, and on a cluster.
 """
 
-from __future__ import annotations
-
 from kfp import dsl
 
 from components.images import image

@@ -4,13 +4,17 @@ Order of work, so that bad input publishes nothing and a reader never sees parti
 1. resolve the source (download/cache, SHA-256 check) and compare with the published manifest: when the
    source digest and the output parameters match and every shard is intact, nothing is rewritten;
 2. read and validate everything in memory (any SourceError stops here, before any write);
-3. withdraw a stale manifest, publish each shard atomically, publish the manifest last;
-4. re-check every shard's checksum, so that a concurrent publisher of different data is detected.
+3. publish each shard atomically under a name keyed by (schema, source digest, parameters), so writers of
+   different data never touch each other's shards and the previous dataset stays readable meanwhile;
+4. replace the manifest last, as a compare-and-swap against the version read in step 1; a concurrent
+   writer of different data makes this fail loudly instead of mixing datasets;
+5. remove shards that no manifest refers to any more.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import re
@@ -38,7 +42,7 @@ from components.prepare_data.sources import RawDataset, RawSplit, check_classes_
 
 logger = logging.getLogger(__name__)
 
-SHARD_NAME = re.compile(r"^(train|validation|eval)/(train|validation|eval)-\d{5}-of-\d{5}\.tfrecord(\.gz)?$")
+SHARD_NAME = re.compile(r"^(train|validation|eval)/\1-[0-9a-f]{12}-\d{5}-of-\d{5}\.tfrecord(\.gz)?$")
 PUBLISH_THREADS = 4
 
 
@@ -101,9 +105,18 @@ def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDatas
     return raw
 
 
-def shard_name(split: str, index: int, count: int, compression: str) -> str:
+def dataset_key(source_sha256: str, parameters: dict) -> str:
+    """12 hex digits naming one dataset's shards: the same inputs give the same names and bytes."""
+    described = json.dumps(
+        {"schema_version": records.SCHEMA_VERSION, "source_sha256": source_sha256, "parameters": parameters},
+        sort_keys=True,
+    )
+    return hashlib.sha256(described.encode()).hexdigest()[:12]
+
+
+def shard_name(split: str, key: str, index: int, count: int, compression: str) -> str:
     suffix = ".gz" if compression == records.COMPRESSION_GZIP else ""
-    return f"{split}/{split}-{index:05d}-of-{count:05d}.tfrecord{suffix}"
+    return f"{split}/{split}-{key}-{index:05d}-of-{count:05d}.tfrecord{suffix}"
 
 
 def shard_slices(num_examples: int, examples_per_shard: int) -> list[slice]:
@@ -144,22 +157,23 @@ def _shards_intact(publisher: storage.Publisher, manifest: Manifest) -> list[str
     ]
 
 
-def _published_manifest(publisher: storage.Publisher) -> tuple[Manifest | None, bytes | None]:
-    content = publisher.read(MANIFEST_NAME)
+def _published_manifest(publisher: storage.Publisher) -> tuple[Manifest | None, bytes | None, str]:
+    """The published manifest (None when absent or unreadable), its bytes, and its version."""
+    content, version = publisher.read_versioned(MANIFEST_NAME)
     if content is None:
-        return None, None
+        return None, None, version
     try:
-        return Manifest.from_json(content, publisher.uri(MANIFEST_NAME)), content
+        return Manifest.from_json(content, publisher.uri(MANIFEST_NAME)), content, version
     except ValueError as error:
-        logger.warning("ignoring the unreadable published manifest: %s", error)
-        return None, content
+        logger.warning("the published manifest will be replaced: %s", error)
+        return None, content, version
 
 
 def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     publisher = storage.publisher_for(config.output)
     resolved = resolve_source(config)
     parameters = config.output_parameters()
-    existing, existing_bytes = _published_manifest(publisher)
+    existing, existing_bytes, existing_version = _published_manifest(publisher)
     if not config.force and _matches(existing, resolved.sha256, parameters):
         damaged = _shards_intact(publisher, existing)
         if not damaged:
@@ -173,8 +187,7 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     total = sum(len(split) for split in named_splits.values())
     progress = Progress("encode and publish", total, unit="images", logger=logger)
 
-    if existing_bytes is not None:
-        publisher.withdraw(MANIFEST_NAME)  # readers now see no dataset rather than a stale one
+    key = dataset_key(resolved.sha256, parameters)
     split_infos: dict[str, SplitInfo] = {}
     with ThreadPoolExecutor(PUBLISH_THREADS) as pool:
         pending = []
@@ -182,7 +195,7 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
             parts = shard_slices(len(split), config.examples_per_shard)
             shards = []
             for index, part in enumerate(parts):
-                name = shard_name(split_name, index, len(parts), config.compression)
+                name = shard_name(split_name, key, index, len(parts), config.compression)
                 info, content = _encode(split, part, name, config.compression)
                 pending.append(pool.submit(publisher.publish, name, content))
                 shards.append(info)
@@ -207,13 +220,13 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
         splits=split_infos,
     )
     content = manifest.to_json()
-    publisher.publish_new(MANIFEST_NAME, content)
+    publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
     damaged = _shards_intact(publisher, manifest)
     if damaged:
         if publisher.read(MANIFEST_NAME) == content:
             publisher.withdraw(MANIFEST_NAME)
         raise storage.PublishConflictError(
-            f"{config.output}: shards {damaged} were overwritten by another writer while publishing; "
+            f"{config.output}: shards {damaged} were removed or changed by another writer while publishing; "
             "the manifest was withdrawn. Run again once the other writer has finished."
         )
     _remove_stale_shards(publisher, manifest)

@@ -1,0 +1,210 @@
+"""prepare_data with remote sources and outputs: http(s) downloads (a local server) and gs:// (fake-gcs-server)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from components.common import storage
+from components.common.dataset import DatasetError, open_dataset
+from components.prepare_data.config import PrepareDataConfig
+from components.prepare_data.prepare import prepare_data
+from components.prepare_data.safe_io import SourceError
+from tests import builders
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def archive(tmp_path):
+    return builders.write_python_archive(tmp_path / "cifar-10-python.tar.gz", builders.official_data(per_batch=10))
+
+
+@pytest.fixture
+def http_server(tmp_path, archive):
+    """Serves `archive` on 127.0.0.1 and counts the requests."""
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(archive.parent), **kwargs)
+
+        def do_GET(self):
+            requests.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *_args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/{archive.name}", requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_url_download_is_verified_cached_and_reused(tmp_path, archive, http_server, isolated_cache):
+    url, requests = http_server
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+
+    first = prepare_data(PrepareDataConfig(output=str(tmp_path / "a"), source=url, source_sha256=digest))
+    second = prepare_data(PrepareDataConfig(output=str(tmp_path / "b"), source=url, source_sha256=digest))
+
+    assert len(requests) == 1, "the second run should use the cached, verified download"
+    assert first.manifest.source["uri"] == url and first.manifest.source["sha256"] == digest
+    assert second.manifest_sha256 == first.manifest_sha256
+    assert list((isolated_cache / "cifar10-pipeline" / "downloads").iterdir())
+
+
+def test_url_download_with_wrong_checksum_is_refused_and_not_cached(tmp_path, http_server, isolated_cache):
+    url, _requests = http_server
+    with pytest.raises(SourceError, match=rf"{url}: SHA-256 is [0-9a-f]{{64}}, expected f{{64}}"):
+        prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), source=url, source_sha256="f" * 64))
+    assert not list((isolated_cache / "cifar10-pipeline" / "downloads").glob("*.tar.gz"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_gcs_source_and_output_round_trip(tmp_path, archive, gcs_bucket):
+    storage.GcsPublisher(f"gs://{gcs_bucket}/raw").publish("cifar-10-python.tar.gz", archive.read_bytes())
+    source = f"gs://{gcs_bucket}/raw/cifar-10-python.tar.gz"
+    output = f"gs://{gcs_bucket}/datasets/cifar10"
+
+    result = prepare_data(PrepareDataConfig(output=output, source=source))
+    local = prepare_data(PrepareDataConfig(output=str(tmp_path / "local"), source=str(archive)))
+
+    names = storage.GcsPublisher(output).list()
+    shards = sorted(shard.path for split in result.manifest.splits.values() for shard in split.shards)
+    assert names == sorted(["manifest.json", *shards])
+    assert result.manifest.splits == local.manifest.splits, "gs:// and local outputs hold the same shards"
+    verified = open_dataset(output)
+    official = builders.official_data(per_batch=10)
+    parsed = builders.read_records(verified.files["eval"])
+    assert len(parsed) == 10
+    for example_id, (image, _label) in parsed.items():
+        assert (image == official.image_hwc(example_id)).all()
+
+    again = prepare_data(PrepareDataConfig(output=output, source=source))
+    assert again.reused
+
+
+def test_gcs_dataset_with_a_tampered_shard_fails_verification(archive, gcs_bucket):
+    output = f"gs://{gcs_bucket}/datasets/cifar10"
+    result = prepare_data(PrepareDataConfig(output=output, source=str(archive)))
+    publisher = storage.GcsPublisher(output)
+    shard = result.manifest.splits["validation"].shards[0].path
+    content = bytearray(publisher.read(shard))
+    content[100] ^= 1
+    publisher.publish(shard, bytes(content))
+    with pytest.raises(DatasetError, match=rf"{shard}: SHA-256 .* does not match"):
+        open_dataset(output)
+
+
+@pytest.mark.parametrize("backend", ["gcs", "local"])
+def test_compare_and_swap_publish_refuses_a_lost_race_and_accepts_identical_bytes(tmp_path, gcs_bucket, backend):
+    root = f"gs://{gcs_bucket}/p" if backend == "gcs" else str(tmp_path / "p")
+    writer, other = storage.publisher_for(root), storage.publisher_for(root)
+    _content, seen = writer.read_versioned("manifest.json")
+    assert seen == storage.ABSENT
+    other.publish("manifest.json", b"one", expected_version=seen)  # the other writer wins the race
+    writer.publish("manifest.json", b"one", expected_version=seen)  # same bytes: fine
+    with pytest.raises(storage.PublishConflictError, match=r"p/manifest.json was changed by another writer"):
+        writer.publish("manifest.json", b"two", expected_version=seen)
+    content, current = writer.read_versioned("manifest.json")
+    assert content == b"one"
+    writer.publish("manifest.json", b"two", expected_version=current)  # replacing the version it saw: fine
+    assert other.read("manifest.json") == b"two"
+
+
+def _publisher_command(source: str, output: str) -> list[str]:
+    return [sys.executable, "-m", "components.prepare_data", "--source", source, "--output", output, "--force"]
+
+
+def test_two_concurrent_publishers_of_the_same_gcs_output_both_succeed_with_one_valid_dataset(archive, gcs_bucket):
+    output = f"gs://{gcs_bucket}/datasets/concurrent"
+    processes = [
+        subprocess.Popen(
+            _publisher_command(str(archive), output),
+            cwd=REPOSITORY,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=120)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    verified = open_dataset(output)
+    assert verified.manifest.splits["train"].num_examples == 40
+    assert [name for name in storage.GcsPublisher(output).list() if "tmp" in name or name.endswith(".part")] == []
+
+
+def test_concurrent_publishers_of_different_data_never_leave_a_manifest_that_does_not_verify(
+    tmp_path, archive, gcs_bucket
+):
+    other = builders.write_python_archive(tmp_path / "other.tar.gz", builders.official_data(per_batch=10, seed=9))
+    output = f"gs://{gcs_bucket}/datasets/contested"
+    processes = [
+        subprocess.Popen(
+            _publisher_command(str(source), output),
+            cwd=REPOSITORY,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for source in (archive, other)
+    ]
+    outputs = [process.communicate(timeout=120)[0] for process in processes]
+    assert 0 in [process.returncode for process in processes], outputs
+    for process, text in zip(processes, outputs, strict=True):
+        if process.returncode:
+            assert "another writer" in text, text
+    if storage.exists(f"{output}/manifest.json"):
+        open_dataset(output)  # whatever manifest is published describes exactly the shards that are there
+
+
+@pytest.mark.parametrize("same_data", [True, False], ids=["same-data", "different-data"])
+def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, archive, gcs_bucket, same_data):
+    """Both publishers have written every shard before either writes the manifest: the worst interleaving."""
+    other = builders.write_python_archive(tmp_path / "other.tar.gz", builders.official_data(per_batch=10, seed=9))
+    sources = [archive, archive if same_data else other]
+    output = f"gs://{gcs_bucket}/datasets/raced"
+    barrier = threading.Barrier(2, timeout=60)
+    original_publish = storage.GcsPublisher.publish
+
+    def publish_after_both_wrote_shards(self, name, data, expected_version=None):
+        if name == "manifest.json":
+            barrier.wait()
+        return original_publish(self, name, data, expected_version)
+
+    outcomes = [None, None]
+
+    def run(index):
+        try:
+            outcomes[index] = prepare_data(PrepareDataConfig(output=output, source=str(sources[index])))
+        except storage.PublishConflictError as error:
+            outcomes[index] = error
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(storage.GcsPublisher, "publish", publish_after_both_wrote_shards)
+        threads = [threading.Thread(target=run, args=(index,)) for index in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+
+    failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
+    assert len(failures) == (0 if same_data else 1), outcomes
+    for failure in failures:
+        assert "manifest.json was changed by another writer" in str(failure)
+    verified = open_dataset(output)
+    winner = next(outcome for outcome in outcomes if not isinstance(outcome, Exception))
+    assert verified.manifest_sha256 == winner.manifest_sha256
+    listed = {shard.path for split in verified.manifest.splits.values() for shard in split.shards}
+    assert set(storage.GcsPublisher(output).list()) == listed | {"manifest.json"}
