@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 OUTPUT ?= outputs
 SOURCE ?= synthetic
 
-.PHONY: help install test lint format prepare-data bench clean
+.PHONY: help install constraints test lint format prepare-data bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -15,6 +15,11 @@ install:  ## create .venv and install the pinned dependencies and this project
 	$(BIN)/pip install --quiet --upgrade "pip>=24"
 	$(BIN)/pip install --quiet -r requirements-dev.txt -c constraints.txt
 	$(BIN)/pip install --quiet --no-deps -e .
+
+constraints:  ## re-pin every installed package into constraints.txt (after changing requirements*.txt)
+	rm -rf .venv-pin && $(PYTHON) -m venv .venv-pin && .venv-pin/bin/pip install --quiet -r requirements-dev.txt
+	(echo "# Every package installed by 'make install', pinned (pip freeze of a clean .venv). Regenerate with 'make constraints'."; \
+	  .venv-pin/bin/pip freeze) > constraints.txt && rm -rf .venv-pin
 
 test:  ## run the whole test suite
 	$(BIN)/python -m pytest -q

@@ -128,16 +128,55 @@ def encode_shard(
     """A whole TFRecord file (optionally GZIP, with a fixed header so the bytes never vary) for `images`."""
     _count, height, width, channels = images.shape
     encoder = ExampleEncoder(height, width, channels)
-    flat = np.ascontiguousarray(images, dtype=np.uint8).reshape(len(images), -1)
-    data = b"".join(
-        frame_record(encoder.encode(flat[index].tobytes(), int(labels[index]), ids[index]))
-        for index in range(len(flat))
+    encoded_ids = [example_id.encode() for example_id in ids]
+    labels = np.asarray(labels, dtype=np.int64)
+    fixed_layout = len({len(example_id) for example_id in encoded_ids}) <= 1 and (
+        labels.size == 0 or (labels.min() >= 0 and labels.max() < 128)
+    )
+    data = (
+        _encode_fixed_layout(encoder, images, labels, encoded_ids)
+        if fixed_layout
+        else b"".join(
+            frame_record(encoder.encode(image.tobytes(), int(label), example_id.decode()))
+            for image, label, example_id in zip(images, labels, encoded_ids, strict=True)
+        )
     )
     if compression == COMPRESSION_GZIP:
         return gzip.compress(data, compresslevel=6, mtime=0)
     if compression != COMPRESSION_NONE:
         raise ValueError(f"compression {compression!r} is not one of {COMPRESSION_NONE}, {COMPRESSION_GZIP}")
     return data
+
+
+def _encode_fixed_layout(encoder: ExampleEncoder, images: np.ndarray, labels: np.ndarray, ids: list[bytes]) -> bytes:
+    """All records at once when every record has the same layout (equal id lengths, one-byte labels).
+
+    One record is encoded the ordinary way to learn where the id, image and label bytes sit; then every
+    record is that template with those columns replaced, and only the CRC32C is computed per record.
+    """
+    count = len(ids)
+    if count == 0:
+        return b""
+    first_label = int(labels[0])
+    template = np.frombuffer(frame_record(encoder.encode(images[0].tobytes(), first_label, ids[0].decode())), np.uint8)
+    id_length, image_size = len(ids[0]), encoder.image_size
+    id_entry = _feature_entry(FEATURE_ID, bytes_feature(ids[0]))
+    label_entry = encoder._label(first_label)
+    parts = (encoder._channels_and_height, id_entry, encoder._image_header, label_entry, encoder._width)
+    payload_start, payload_end = 12, len(template) - 4
+    features_start = payload_end - (sum(len(part) for part in parts) + image_size)  # after the Example header
+    id_start = features_start + len(encoder._channels_and_height) + len(id_entry) - id_length
+    image_start = id_start + id_length + len(encoder._image_header)
+    label_position = image_start + image_size + len(label_entry) - 1
+    frames = np.empty((count, len(template)), np.uint8)
+    frames[:] = template
+    frames[:, id_start : id_start + id_length] = np.frombuffer(b"".join(ids), np.uint8).reshape(count, id_length)
+    frames[:, image_start : image_start + image_size] = np.ascontiguousarray(images, np.uint8).reshape(count, -1)
+    frames[:, label_position] = labels
+    crc = np.fromiter((google_crc32c.value(row) for row in frames[:, payload_start:payload_end]), np.uint32, count)
+    masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_CRC_MASK_DELTA)
+    frames[:, payload_end:] = masked.astype("<u4").view(np.uint8).reshape(count, 4)
+    return frames.tobytes()
 
 
 def iterate_records(content: bytes, compression: str = COMPRESSION_NONE, name: str = "shard") -> Iterator[bytes]:

@@ -179,8 +179,7 @@ class LocalPublisher:
 
     def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
         if expected_version is None:
-            if self.checksum(name) != (len(data), crc32c_base64(data)):
-                atomic_write_bytes(Path(self.root, name), data)
+            atomic_write_bytes(Path(self.root, name), data)  # renaming over identical bytes changes nothing
             return
         Path(self.root).mkdir(parents=True, exist_ok=True)
         with open(Path(self.root, ".publish.lock"), "a") as lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from components.common.cli import run_stage
+from components.common.memory import reuse_freed_memory
 from components.common.storage import PublishConflictError
 from components.prepare_data.config import PrepareDataConfig
 from components.prepare_data.prepare import prepare_data
@@ -13,6 +14,7 @@ DESCRIPTION = "Convert CIFAR-10 (or images in class folders, or synthetic data) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    reuse_freed_memory()
     return run_stage(
         PrepareDataConfig,
         prepare_data,

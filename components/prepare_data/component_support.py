@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.common.memory import reuse_freed_memory
 from components.prepare_data.config import PrepareDataConfig
 from components.prepare_data.prepare import PrepareResult, prepare_data
 
@@ -25,7 +26,8 @@ def dataset_metadata(result: PrepareResult) -> dict[str, Any]:
 
 
 def run_prepare_data(dataset: Any, **options: Any) -> PrepareResult:
-    """Prepare the dataset into `dataset.path` and fill `dataset.metadata`."""
+    """Prepare the dataset into `dataset.path` and fill `dataset.metadata` (runs as the step's own process)."""
+    reuse_freed_memory()
     options["source_sha256"] = options.get("source_sha256") or None
     fraction = options.get("validation_fraction")
     options["validation_fraction"] = None if fraction is None or fraction < 0 else fraction

@@ -38,7 +38,7 @@ from components.common.progress import Progress
 from components.prepare_data import fetch, splits, synthetic
 from components.prepare_data.config import OFFICIAL_SHA256, OFFICIAL_URL, PrepareDataConfig
 from components.prepare_data.safe_io import DirTree, FileTree, SourceError, TarTree
-from components.prepare_data.sources import RawDataset, RawSplit, check_classes_present, read_tree
+from components.prepare_data.sources import RawDataset, check_classes_present, read_tree
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,11 @@ class PrepareResult:
 class ResolvedSource:
     uri: str
     sha256: str
-    tree: FileTree | None  # None for synthetic data
+    path: Path | None = None  # None for synthetic data
+    content: bytes | None = None  # an archive's bytes, already read for its digest
+
+    def tree(self) -> FileTree:
+        return DirTree(self.path) if self.content is None else TarTree(self.path, self.content)
 
 
 def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
@@ -68,7 +72,7 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
         specification = synthetic.specification(
             config.synthetic_classes, config.synthetic_train_per_class, config.synthetic_eval_per_class, config.seed
         )
-        return ResolvedSource("synthetic", synthetic.specification_sha256(specification), None)
+        return ResolvedSource("synthetic", synthetic.specification_sha256(specification))
     expected = config.source_sha256 or (OFFICIAL_SHA256 if source == OFFICIAL_URL else None)
     cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     if fetch.is_url(source):
@@ -81,26 +85,25 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
             raise SourceError(
                 f"{source}: no such file or folder (give a URL, gs:// URI, archive, folder or 'synthetic')"
             )
-    if Path(path).is_dir():
-        tree: FileTree = DirTree(path)
-    else:
-        content = Path(path).read_bytes()
-        digest = hashlib.sha256(content).hexdigest()
-        if expected is not None and digest != expected.lower():
-            raise SourceError(f"{source}: SHA-256 is {digest}, expected {expected.lower()}; the file is damaged")
-        tree = TarTree(path, content)
-    if expected is not None and isinstance(tree, DirTree):
-        raise SourceError(f"{source}: --source-sha256 applies to an archive file, not to a folder")
-    return ResolvedSource(source, tree.sha256(), tree)
+    path = Path(path)
+    if path.is_dir():
+        if expected is not None:
+            raise SourceError(f"{source}: --source-sha256 applies to an archive file, not to a folder")
+        return ResolvedSource(source, DirTree(path).sha256(), path)
+    content = path.read_bytes()
+    digest = hashlib.sha256(content).hexdigest()
+    if expected is not None and digest != expected.lower():
+        raise SourceError(f"{source}: SHA-256 is {digest}, expected {expected.lower()}; the file is damaged")
+    return ResolvedSource(source, digest, path, content)
 
 
 def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDataset:
-    if resolved.tree is None:
+    if resolved.path is None:
         raw = synthetic.generate(
             config.synthetic_classes, config.synthetic_train_per_class, config.synthetic_eval_per_class, config.seed
         )
     else:
-        raw = read_tree(resolved.tree, config.source_format)
+        raw = read_tree(resolved.tree(), config.source_format)
     raw.source.update(uri=resolved.uri, sha256=resolved.sha256)
     return raw
 
@@ -126,16 +129,17 @@ def shard_slices(num_examples: int, examples_per_shard: int) -> list[slice]:
     ]
 
 
-def _encode(split: RawSplit, part: slice, name: str, compression: str) -> tuple[ShardInfo, bytes]:
-    content = records.encode_shard(split.images[part], split.labels[part], split.ids[part], compression)
+def _publish_shard(publisher: storage.Publisher, name: str, content: bytes, num_records: int) -> ShardInfo:
+    """Checksum and publish one shard (on a worker thread: hashing and I/O release the GIL)."""
     info = ShardInfo(
         path=name,
-        num_records=part.stop - part.start,
+        num_records=num_records,
         size_bytes=len(content),
         sha256=hashlib.sha256(content).hexdigest(),
         crc32c=storage.crc32c_base64(content),
     )
-    return info, content
+    publisher.publish(name, content)
+    return info
 
 
 def _matches(existing: Manifest | None, source_sha256: str, parameters: dict) -> bool:
@@ -190,23 +194,25 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     key = dataset_key(resolved.sha256, parameters)
     split_infos: dict[str, SplitInfo] = {}
     with ThreadPoolExecutor(PUBLISH_THREADS) as pool:
-        pending = []
+        pending: dict[str, list] = {}
         for split_name, split in named_splits.items():
             parts = shard_slices(len(split), config.examples_per_shard)
-            shards = []
+            pending[split_name] = []
             for index, part in enumerate(parts):
                 name = shard_name(split_name, key, index, len(parts), config.compression)
-                info, content = _encode(split, part, name, config.compression)
-                pending.append(pool.submit(publisher.publish, name, content))
-                shards.append(info)
-                progress.advance(info.num_records)
+                content = records.encode_shard(
+                    split.images(part), split.labels[part], split.ids[part], config.compression
+                )
+                pending[split_name].append(
+                    pool.submit(_publish_shard, publisher, name, content, part.stop - part.start)
+                )
+                progress.advance(part.stop - part.start)
+        for split_name, split in named_splits.items():
             split_infos[split_name] = SplitInfo(
                 num_examples=len(split),
                 class_counts=np.bincount(split.labels, minlength=len(raw.label_names)).tolist(),
-                shards=shards,
+                shards=[future.result() for future in pending[split_name]],
             )
-        for future in pending:
-            future.result()
 
     manifest = Manifest(
         schema_version=records.SCHEMA_VERSION,
@@ -214,21 +220,13 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
         synthetic=raw.dataset == "synthetic",
         source=raw.source,
         label_names=raw.label_names,
-        image_shape=list(named_splits["train"].images.shape[1:]),
+        image_shape=list(named_splits["train"].image_shape),
         compression=config.compression,
         parameters=parameters,
         splits=split_infos,
     )
     content = manifest.to_json()
     publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
-    damaged = _shards_intact(publisher, manifest)
-    if damaged:
-        if publisher.read(MANIFEST_NAME) == content:
-            publisher.withdraw(MANIFEST_NAME)
-        raise storage.PublishConflictError(
-            f"{config.output}: shards {damaged} were removed or changed by another writer while publishing; "
-            "the manifest was withdrawn. Run again once the other writer has finished."
-        )
     _remove_stale_shards(publisher, manifest)
     logger.info(
         "published %s: %s; manifest %s",

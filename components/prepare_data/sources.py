@@ -30,24 +30,56 @@ SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validatio
 
 @dataclass
 class RawSplit:
-    images: np.ndarray  # uint8 [N, H, W, C]
-    labels: np.ndarray  # int64 [N]
+    """Examples as positions in one or more image arrays; pixels are gathered only when a shard is encoded.
+
+    Choosing, shuffling and joining splits therefore moves indices, not the 180 MB of pixels.
+    """
+
+    parts: list[np.ndarray]  # uint8 [n_i, H, W, C] each, possibly strided views (e.g. CHW planes as HWC)
+    labels: np.ndarray  # int64 [N], in this split's order
     ids: list[str]
+    indices: np.ndarray  # int64 [N]: positions in the concatenation of `parts`
+
+    @classmethod
+    def from_array(cls, images: np.ndarray, labels: np.ndarray, ids: list[str]) -> RawSplit:
+        return cls([images], np.asarray(labels, np.int64), list(ids), np.arange(len(images)))
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def take(self, indices: np.ndarray) -> RawSplit:
-        return RawSplit(self.images[indices], self.labels[indices], [self.ids[index] for index in indices])
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        return tuple(self.parts[0].shape[1:])
+
+    def take(self, chosen: np.ndarray) -> RawSplit:
+        return RawSplit(self.parts, self.labels[chosen], [self.ids[index] for index in chosen], self.indices[chosen])
+
+    def images(self, selection: slice = slice(None)) -> np.ndarray:
+        """uint8 [n, H, W, C] for the examples in `selection`, gathered into one contiguous array."""
+        wanted = self.indices[selection]
+        if len(self.parts) == 1:
+            return np.ascontiguousarray(self.parts[0][wanted])
+        starts = np.cumsum([0] + [len(part) for part in self.parts[:-1]])
+        owner = np.searchsorted(starts, wanted, side="right") - 1
+        gathered = np.empty((len(wanted), *self.image_shape), np.uint8)
+        for number, part in enumerate(self.parts):
+            mine = owner == number
+            if mine.any():
+                gathered[mine] = part[wanted[mine] - starts[number]]
+        return gathered
 
     @staticmethod
-    def concatenate(parts: list[RawSplit]) -> RawSplit:
-        if not parts:
-            return RawSplit(np.zeros((0, *CIFAR_SHAPE), np.uint8), np.zeros((0,), np.int64), [])
+    def concatenate(splits: list[RawSplit]) -> RawSplit:
+        parts, indices, offset = [], [], 0
+        for split in splits:
+            parts.extend(split.parts)
+            indices.append(split.indices + offset)
+            offset += sum(len(part) for part in split.parts)
         return RawSplit(
-            np.concatenate([part.images for part in parts]),
-            np.concatenate([part.labels for part in parts]),
-            [example_id for part in parts for example_id in part.ids],
+            parts,
+            np.concatenate([split.labels for split in splits]),
+            [example_id for split in splits for example_id in split.ids],
+            np.concatenate(indices),
         )
 
 
@@ -74,24 +106,36 @@ def check_classes_present(label_names: list[str], labels: np.ndarray, origin: st
         raise SourceError(f"{origin}: class(es) {empty} have no training images")
 
 
-def _find_layout_dir(tree: FileTree, marker: str) -> str:
-    """The folder (relative path, '' for the root) that holds `marker`, e.g. data_batch_1."""
-    candidates = sorted({posixpath.dirname(name) for name in tree.names() if posixpath.basename(name) == marker})
-    if not candidates:
-        raise SourceError(f"{tree.origin}: no {marker} found")
-    if len(candidates) > 1:
-        raise SourceError(f"{tree.origin}: {marker} appears in several folders {candidates}; keep only one copy")
-    return candidates[0]
-
-
 def _join(folder: str, name: str) -> str:
     return posixpath.join(folder, name) if folder else name
+
+
+def _collect_layout(tree: FileTree, wanted: tuple[str, ...], read) -> tuple[str, dict[str, object]]:
+    """Read the files named in `wanted` (basenames) in the order the source yields them.
+
+    Returns their folder and {basename: read(name)}; all must sit in one folder, and all must exist.
+    """
+    folder: str | None = None
+    found: dict[str, object] = {}
+    for name in tree.iterate():
+        base = posixpath.basename(name)
+        if base not in wanted:
+            continue
+        directory = posixpath.dirname(name)
+        if folder is not None and directory != folder:
+            raise SourceError(f"{tree.origin}: CIFAR-10 files appear in several folders ({folder!r}, {directory!r})")
+        folder = directory
+        found[base] = read(name)
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        raise SourceError(f"{tree.origin}: missing {missing} in {folder or 'the top folder'}")
+    return folder or "", found
 
 
 # -- the official "python version" --------------------------------------------------------------------------
 
 
-def read_python_batch(tree: FileTree, name: str, num_classes: int) -> RawSplit:
+def read_python_batch(tree: FileTree, name: str) -> RawSplit:
     origin = tree.describe(name)
     content = load_numpy_pickle(tree.read(name), origin)
     if not isinstance(content, dict) or b"data" not in content or b"labels" not in content:
@@ -110,43 +154,41 @@ def read_python_batch(tree: FileTree, name: str, num_classes: int) -> RawSplit:
         raise SourceError(f"{origin}: b'labels' is not a list of integers ({error})") from error
     if labels.ndim != 1 or len(labels) != len(data):
         raise SourceError(f"{origin}: {len(labels)} labels for {len(data)} images; the counts must match")
-    _check_labels(labels, num_classes, origin)
-    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # R,G,B planes (CHW) -> HWC
+    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # R,G,B planes (CHW) -> HWC, a view
     batch = posixpath.basename(name)
-    return RawSplit(images, labels, [f"{batch}/{index:05d}" for index in range(len(labels))])
+    return RawSplit.from_array(images, labels, [f"{batch}/{index:05d}" for index in range(len(labels))])
+
+
+def _python_label_names(tree: FileTree, name: str) -> list[str]:
+    meta = load_numpy_pickle(tree.read(name), tree.describe(name))
+    if not isinstance(meta, dict) or not isinstance(meta.get(b"label_names"), list):
+        raise SourceError(f"{tree.describe(name)}: expected a dict with b'label_names' (a list of class names)")
+    return [label.decode() if isinstance(label, bytes) else str(label) for label in meta[b"label_names"]]
 
 
 def read_python_layout(tree: FileTree) -> RawDataset:
-    folder = _find_layout_dir(tree, "batches.meta")
-    meta_origin = tree.describe(_join(folder, "batches.meta"))
-    meta = load_numpy_pickle(tree.read(_join(folder, "batches.meta")), meta_origin)
-    if not isinstance(meta, dict) or not isinstance(meta.get(b"label_names"), list):
-        raise SourceError(f"{meta_origin}: expected a dict with b'label_names' (a list of class names)")
-    label_names = [name.decode() if isinstance(name, bytes) else str(name) for name in meta[b"label_names"]]
-    _require_files(tree, folder, [*TRAIN_BATCHES, "test_batch"])
-    batches = [read_python_batch(tree, _join(folder, name), len(label_names)) for name in TRAIN_BATCHES]
-    evaluation = read_python_batch(tree, _join(folder, "test_batch"), len(label_names))
-    return _official_dataset(tree, "python", label_names, batches, evaluation)
+    def read(name: str):
+        return _python_label_names(tree, name) if name.endswith("batches.meta") else read_python_batch(tree, name)
 
-
-def _require_files(tree: FileTree, folder: str, names: list[str]) -> None:
-    present = set(tree.names())
-    missing = [name for name in names if _join(folder, name) not in present]
-    if missing:
-        raise SourceError(f"{tree.origin}: missing {missing} in {folder or 'the top folder'}")
+    folder, found = _collect_layout(tree, (*TRAIN_BATCHES, "test_batch", "batches.meta"), read)
+    batches = {name: found[name] for name in (*TRAIN_BATCHES, "test_batch")}
+    return _official_dataset(tree, folder, "python", found["batches.meta"], batches)
 
 
 def _official_dataset(
-    tree: FileTree, layout: str, label_names: list[str], batches: list[RawSplit], evaluation: RawSplit
+    tree: FileTree, folder: str, layout: str, label_names: list[str], batches: dict[str, RawSplit]
 ) -> RawDataset:
-    train = RawSplit.concatenate(batches)
+    suffix = ".bin" if layout == "binary" else ""
+    for name, batch in batches.items():
+        _check_labels(batch.labels, len(label_names), tree.describe(_join(folder, name + suffix)))
+    train = RawSplit.concatenate([batches[name] for name in TRAIN_BATCHES])
     check_classes_present(label_names, train.labels, tree.origin)
-    holdout = np.concatenate([np.full(len(batch), index == 4) for index, batch in enumerate(batches)])
+    holdout = np.concatenate([np.full(len(batches[name]), name == HOLDOUT_BATCH) for name in TRAIN_BATCHES])
     return RawDataset(
         dataset="cifar10",
         label_names=label_names,
         train=train,
-        eval=evaluation,
+        eval=batches["test_batch"],
         holdout=holdout,
         source={"format": layout, "holdout": HOLDOUT_BATCH},
     )
@@ -155,7 +197,7 @@ def _official_dataset(
 # -- the official "binary version" --------------------------------------------------------------------------
 
 
-def read_binary_batch(tree: FileTree, name: str, num_classes: int) -> RawSplit:
+def read_binary_batch(tree: FileTree, name: str) -> RawSplit:
     origin = tree.describe(name)
     content = tree.read(name)
     if len(content) == 0 or len(content) % BINARY_RECORD_BYTES:
@@ -165,22 +207,26 @@ def read_binary_batch(tree: FileTree, name: str, num_classes: int) -> RawSplit:
         )
     records = np.frombuffer(content, dtype=np.uint8).reshape(-1, BINARY_RECORD_BYTES)
     labels = records[:, 0].astype(np.int64)
-    _check_labels(labels, num_classes, origin)
     images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     batch = posixpath.basename(name).removesuffix(".bin")
-    return RawSplit(images, labels, [f"{batch}/{index:05d}" for index in range(len(labels))])
+    return RawSplit.from_array(images, labels, [f"{batch}/{index:05d}" for index in range(len(labels))])
+
+
+def _binary_label_names(tree: FileTree, name: str) -> list[str]:
+    label_names = [line.strip() for line in tree.read(name).decode(errors="replace").splitlines() if line.strip()]
+    if not label_names:
+        raise SourceError(f"{tree.describe(name)}: no class names")
+    return label_names
 
 
 def read_binary_layout(tree: FileTree) -> RawDataset:
-    folder = _find_layout_dir(tree, "batches.meta.txt")
-    label_names = [line.strip() for line in tree.read(_join(folder, "batches.meta.txt")).decode().splitlines()]
-    label_names = [name for name in label_names if name]
-    if not label_names:
-        raise SourceError(f"{tree.describe(_join(folder, 'batches.meta.txt'))}: no class names")
-    _require_files(tree, folder, [f"{name}.bin" for name in (*TRAIN_BATCHES, "test_batch")])
-    batches = [read_binary_batch(tree, _join(folder, f"{name}.bin"), len(label_names)) for name in TRAIN_BATCHES]
-    evaluation = read_binary_batch(tree, _join(folder, "test_batch.bin"), len(label_names))
-    return _official_dataset(tree, "binary", label_names, batches, evaluation)
+    def read(name: str):
+        return _binary_label_names(tree, name) if name.endswith(".txt") else read_binary_batch(tree, name)
+
+    wanted = (*(f"{name}.bin" for name in (*TRAIN_BATCHES, "test_batch")), "batches.meta.txt")
+    folder, found = _collect_layout(tree, wanted, read)
+    batches = {name: found[f"{name}.bin"] for name in (*TRAIN_BATCHES, "test_batch")}
+    return _official_dataset(tree, folder, "binary", found["batches.meta.txt"], batches)
 
 
 # -- images in class folders ------------------------------------------------------------------------------
@@ -263,7 +309,7 @@ def read_class_folders(tree: FileTree) -> RawDataset:
         names = [(name, label) for label, class_name in enumerate(label_names) for name in classes.get(class_name, [])]
         images = np.stack([decode_image(tree.read(name), tree.describe(name)) for name, _ in names])
         labels = np.array([label for _, label in names], dtype=np.int64)
-        splits[split] = RawSplit(images, labels, [name for name, _ in names])
+        splits[split] = RawSplit.from_array(images, labels, [name for name, _ in names])
     pool = [splits["train"]]
     holdout = None
     if "validation" in splits:
@@ -282,13 +328,18 @@ def read_class_folders(tree: FileTree) -> RawDataset:
 
 # -- detection --------------------------------------------------------------------------------------------
 
+PYTHON_FILES = {*TRAIN_BATCHES, "test_batch", "batches.meta"}
+BINARY_FILES = {*(f"{name}.bin" for name in (*TRAIN_BATCHES, "test_batch")), "batches.meta.txt"}
+
 
 def detect_format(tree: FileTree) -> str:
-    basenames = {posixpath.basename(name) for name in tree.names()}
-    if "batches.meta" in basenames and "data_batch_1" in basenames:
-        return "python"
-    if "batches.meta.txt" in basenames and "data_batch_1.bin" in basenames:
-        return "binary"
+    """The layout of the first recognizable file: python or binary batches, else class folders."""
+    for name in tree.iterate():
+        base = posixpath.basename(name)
+        if base in PYTHON_FILES:
+            return "python"
+        if base in BINARY_FILES:
+            return "binary"
     return "folders"
 
 
@@ -298,4 +349,6 @@ READERS = {"python": read_python_layout, "binary": read_binary_layout, "folders"
 def read_tree(tree: FileTree, source_format: str = "auto") -> RawDataset:
     layout = detect_format(tree) if source_format == "auto" else source_format
     logger.info("reading %s as the %s layout", tree.origin, layout)
-    return READERS[layout](tree)
+    raw = READERS[layout](tree)
+    tree.names()  # waits for the whole source to be read and checked: a bad member anywhere stops publication
+    return raw

@@ -41,7 +41,7 @@ def _generate_split(prototypes: np.ndarray, per_class: int, rng: np.random.Gener
         pattern = np.roll(prototypes[label], (down, right), axis=(0, 1))
         noisy = pattern + rng.normal(0.0, NOISE_STANDARD_DEVIATION, CIFAR_SHAPE)
         images[index] = np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
-    return RawSplit(images, labels, [f"synthetic/{name}/{index:06d}" for index in range(len(labels))])
+    return RawSplit.from_array(images, labels, [f"synthetic/{name}/{index:06d}" for index in range(len(labels))])
 
 
 def generate(num_classes: int, train_per_class: int, eval_per_class: int, seed: int) -> RawDataset:
