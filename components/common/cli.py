@@ -20,7 +20,10 @@ def run_stage(
     program: str,
     expected_errors: tuple[type[BaseException], ...] = (ValueError,),
 ) -> int:
-    """Parse `argv` into `config_class`, call `run(config)`; a bad input logs one clear line and exits 2."""
+    """Parse `argv` into `config_class`, call `run(config)`; a bad input logs one clear line and exits 2.
+
+    When `run` returns an int, that is the exit code (0 otherwise).
+    """
     try:
         config, namespace = parse_config(config_class, argv, description, program)
     except ValueError as error:
@@ -29,8 +32,8 @@ def run_stage(
         return EXIT_BAD_INPUT
     setup_logging(namespace.log_level)
     try:
-        run(config)
+        outcome = run(config)
     except expected_errors as error:
         logging.getLogger(program).error("%s", error)
         return EXIT_BAD_INPUT
-    return 0
+    return outcome if isinstance(outcome, int) and not isinstance(outcome, bool) else 0

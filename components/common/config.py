@@ -99,6 +99,15 @@ def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], ori
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A JSON object of field names to values, from a file, or given inline (text starting with "{")."""
+    if isinstance(path, str) and path.lstrip().startswith("{"):
+        try:
+            content = json.loads(path)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--config: inline JSON is not valid: {error}") from error
+        if not isinstance(content, dict):
+            raise ValueError("--config: inline JSON must be an object of field names to values")
+        return content
     path = Path(path)
     try:
         content = json.loads(path.read_text())
@@ -124,14 +133,23 @@ def parse_config(
         given = getattr(namespace, field.name)
         if given is not None:
             values[field.name] = given
-    origin = f"configuration (command line{' and ' + namespace.config if namespace.config else ''})"
+    source = (
+        ""
+        if not namespace.config
+        else " and inline --config"
+        if namespace.config.lstrip().startswith("{")
+        else f" and {namespace.config}"
+    )
+    origin = f"configuration (command line{source})"
     return config_from_mapping(config_class, values, origin), namespace
 
 
 def build_parser(config_class: type, description: str, program: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=program, description=description)
     parser.add_argument(
-        "--config", default=None, help="JSON file of field names to values; command-line options override it"
+        "--config",
+        default=None,
+        help="JSON file (or inline JSON object) of field names to values; command-line options override it",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_config_arguments(parser, config_class)

@@ -1,0 +1,213 @@
+"""Checkpoints: where they live, what they hold, restoring with a fallback, and warm starts.
+
+A checkpoint holds `weights/<layer>/<weight>` for every model variable (names that survive a change of
+architecture, so warm starts can select by name), `ema/<layer>/<weight>` when an exponential moving
+average is kept, the optimizer, and the global `step`.
+
+A gs:// model directory is worked on through a local mirror (TensorFlow's own GCS client cannot be
+pointed at an emulator; google-cloud-storage can): `pull` before restoring, `push` after each save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tensorflow as tf
+
+from components.common import storage
+from components.common.dataset import default_cache_dir
+from components.train.model import variable_name
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_PREFIX = "ckpt"
+VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint where one was expected, or a warm start that matched nothing."""
+
+
+class ModelDirectory:
+    """The model directory as a local path TensorFlow writes to, mirrored to gs:// when it is remote."""
+
+    def __init__(self, uri: str, cache_dir: str | Path | None = None):
+        self.uri = uri.rstrip("/")
+        self.remote = storage.is_gcs_uri(uri)
+        if self.remote:
+            key = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+            self.local = Path(cache_dir or default_cache_dir()) / "model_dirs" / key
+        else:
+            self.local = Path(uri)
+        self.local.mkdir(parents=True, exist_ok=True)
+        self._pushed: dict[str, tuple[int, int]] = {}
+
+    def pull(self) -> None:
+        """Bring the remote directory's files down (resume needs its checkpoints)."""
+        if not self.remote:
+            return
+        publisher = storage.GcsPublisher(self.uri)
+        names = publisher.list()
+        for name in names:
+            target = self.local / name
+            checksum = publisher.checksum(name)
+            if target.exists() and checksum == (target.stat().st_size, storage.crc32c_base64(target.read_bytes())):
+                continue
+            storage.download_file(publisher.uri(name), target)
+        logger.info("pulled %d file(s) of %s into %s", len(names), self.uri, self.local)
+        self._remember_all()
+
+    def push(self) -> None:
+        """Upload files that are new or changed since the last push; the checkpoint index goes last."""
+        if not self.remote:
+            return
+        publisher = storage.GcsPublisher(self.uri)
+        changed = [
+            path
+            for path in sorted(self.local.rglob("*"))
+            if path.is_file() and self._pushed.get(str(path)) != self._signature(path)
+        ]
+        changed.sort(key=lambda path: path.name == "checkpoint")  # the index that names the latest, last
+        for path in changed:
+            publisher.publish(path.relative_to(self.local).as_posix(), path.read_bytes())
+            self._pushed[str(path)] = self._signature(path)
+        remote_files = set(publisher.list())
+        local_files = {path.relative_to(self.local).as_posix() for path in self.local.rglob("*") if path.is_file()}
+        for stale in sorted(remote_files - local_files):
+            if stale.startswith(f"{CHECKPOINT_PREFIX}-"):  # removed locally by max_to_keep
+                publisher.withdraw(stale)
+
+    @staticmethod
+    def _signature(path: Path) -> tuple[int, int]:
+        status = path.stat()
+        return status.st_size, status.st_mtime_ns
+
+    def _remember_all(self) -> None:
+        for path in self.local.rglob("*"):
+            if path.is_file():
+                self._pushed[str(path)] = self._signature(path)
+
+
+@dataclass
+class TrainingState:
+    """Everything a checkpoint holds; `objects` is what tf.train.Checkpoint tracks."""
+
+    model: object
+    optimizer: object
+    step: tf.Variable
+    ema: dict[str, tf.Variable] = field(default_factory=dict)
+
+    def checkpoint(self) -> tf.train.Checkpoint:
+        objects = {
+            "weights": {variable_name(variable): variable for variable in self.model.variables},
+            "optimizer": self.optimizer,
+            "step": self.step,
+        }
+        if self.ema:
+            objects["ema"] = dict(self.ema)
+        return tf.train.Checkpoint(**objects)
+
+
+def restore_latest(checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager) -> str | None:
+    """Restore the newest readable checkpoint; fall back to older ones when the newest is damaged.
+
+    Returns the restored path, or None when the directory holds no checkpoint at all. When every
+    checkpoint is damaged this fails: training never silently restarts from step 0.
+    """
+    candidates = list(reversed(manager.checkpoints))
+    if not candidates:
+        return None
+    problems = []
+    for path in candidates:
+        try:
+            checkpoint.restore(path).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, AssertionError) as error:
+            message = getattr(error, "message", str(error)).splitlines()[0]
+            logger.warning("checkpoint %s is damaged or incompatible (%s); trying the one before", path, message)
+            problems.append(f"{path}: {message}")
+            continue
+        if problems:
+            logger.warning("resumed from %s instead of the damaged newest checkpoint(s)", path)
+        return path
+    raise CheckpointError(
+        "every checkpoint in the model directory is damaged or incompatible, refusing to start over from step 0 "
+        "(move the model directory aside to train from scratch): " + "; ".join(problems)
+    )
+
+
+def checkpoint_variable_names(path: str) -> dict[str, str]:
+    """{model-style variable name: checkpoint key} for the `weights/...` of a checkpoint (or every key)."""
+    names = {}
+    for key, _shape in tf.train.list_variables(path):
+        if not key.endswith(VALUE_SUFFIX):
+            continue
+        name = key[: -len(VALUE_SUFFIX)]
+        if name.startswith("weights/"):
+            names[unescape(name[len("weights/") :])] = key
+        elif not name.startswith(("optimizer/", "ema/", "step", "save_counter")):
+            names.setdefault(name, key)
+    return names
+
+
+def unescape(name: str) -> str:
+    """Undo tf.train.Checkpoint's escaping of object names: `.S` is `/`, `..` is `.`."""
+    return re.sub(r"\.(S|\.)", lambda match: "/" if match.group(1) == "S" else ".", name)
+
+
+@dataclass(frozen=True)
+class WarmStartReport:
+    source: str
+    restored: list[str]
+    skipped: dict[str, str]  # variable name -> why
+
+
+def resolve_checkpoint_path(source: str) -> str:
+    if tf.io.gfile.isdir(source):
+        latest = tf.train.latest_checkpoint(source)
+        if latest is None:
+            raise CheckpointError(f"warm start: {source} holds no checkpoint")
+        return latest
+    if not tf.io.gfile.exists(f"{source}.index"):
+        raise CheckpointError(f"warm start: {source} is neither a checkpoint folder nor a checkpoint prefix")
+    return source
+
+
+def warm_start(
+    variables, source: str, include: tuple[str, ...], exclude: tuple[str, ...], mapping: list[tuple[str, str]]
+) -> WarmStartReport:
+    """Assign checkpoint values to the variables selected by name; report what was and was not restored."""
+    path = resolve_checkpoint_path(source)
+    reader = tf.train.load_checkpoint(path)
+    available = checkpoint_variable_names(path)
+    shapes = reader.get_variable_to_shape_map()
+    restored, skipped = [], {}
+    for variable in variables:
+        name = variable_name(variable)
+        if not any(re.search(pattern, name) for pattern in include) or any(re.search(p, name) for p in exclude):
+            skipped[name] = "excluded"
+            continue
+        source_name = name
+        for pattern, replacement in mapping:
+            source_name = re.sub(pattern, replacement, source_name)
+        key = available.get(source_name)
+        if key is None:
+            skipped[name] = f"{source_name!r} is not in the checkpoint"
+            continue
+        if list(shapes[key]) != list(variable.shape):
+            skipped[name] = f"shape {list(variable.shape)} differs from the checkpoint's {list(shapes[key])}"
+            continue
+        variable.assign(reader.get_tensor(key))
+        restored.append(name)
+    if not restored:
+        raise CheckpointError(
+            f"warm start from {path}: no variable matched (include {include}, exclude {exclude}, "
+            f"map {mapping}); the checkpoint holds e.g. {sorted(available)[:5]}"
+        )
+    logger.info("warm start from %s: restored %d variable(s): %s", path, len(restored), ", ".join(restored))
+    for name, reason in skipped.items():
+        logger.info("warm start: kept %s as initialized (%s)", name, reason)
+    return WarmStartReport(path, restored, skipped)

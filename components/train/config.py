@@ -1,0 +1,191 @@
+"""Configuration of the train stage."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
+SCHEDULES = ("piecewise", "cosine", "constant")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+LAUNCHERS = ("auto", "inprocess", "local", "tfjob", "worker")
+MODELS = ("resnet",)
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: retryable for Kubernetes and the TFJob ExitCode restart policy
+
+
+def parse_assignments(entries: tuple[str, ...], field_name: str) -> list[tuple[str, str]]:
+    """`("REGEX=VALUE", ...)` -> [(regex, value)]; every regex must compile."""
+    pairs = []
+    for entry in entries:
+        pattern, separator, value = entry.rpartition("=")
+        if not separator or not pattern:
+            raise ValueError(f"{field_name}: {entry!r} is not of the form REGEX=VALUE")
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ValueError(f"{field_name}: {pattern!r} is not a valid regular expression ({error})") from error
+        pairs.append((pattern, value))
+    return pairs
+
+
+def _check_regex(value: str | None, field_name: str) -> None:
+    if value is None:
+        return
+    try:
+        re.compile(value)
+    except re.error as error:
+        raise ValueError(f"{field_name}: {value!r} is not a valid regular expression ({error})") from error
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str = field(metadata={"help": "prepared dataset: a folder or gs:// prefix holding manifest.json"})
+    model_dir: str = field(metadata={"help": "checkpoints, summaries and the resolved config (folder or gs://)"})
+    # model
+    model: str = field(default="resnet", metadata={"help": "model family", "choices": MODELS})
+    depth: int = field(default=20, metadata={"help": "ResNet depth, 6n+2: 20, 32, 44, 56, 110"})
+    width_multiplier: float = field(default=1.0, metadata={"help": "scales every layer's channels"})
+    data_format: str = field(
+        default="channels_last",
+        metadata={"help": "channels_first is faster on some GPUs", "choices": ("channels_last", "channels_first")},
+    )
+    batch_norm_decay: float = field(default=0.997, metadata={"help": "moving-average decay of batch norm"})
+    batch_norm_epsilon: float = field(default=1e-5, metadata={"help": "batch norm epsilon"})
+    label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing of the cross-entropy"})
+    # input
+    batch_size: int = field(default=128, metadata={"help": "global batch, split over all replicas"})
+    in_memory: bool = field(default=False, metadata={"help": "keep the decoded training set in memory"})
+    shuffle_buffer: int = field(default=10000, metadata={"help": "records in the shuffle buffer (streaming mode)"})
+    seed: int = field(default=42, metadata={"help": "seed of initialization, data order and augmentation"})
+    cache_dir: str | None = field(default=None, metadata={"help": "where gs:// datasets and model dirs are mirrored"})
+    # length
+    train_steps: int | None = field(default=None, metadata={"help": "global steps to train (default: 80000)"})
+    epochs: float | None = field(default=None, metadata={"help": "epochs to train; instead of --train-steps"})
+    # optimization
+    optimizer: str = field(default="sgd", metadata={"help": "optimizer", "choices": OPTIMIZERS})
+    learning_rate: float = field(default=0.1, metadata={"help": "learning rate at learning_rate_batch_size"})
+    learning_rate_batch_size: int = field(
+        default=128, metadata={"help": "the rate is scaled linearly by batch_size / this"}
+    )
+    schedule: str = field(default="piecewise", metadata={"help": "learning-rate schedule", "choices": SCHEDULES})
+    boundary_epochs: tuple[float, ...] = field(
+        default=(82.0, 123.0, 300.0), metadata={"help": "piecewise schedule: epochs where the rate changes"}
+    )
+    decay_factors: tuple[float, ...] = field(
+        default=(0.1, 0.01, 0.002), metadata={"help": "piecewise schedule: multipliers from each boundary on"}
+    )
+    warmup_epochs: float = field(default=0.0, metadata={"help": "linear warm-up from 0 over this many epochs"})
+    momentum: float = field(default=0.9, metadata={"help": "momentum of sgd and rmsprop"})
+    nesterov: bool = field(default=False, metadata={"help": "Nesterov momentum (sgd)"})
+    weight_decay: float = field(
+        default=2e-4, metadata={"help": "L2 on conv/dense kernels (decoupled weight decay for adamw)"}
+    )
+    clip_global_norm: float | None = field(default=None, metadata={"help": "clip gradients by their global norm"})
+    clip_norm: float | None = field(default=None, metadata={"help": "clip each variable's gradient by its norm"})
+    clip_value: float | None = field(default=None, metadata={"help": "clip every gradient element to +-value"})
+    gradient_multipliers: tuple[str, ...] = field(
+        default=(), metadata={"help": "REGEX=FACTOR: scale gradients of variables whose name matches"}
+    )
+    trainable: str | None = field(default=None, metadata={"help": "train only variables matching this regex"})
+    frozen: str | None = field(default=None, metadata={"help": "never update variables matching this regex"})
+    ema_decay: float | None = field(
+        default=None, metadata={"help": "keep an exponential moving average of the weights (e.g. 0.999)"}
+    )
+    precision: str = field(default="float32", metadata={"help": "compute precision", "choices": PRECISIONS})
+    xla: bool = field(default=False, metadata={"help": "compile the training step with XLA"})
+    # checkpoints, warm start
+    checkpoint_every_steps: int | None = field(default=1000, metadata={"help": "save a checkpoint every N steps"})
+    checkpoint_every_seconds: float | None = field(default=600.0, metadata={"help": "and/or every N seconds"})
+    max_to_keep: int = field(default=5, metadata={"help": "checkpoints kept"})
+    keep_checkpoint_every_hours: float | None = field(
+        default=None, metadata={"help": "also keep one checkpoint every N hours"}
+    )
+    warm_start: str | None = field(default=None, metadata={"help": "checkpoint (file prefix or folder) to start from"})
+    warm_start_include: tuple[str, ...] = field(
+        default=(".*",), metadata={"help": "regexes of variables to take from the warm-start checkpoint"}
+    )
+    warm_start_exclude: tuple[str, ...] = field(default=(), metadata={"help": "regexes of variables to leave new"})
+    warm_start_map: tuple[str, ...] = field(
+        default=(), metadata={"help": "REGEX=REPLACEMENT: rewrites a variable's name to its checkpoint name"}
+    )
+    # logging, summaries
+    log_every_steps: int = field(default=100, metadata={"help": "log step, loss, accuracy, rate, examples/s, ETA"})
+    summary_every_steps: int = field(default=100, metadata={"help": "TensorBoard scalars every N steps"})
+    histogram_every_steps: int = field(default=1000, metadata={"help": "weight histograms every N steps (0: never)"})
+    image_summaries: int = field(default=4, metadata={"help": "augmented input images shown in TensorBoard"})
+    profile_steps: tuple[int, ...] = field(default=(), metadata={"help": "FIRST LAST: profile these steps"})
+    # distribution, launchers
+    workers: int = field(default=1, metadata={"help": "training workers (processes or pods)"})
+    launcher: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: TF_CONFIG set -> run as a worker, --workers 1 -> in-process, else local processes",
+            "choices": LAUNCHERS,
+        },
+    )
+    gpus_per_worker: int = field(default=0, metadata={"help": "GPUs per worker (TFJob resources)"})
+    worker_failure_timeout_seconds: float = field(
+        default=30.0, metadata={"help": "local launcher: after one worker fails, how long others get to exit"}
+    )
+    tfjob_namespace: str = field(default="kubeflow", metadata={"help": "namespace of the TFJob"})
+    tfjob_image: str | None = field(default=None, metadata={"help": "worker image (default: the train image)"})
+    tfjob_name: str | None = field(default=None, metadata={"help": "TFJob name (default: unique per run)"})
+    tfjob_timeout_seconds: float = field(default=7 * 24 * 3600.0, metadata={"help": "give up waiting after this"})
+    tfjob_service_account: str = field(default="cifar10-pipeline", metadata={"help": "service account of the pods"})
+
+    def __post_init__(self) -> None:
+        if (self.depth - 2) % 6 or self.depth < 8:
+            raise ValueError(f"depth: {self.depth} is not of the form 6n+2 with n >= 1 (20, 32, 44, 56, 110)")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: {self.batch_size} must be at least 1")
+        if self.batch_size % self.workers:
+            raise ValueError(f"batch_size: {self.batch_size} does not split evenly over {self.workers} workers")
+        if self.train_steps is not None and self.epochs is not None:
+            raise ValueError("train_steps and epochs: give one of them, not both")
+        if self.train_steps is not None and self.train_steps < 1:
+            raise ValueError(f"train_steps: {self.train_steps} must be at least 1")
+        if self.epochs is not None and self.epochs <= 0:
+            raise ValueError(f"epochs: {self.epochs} must be positive")
+        if self.workers < 1:
+            raise ValueError(f"workers: {self.workers} must be at least 1")
+        if self.schedule == "piecewise" and len(self.boundary_epochs) != len(self.decay_factors):
+            raise ValueError(
+                f"boundary_epochs and decay_factors: {len(self.boundary_epochs)} boundaries need as many factors, "
+                f"got {len(self.decay_factors)}"
+            )
+        if list(self.boundary_epochs) != sorted(self.boundary_epochs):
+            raise ValueError(f"boundary_epochs: {self.boundary_epochs} must increase")
+        for name in ("clip_global_norm", "clip_norm", "clip_value", "ema_decay"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name}: {value} must be positive")
+        if self.ema_decay is not None and self.ema_decay >= 1:
+            raise ValueError(f"ema_decay: {self.ema_decay} must be below 1")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing: {self.label_smoothing} is not in [0, 1)")
+        if self.profile_steps and (len(self.profile_steps) != 2 or self.profile_steps[0] > self.profile_steps[1]):
+            raise ValueError(f"profile_steps: {self.profile_steps} must be FIRST LAST with FIRST <= LAST")
+        for name in ("checkpoint_every_steps", "log_every_steps", "summary_every_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}: {value} must be at least 1")
+        _check_regex(self.trainable, "trainable")
+        _check_regex(self.frozen, "frozen")
+        for pattern in (*self.warm_start_include, *self.warm_start_exclude):
+            _check_regex(pattern, "warm_start_include/exclude")
+        for pattern, factor in parse_assignments(self.gradient_multipliers, "gradient_multipliers"):
+            try:
+                float(factor)
+            except ValueError as error:
+                raise ValueError(f"gradient_multipliers: {factor!r} (for {pattern!r}) is not a number") from error
+        parse_assignments(self.warm_start_map, "warm_start_map")
+
+    def total_steps(self, train_examples: int) -> int:
+        if self.train_steps is not None:
+            return self.train_steps
+        if self.epochs is not None:
+            return max(1, round(self.epochs * train_examples / self.batch_size))
+        return 80000
+
+    def scaled_learning_rate(self) -> float:
+        return self.learning_rate * self.batch_size / self.learning_rate_batch_size

@@ -1,0 +1,92 @@
+"""Training input: verified TFRecords -> per-worker, shuffled, augmented batches.
+
+Each input pipeline (one per worker) reads its own part of the data: whole shards when the shards divide
+evenly among the pipelines, otherwise every k-th record. Augmentation is the seed's distortion, pad to
+40x40 and take a random 32x32 crop, then a random horizontal flip, drawn independently per image but
+computed on whole batches (two gathers and a select), so it costs a few vectorized ops per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tensorflow as tf
+
+from components.common import records
+from components.common.dataset import VerifiedDataset
+
+logger = logging.getLogger(__name__)
+
+PAD = 4
+
+
+def normalize(images: tf.Tensor) -> tf.Tensor:
+    """uint8 [0, 255] -> float32 [-1, 1]."""
+    return tf.cast(images, tf.float32) / 127.5 - 1.0
+
+
+def augment_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """Random pad-4-and-crop and horizontal flip of each image in a uint8 batch [B, H, W, C]."""
+    shape = tf.shape(images)
+    batch, height, width = shape[0], shape[1], shape[2]
+    padded = tf.pad(images, [[0, 0], [PAD, PAD], [PAD, PAD], [0, 0]])
+    seeds = tf.random.experimental.stateless_split(seed, 3)
+    offsets = tf.random.stateless_uniform([batch, 2], seeds[0], minval=0, maxval=2 * PAD + 1, dtype=tf.int32)
+    rows = offsets[:, :1] + tf.range(height)[None, :]
+    columns = offsets[:, 1:] + tf.range(width)[None, :]
+    cropped = tf.gather(padded, rows, axis=1, batch_dims=1)
+    cropped = tf.gather(cropped, columns, axis=2, batch_dims=1)
+    flip = tf.random.stateless_uniform([batch], seeds[1]) < 0.5
+    return tf.where(flip[:, None, None, None], tf.reverse(cropped, axis=[2]), cropped)
+
+
+def _parse(serialized, image_shape):
+    return records.parse_batch(serialized, image_shape)
+
+
+def _shard(files: list[str], dataset_factory, context: tf.distribute.InputContext):
+    pipelines, index = context.num_input_pipelines, context.input_pipeline_id
+    if pipelines > 1 and len(files) % pipelines == 0:
+        return dataset_factory(files[index::pipelines]), "shards"
+    dataset = dataset_factory(files)
+    return (dataset.shard(pipelines, index) if pipelines > 1 else dataset), "records"
+
+
+def train_dataset(
+    verified: VerifiedDataset,
+    context: tf.distribute.InputContext,
+    global_batch_size: int,
+    seed: int,
+    in_memory: bool = False,
+    shuffle_buffer: int = 10000,
+) -> tf.data.Dataset:
+    """Endless (uint8 images augmented, int64 labels) batches of this pipeline's share of the global batch."""
+    batch_size = context.get_per_replica_batch_size(global_batch_size)
+    files = verified.files["train"]
+    compression = "" if verified.manifest.compression == records.COMPRESSION_NONE else verified.manifest.compression
+    shape = verified.manifest.image_shape
+
+    def read(selected):
+        return tf.data.TFRecordDataset(selected, compression_type=compression, num_parallel_reads=min(4, len(selected)))
+
+    if in_memory:
+        serialized = tf.concat([batch for batch in _shard(files, read, context)[0].batch(4096)], axis=0)
+        images, labels = _parse(serialized, shape)
+        logger.info("holding %d training images in memory", int(tf.shape(images)[0]))
+        dataset = tf.data.Dataset.from_tensor_slices((images, labels))
+        dataset = dataset.shuffle(int(tf.shape(images)[0]), seed=seed, reshuffle_each_iteration=True).repeat()
+        dataset = dataset.batch(batch_size, drop_remainder=True)
+    else:
+        dataset, how = _shard(files, read, context)
+        logger.info("input pipeline %d of %d reads its %s", context.input_pipeline_id, context.num_input_pipelines, how)
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+        dataset = dataset.batch(batch_size, drop_remainder=True)
+        dataset = dataset.map(lambda serialized: _parse(serialized, shape), num_parallel_calls=tf.data.AUTOTUNE)
+    augment_seeds = tf.data.Dataset.random(seed=seed + context.input_pipeline_id).batch(2)
+    dataset = tf.data.Dataset.zip(dataset, augment_seeds).map(
+        lambda batch, pair: (augment_batch(batch[0], pair), batch[1]), num_parallel_calls=tf.data.AUTOTUNE
+    )
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF  # sharded above
+    options.deterministic = True
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)

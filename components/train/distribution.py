@@ -1,0 +1,113 @@
+"""Which strategy to train with, from TF_CONFIG, validated so that a cluster is never silently a single worker.
+
+- several workers (TF_CONFIG with more than one task): `MultiWorkerMirroredStrategy`, synchronous
+  all-reduce (the TF2 form of `SyncReplicasOptimizer`);
+- one worker with several GPUs: `MirroredStrategy`;
+- otherwise the default strategy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+TF_CONFIG = "TF_CONFIG"
+
+
+class ClusterError(ValueError):
+    """TF_CONFIG is malformed, or describes a cluster other than the one asked for."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    tasks: dict[str, list[str]]  # task type -> addresses
+    task_type: str
+    task_index: int
+
+    @property
+    def size(self) -> int:
+        return sum(len(addresses) for task_type, addresses in self.tasks.items() if task_type in ("chief", "worker"))
+
+    @property
+    def is_chief(self) -> bool:
+        """The chief writes checkpoints and summaries: the `chief` task, or worker 0 when there is none."""
+        if "chief" in self.tasks:
+            return self.task_type == "chief"
+        return self.task_type == "worker" and self.task_index == 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.task_type}-{self.task_index}"
+
+
+def parse_tf_config(text: str | None, expected_workers: int) -> Cluster | None:
+    """The cluster TF_CONFIG describes, checked against `expected_workers`; None when TF_CONFIG is empty."""
+    if not text or not text.strip():
+        if expected_workers > 1:
+            raise ClusterError(
+                f"TF_CONFIG is empty but {expected_workers} workers were asked for: this process would train "
+                "alone. Start the workers with the local or tfjob launcher, or set TF_CONFIG."
+            )
+        return None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ClusterError(f"TF_CONFIG is not valid JSON ({error}): {text[:200]!r}") from error
+    if not isinstance(config, dict):
+        raise ClusterError(f"TF_CONFIG must be a JSON object with 'cluster' and 'task', got {type(config).__name__}")
+    cluster, task = config.get("cluster"), config.get("task")
+    if not isinstance(cluster, dict) or not cluster:
+        raise ClusterError("TF_CONFIG has no 'cluster' object (task type -> list of host:port)")
+    for task_type, addresses in cluster.items():
+        if not isinstance(addresses, list) or not all(
+            isinstance(address, str) and ":" in address for address in addresses
+        ):
+            raise ClusterError(
+                f"TF_CONFIG cluster[{task_type!r}] must be a list of 'host:port' strings, got {addresses!r}"
+            )
+    unknown = sorted(set(cluster) - {"chief", "worker", "evaluator"})
+    if unknown:
+        raise ClusterError(f"TF_CONFIG cluster has task types {unknown}; only chief, worker and evaluator are used")
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise ClusterError("TF_CONFIG has no 'task' object with 'type' and 'index'")
+    task_type, task_index = task["type"], task["index"]
+    if task_type not in cluster:
+        raise ClusterError(f"TF_CONFIG task type {task_type!r} is not in the cluster {sorted(cluster)}")
+    if not isinstance(task_index, int) or not 0 <= task_index < len(cluster[task_type]):
+        raise ClusterError(
+            f"TF_CONFIG task index {task_index!r} is out of range: cluster[{task_type!r}] has "
+            f"{len(cluster[task_type])} address(es)"
+        )
+    result = Cluster({key: list(value) for key, value in cluster.items()}, task_type, task_index)
+    if result.size != expected_workers:
+        raise ClusterError(
+            f"TF_CONFIG describes {result.size} training worker(s) but --workers is {expected_workers}; "
+            "refusing to train with a different cluster than the one asked for"
+        )
+    return result
+
+
+def cluster_from_environment(expected_workers: int) -> Cluster | None:
+    return parse_tf_config(os.environ.get(TF_CONFIG), expected_workers)
+
+
+def create_strategy(cluster: Cluster | None):
+    import tensorflow as tf
+
+    if cluster is not None and cluster.size > 1:
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.AUTO
+        )
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        logger.info("MultiWorkerMirroredStrategy: %s of %d workers", cluster.name, cluster.size)
+        return strategy
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) > 1:
+        logger.info("MirroredStrategy over %d GPUs", len(gpus))
+        return tf.distribute.MirroredStrategy()
+    logger.info("single device: %s", gpus[0].name if gpus else "CPU")
+    return tf.distribute.get_strategy()

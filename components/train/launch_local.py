@@ -1,0 +1,139 @@
+"""The local launcher: N worker processes on this machine, each with its own TF_CONFIG on free localhost ports.
+
+Worker output is streamed with a `[worker-i]` prefix. When a worker fails, the others are stopped
+(SIGTERM, then SIGKILL after `worker_failure_timeout_seconds`: a worker blocked in a collective cannot
+answer SIGTERM) and the launcher exits non-zero, naming the worker: a dead peer never becomes a hang.
+A SIGTERM to the launcher is passed on to every worker, which then checkpoint and exit with 143.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+
+from components.common.config import config_to_dict
+from components.train.config import EXIT_PREEMPTED, TrainConfig
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1 right now (held open together so that they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            handle = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            handle.bind(("127.0.0.1", 0))
+            sockets.append(handle)
+        return [handle.getsockname()[1] for handle in sockets]
+    finally:
+        for handle in sockets:
+            handle.close()
+
+
+def tf_config(ports: list[int], index: int) -> str:
+    return json.dumps(
+        {"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]}, "task": {"type": "worker", "index": index}}
+    )
+
+
+def worker_command(config: TrainConfig) -> list[str]:
+    """Each worker runs the train CLI with the exact resolved configuration, as a worker."""
+    worker_config = config_to_dict(replace(config, launcher="worker"))
+    return [sys.executable, "-m", "components.train", "--config", json.dumps(worker_config)]
+
+
+def _stream(process: subprocess.Popen, prefix: str) -> None:
+    for line in process.stdout:
+        sys.stderr.write(f"[{prefix}] {line}")
+    sys.stderr.flush()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+    return f"exited with code {code}"
+
+
+def launch_local(config: TrainConfig) -> int:
+    """Run `config.workers` worker processes to completion; returns the exit code for the launcher."""
+    ports = free_ports(config.workers)
+    command = worker_command(config)
+    processes: list[subprocess.Popen] = []
+    streams = []
+    for index in range(config.workers):
+        environment = {**os.environ, "TF_CONFIG": tf_config(ports, index), "PYTHONUNBUFFERED": "1"}
+        process = subprocess.Popen(
+            command,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches the launcher, which decides
+        )
+        processes.append(process)
+        logger.info("started worker-%d (pid %d) on 127.0.0.1:%d", index, process.pid, ports[index])
+        thread = threading.Thread(target=_stream, args=(process, f"worker-{index}"), daemon=True)
+        thread.start()
+        streams.append(thread)
+
+    def forward(signal_number, _frame):
+        logger.warning("received %s: passing it on to the workers", signal.Signals(signal_number).name)
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+
+    previous = {number: signal.signal(number, forward) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = _wait(processes, config.worker_failure_timeout_seconds)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for thread in streams:
+            thread.join(timeout=5)
+    return code
+
+
+def _wait(processes: list[subprocess.Popen], failure_timeout: float) -> int:
+    while True:
+        codes = [process.poll() for process in processes]
+        failed = [(index, code) for index, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            index, code = failed[0]
+            if code == EXIT_PREEMPTED:  # the others checkpoint at the same agreed step: let them finish
+                logger.warning("worker-%d was preempted (exit %d); waiting for the others to checkpoint", index, code)
+                _stop(processes, failure_timeout)
+                return EXIT_PREEMPTED
+            logger.error("worker-%d %s; stopping the other workers", index, _describe_exit(code))
+            _stop(processes, failure_timeout)
+            return code if code > 0 else 128 - code
+        if all(code == 0 for code in codes):
+            logger.info("all %d workers finished", len(processes))
+            return 0
+        time.sleep(POLL_SECONDS)
+
+
+def _stop(processes: list[subprocess.Popen], timeout: float) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        remaining = max(0.0, deadline - time.monotonic())
+        try:
+            process.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            logger.error("worker pid %d did not stop within %.0f s: killing it", process.pid, timeout)
+            process.kill()
+            process.wait()

@@ -1,0 +1,148 @@
+"""Learning-rate schedules, optimizers, and the gradient processing of the seed's `create_train_op`.
+
+Gradient processing acts on the all-reduced (global) gradient, in this order: multipliers by variable
+name, clipping by value, by each variable's norm, by the global norm. Which variables train at all is
+decided by name too (`trainable` / `frozen` regexes), before any gradient is computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+from components.train.config import TrainConfig, parse_assignments
+from components.train.model import variable_name
+
+logger = logging.getLogger(__name__)
+
+
+# -- learning rate ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate as a function of the global step (a plain function, usable inside tf.function)."""
+
+    kind: str
+    base: float
+    steps_per_epoch: float
+    total_steps: int
+    boundary_epochs: tuple[float, ...] = ()
+    decay_factors: tuple[float, ...] = ()
+    warmup_epochs: float = 0.0
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        if self.kind == "piecewise":
+            boundaries = [float(epoch * self.steps_per_epoch) for epoch in self.boundary_epochs]
+            values = [self.base] + [self.base * factor for factor in self.decay_factors]
+            rate = tf.constant(values[0], tf.float32)
+            for boundary, value in zip(boundaries, values[1:], strict=True):
+                rate = tf.where(step >= boundary, tf.constant(value, tf.float32), rate)
+        elif self.kind == "cosine":
+            progress = tf.minimum(step / float(max(1, self.total_steps)), 1.0)
+            rate = self.base * 0.5 * (1.0 + tf.cos(math.pi * progress))
+        else:
+            rate = tf.constant(self.base, tf.float32)
+        warmup_steps = self.warmup_epochs * self.steps_per_epoch
+        if warmup_steps > 0:
+            rate = rate * tf.minimum(1.0, (step + 1.0) / warmup_steps)
+        return rate
+
+
+def make_schedule(config: TrainConfig, steps_per_epoch: float, total_steps: int) -> Schedule:
+    return Schedule(
+        kind=config.schedule,
+        base=config.scaled_learning_rate(),
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        boundary_epochs=tuple(config.boundary_epochs),
+        decay_factors=tuple(config.decay_factors),
+        warmup_epochs=config.warmup_epochs,
+    )
+
+
+# -- optimizers ---------------------------------------------------------------------------------------------
+
+
+def make_optimizer(config: TrainConfig) -> keras.optimizers.Optimizer:
+    """The optimizer whose per-variable `update_step` the loop applies (the rate is passed per step)."""
+    rate = config.scaled_learning_rate()
+    if config.optimizer == "sgd":
+        return keras.optimizers.SGD(rate, momentum=config.momentum, nesterov=config.nesterov)
+    if config.optimizer in ("adam", "adamw"):  # adamw: Adam plus the loop's decoupled weight decay
+        return keras.optimizers.Adam(rate)
+    if config.optimizer == "rmsprop":
+        return keras.optimizers.RMSprop(rate, momentum=config.momentum)
+    raise ValueError(f"optimizer: {config.optimizer!r} is not one of sgd, adam, adamw, rmsprop")
+
+
+# -- which variables train ----------------------------------------------------------------------------------
+
+
+def select_trainable(variables: Sequence, trainable: str | None, frozen: str | None) -> tuple[list, list]:
+    """Split variables into (trained, frozen) by name: `trainable` keeps matches, `frozen` removes them."""
+    trained, held = [], []
+    for variable in variables:
+        name = variable_name(variable)
+        keep = (trainable is None or re.search(trainable, name)) and not (frozen and re.search(frozen, name))
+        (trained if keep else held).append(variable)
+    if not trained:
+        raise ValueError(f"trainable={trainable!r} / frozen={frozen!r} leave no variable to train")
+    if held:
+        logger.info("frozen variables (%d): %s", len(held), ", ".join(variable_name(v) for v in held))
+    return trained, held
+
+
+# -- gradient processing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GradientProcessing:
+    multipliers: tuple[float, ...]  # one per variable (1.0 where no pattern matched)
+    clip_value: float | None = None
+    clip_norm: float | None = None
+    clip_global_norm: float | None = None
+
+    @classmethod
+    def for_variables(cls, config: TrainConfig, variables: Sequence) -> GradientProcessing:
+        rules = [(pattern, float(factor)) for pattern, factor in parse_assignments(config.gradient_multipliers, "")]
+        multipliers = []
+        for variable in variables:
+            factor = 1.0
+            for pattern, value in rules:
+                if re.search(pattern, variable_name(variable)):
+                    factor = value  # the first matching rule wins
+                    break
+            multipliers.append(factor)
+        for pattern, _value in rules:
+            if not any(re.search(pattern, variable_name(variable)) for variable in variables):
+                raise ValueError(f"gradient_multipliers: {pattern!r} matches no trained variable")
+        return cls(tuple(multipliers), config.clip_value, config.clip_norm, config.clip_global_norm)
+
+    def __call__(self, gradients: list[tf.Tensor]) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """Processed gradients and the global norm of the gradients as they came in (for summaries)."""
+        norm = tf.linalg.global_norm(gradients)
+        processed = [
+            gradient if factor == 1.0 else gradient * tf.cast(factor, gradient.dtype)
+            for gradient, factor in zip(gradients, self.multipliers, strict=True)
+        ]
+        if self.clip_value is not None:
+            processed = [tf.clip_by_value(gradient, -self.clip_value, self.clip_value) for gradient in processed]
+        if self.clip_norm is not None:
+            processed = [tf.clip_by_norm(gradient, self.clip_norm) for gradient in processed]
+        if self.clip_global_norm is not None:
+            processed, _ = tf.clip_by_global_norm(
+                processed, self.clip_global_norm, use_norm=tf.linalg.global_norm(processed)
+            )
+        return processed, norm
+
+
+def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(tensor)) for tensor in tensors])
