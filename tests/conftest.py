@@ -40,3 +40,41 @@ def gcs_bucket(gcs_server, monkeypatch):
     storage.gcs_client().create_bucket(name)
     yield name
     storage.gcs_client.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory):
+    """A small prepared synthetic dataset (10 classes, 16 training images each), made once per session."""
+    from components.prepare_data.config import PrepareDataConfig
+    from components.prepare_data.prepare import prepare_data
+
+    output = tmp_path_factory.mktemp("synthetic") / "dataset"
+    prepare_data(
+        PrepareDataConfig(
+            output=str(output), source="synthetic", synthetic_train_per_class=20, synthetic_eval_per_class=5
+        )
+    )
+    return str(output)
+
+
+def tiny_train_config(data: str, model_dir, **overrides):
+    """A ResNet-8 at quarter width that trains a step in milliseconds on a CPU."""
+    from components.train.config import TrainConfig
+
+    values = {
+        "data": data,
+        "model_dir": str(model_dir),
+        "depth": 8,
+        "width_multiplier": 0.25,
+        "batch_size": 32,
+        "train_steps": 10,
+        "learning_rate": 0.05,
+        "log_every_steps": 5,
+        "summary_every_steps": 1,
+        "histogram_every_steps": 0,
+        "image_summaries": 0,
+        "checkpoint_every_steps": None,
+        "checkpoint_every_seconds": None,
+    }
+    values.update(overrides)
+    return TrainConfig(**values)

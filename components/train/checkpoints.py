@@ -125,8 +125,9 @@ def restore_latest(checkpoint: tf.train.Checkpoint, manager: tf.train.Checkpoint
     for path in candidates:
         try:
             checkpoint.restore(path).assert_existing_objects_matched()
-        except (tf.errors.OpError, ValueError, AssertionError) as error:
-            message = getattr(error, "message", str(error)).splitlines()[0]
+        except Exception as error:  # damage surfaces as OpError, IndexError, ValueError, AssertionError...
+            text = getattr(error, "message", None) or str(error) or type(error).__name__
+            message = f"{type(error).__name__}: {text.splitlines()[0]}"
             logger.warning("checkpoint %s is damaged or incompatible (%s); trying the one before", path, message)
             problems.append(f"{path}: {message}")
             continue

@@ -55,7 +55,10 @@ class TrainConfig:
     # input
     batch_size: int = field(default=128, metadata={"help": "global batch, split over all replicas"})
     in_memory: bool = field(default=False, metadata={"help": "keep the decoded training set in memory"})
-    shuffle_buffer: int = field(default=10000, metadata={"help": "records in the shuffle buffer (streaming mode)"})
+    shuffle_buffer: int = field(
+        default=10000, metadata={"help": "records in the shuffle buffer (streaming mode; 1 keeps the file order)"}
+    )
+    augment: bool = field(default=True, metadata={"help": "random pad-4-and-crop and horizontal flip"})
     seed: int = field(default=42, metadata={"help": "seed of initialization, data order and augmentation"})
     cache_dir: str | None = field(default=None, metadata={"help": "where gs:// datasets and model dirs are mirrored"})
     # length

@@ -59,6 +59,7 @@ def train_dataset(
     seed: int,
     in_memory: bool = False,
     shuffle_buffer: int = 10000,
+    augment: bool = True,
 ) -> tf.data.Dataset:
     """Endless (uint8 images augmented, int64 labels) batches of this pipeline's share of the global batch."""
     batch_size = context.get_per_replica_batch_size(global_batch_size)
@@ -74,18 +75,23 @@ def train_dataset(
         images, labels = _parse(serialized, shape)
         logger.info("holding %d training images in memory", int(tf.shape(images)[0]))
         dataset = tf.data.Dataset.from_tensor_slices((images, labels))
-        dataset = dataset.shuffle(int(tf.shape(images)[0]), seed=seed, reshuffle_each_iteration=True).repeat()
+        if shuffle_buffer > 1:
+            dataset = dataset.shuffle(int(tf.shape(images)[0]), seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.repeat()
         dataset = dataset.batch(batch_size, drop_remainder=True)
     else:
         dataset, how = _shard(files, read, context)
         logger.info("input pipeline %d of %d reads its %s", context.input_pipeline_id, context.num_input_pipelines, how)
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+        if shuffle_buffer > 1:
+            dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.repeat()
         dataset = dataset.batch(batch_size, drop_remainder=True)
         dataset = dataset.map(lambda serialized: _parse(serialized, shape), num_parallel_calls=tf.data.AUTOTUNE)
-    augment_seeds = tf.data.Dataset.random(seed=seed + context.input_pipeline_id).batch(2)
-    dataset = tf.data.Dataset.zip(dataset, augment_seeds).map(
-        lambda batch, pair: (augment_batch(batch[0], pair), batch[1]), num_parallel_calls=tf.data.AUTOTUNE
-    )
+    if augment:
+        augment_seeds = tf.data.Dataset.random(seed=seed + context.input_pipeline_id).batch(2)
+        dataset = tf.data.Dataset.zip(dataset, augment_seeds).map(
+            lambda batch, pair: (augment_batch(batch[0], pair), batch[1]), num_parallel_calls=tf.data.AUTOTUNE
+        )
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF  # sharded above
     options.deterministic = True

@@ -349,6 +349,7 @@ class Trainer:
                 config.seed + start_step,
                 config.in_memory,
                 config.shuffle_buffer,
+                config.augment,
             )
         )
         iterator = iter(distributed)

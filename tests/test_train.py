@@ -1,0 +1,228 @@
+"""The training loop, in-process on one worker: it learns, summarizes, checkpoints, resumes, and refuses bad states."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.train import checkpoints, loop
+from components.train.checkpoints import CheckpointError
+from tests.conftest import tiny_train_config
+
+
+def scalar_series(log_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    return [(event.step, tf.make_ndarray(event.tensor_proto).item()) for event in accumulator.Tensors(tag)]
+
+
+def checkpoint_value(path, name, collection="weights"):
+    key = f"{collection}/{name.replace('.', '..').replace('/', '.S')}{checkpoints.VALUE_SUFFIX}"
+    return tf.train.load_checkpoint(str(path)).get_tensor(key)
+
+
+def test_loss_goes_down_and_tensorboard_has_the_curves(synthetic_data, tmp_path):
+    config = tiny_train_config(
+        synthetic_data, tmp_path / "model", train_steps=40, histogram_every_steps=20, image_summaries=2
+    )
+
+    result = loop.train(config)
+
+    losses = [value for _step, value in scalar_series(tmp_path / "model" / "train", "loss")]
+    assert len(losses) == 40
+    assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
+    for tag in ("accuracy", "learning_rate", "gradient_norm", "cross_entropy"):
+        assert len(scalar_series(tmp_path / "model" / "train", tag)) == 40
+    assert result.step == 40 and result.checkpoint.endswith("ckpt-40")
+    saved = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert saved["depth"] == 8 and saved["resolved"]["num_classes"] == 10 and saved["resolved"]["synthetic_data"]
+    metrics = json.loads((tmp_path / "model" / "train_metrics.json").read_text())
+    assert metrics["step"] == 40 and metrics["metrics"]["loss"] == pytest.approx(losses[-1], rel=1e-5)
+
+
+def test_resume_continues_at_the_saved_step(synthetic_data, tmp_path, caplog):
+    first = loop.train(tiny_train_config(synthetic_data, tmp_path / "model", train_steps=6, checkpoint_every_steps=3))
+    assert first.step == 6
+
+    with caplog.at_level("INFO"):
+        second = loop.train(
+            tiny_train_config(synthetic_data, tmp_path / "model", train_steps=9, checkpoint_every_steps=3)
+        )
+
+    assert "resuming from" in caplog.text and "at step 6" in caplog.text
+    assert second.step == 9
+    steps = [step for step, _ in scalar_series(tmp_path / "model" / "train", "loss")]
+    assert steps == list(range(1, 10)), "no step trained twice, none skipped"
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(synthetic_data, tmp_path, caplog):
+    model_dir = tmp_path / "model"
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=6, checkpoint_every_steps=3))
+    (data_file,) = model_dir.glob("ckpt-6.data-*")
+    data_file.write_bytes(data_file.read_bytes()[:100])  # truncated
+
+    with caplog.at_level("INFO"):
+        result = loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=8, checkpoint_every_steps=3))
+
+    assert "ckpt-6 is damaged or incompatible" in caplog.text
+    assert "at step 3" in caplog.text
+    assert result.step == 8
+
+
+def test_every_checkpoint_damaged_fails_loudly_instead_of_starting_over(synthetic_data, tmp_path):
+    model_dir = tmp_path / "model"
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=4, checkpoint_every_steps=2))
+    for data_file in model_dir.glob("ckpt-*.data-*"):
+        data_file.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="refusing to start over from step 0"):
+        loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=6))
+
+
+def test_nan_loss_stops_with_the_step_and_that_state_is_never_checkpointed(synthetic_data, tmp_path, monkeypatch):
+    calls = tf.Variable(0, dtype=tf.int64)
+    original = loop.cross_entropy
+
+    def poisoned(labels, logits, num_classes, label_smoothing):
+        calls.assign_add(1)
+        values = original(labels, logits, num_classes, label_smoothing)
+        return values * tf.where(calls >= 4, float("nan"), 1.0)  # from the 4th step on
+
+    monkeypatch.setattr(loop, "cross_entropy", poisoned)
+    model_dir = tmp_path / "model"
+    with pytest.raises(loop.NumericsError, match=r"step 4: the loss is NaN or Inf"):
+        loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=10, checkpoint_every_steps=1))
+    saved = sorted(int(path.name.split("-")[1].split(".")[0]) for path in model_dir.glob("ckpt-*.index"))
+    assert saved == [1, 2, 3]
+    for step in saved:
+        assert np.isfinite(checkpoint_value(model_dir / f"ckpt-{step}", "head/kernel")).all()
+
+
+TRAINABLE_KINDS = ("kernel", "gamma", "beta", "bias")  # not the batch-norm moving statistics
+
+
+def one_step_change(synthetic_data, tmp_path, name, start, **overrides):
+    """Train one plain-SGD step from the checkpoint `start`; return {variable: value after - value before}."""
+    config = tiny_train_config(
+        synthetic_data,
+        tmp_path / name,
+        train_steps=1,
+        warm_start=str(start),
+        momentum=0.0,
+        weight_decay=0.0,
+        augment=False,
+        shuffle_buffer=1,
+        **overrides,
+    )
+    loop.train(config)
+    after = tmp_path / name / "ckpt-1"
+    names = [n for n in checkpoints.checkpoint_variable_names(str(after)) if n.endswith(TRAINABLE_KINDS)]
+    return {n: checkpoint_value(after, n) - checkpoint_value(start, n) for n in names}
+
+
+@pytest.fixture
+def start_checkpoint(synthetic_data, tmp_path):
+    loop.train(tiny_train_config(synthetic_data, tmp_path / "start", train_steps=1))
+    return tmp_path / "start" / "ckpt-1"
+
+
+def test_gradient_multipliers_and_frozen_variables_change_the_update_exactly(
+    synthetic_data, tmp_path, start_checkpoint
+):
+    plain = one_step_change(synthetic_data, tmp_path, "plain", start_checkpoint)
+    doubled = one_step_change(
+        synthetic_data, tmp_path, "doubled", start_checkpoint, gradient_multipliers=("^head/kernel$=2.0",)
+    )
+    frozen = one_step_change(synthetic_data, tmp_path, "frozen", start_checkpoint, frozen="^stem_")
+
+    assert np.abs(plain["head/kernel"]).max() > 0
+    # Changes are differences of float32 weights of magnitude ~1: exact up to ~1e-7.
+    np.testing.assert_allclose(doubled["head/kernel"], 2.0 * plain["head/kernel"], rtol=1e-5, atol=2e-7)
+    np.testing.assert_allclose(
+        doubled["stage1_block1_conv1/kernel"], plain["stage1_block1_conv1/kernel"], rtol=1e-5, atol=2e-7
+    )
+    assert not np.any(frozen["stem_conv/kernel"]) and not np.any(frozen["stem_bn/gamma"])
+    assert np.any(frozen["head/kernel"])
+
+
+def test_clipping_by_global_norm_bounds_the_step(synthetic_data, tmp_path, start_checkpoint):
+    unit_rate = {"learning_rate": 1.0, "learning_rate_batch_size": 32}  # the rate scales with batch / this
+    plain = one_step_change(synthetic_data, tmp_path, "plain", start_checkpoint, **unit_rate)
+    clipped = one_step_change(synthetic_data, tmp_path, "clipped", start_checkpoint, clip_global_norm=0.01, **unit_rate)
+    plain_norm = np.sqrt(sum(np.sum(change**2) for change in plain.values()))
+    clipped_norm = np.sqrt(sum(np.sum(change**2) for change in clipped.values()))
+    assert plain_norm > 0.05
+    assert clipped_norm == pytest.approx(0.01, rel=1e-3)  # lr 1, plain SGD: the step is the clipped gradient
+    for name in plain:
+        np.testing.assert_allclose(clipped[name], plain[name] * (0.01 / plain_norm), rtol=1e-3, atol=1e-7)
+
+
+def test_warm_start_with_a_new_head_for_another_number_of_classes(synthetic_data, tmp_path):
+    from components.prepare_data.config import PrepareDataConfig
+    from components.prepare_data.prepare import prepare_data
+    from components.train.model import ModelSpec, build_resnet
+
+    loop.train(tiny_train_config(synthetic_data, tmp_path / "source", train_steps=2))
+    source = tmp_path / "source" / "ckpt-2"
+    five_classes = tmp_path / "five"
+    prepare_data(
+        PrepareDataConfig(
+            output=str(five_classes), source="synthetic", synthetic_classes=5, synthetic_train_per_class=8
+        )
+    )
+    model = build_resnet(ModelSpec(depth=8, width_multiplier=0.25, num_classes=5))
+    head_before = model.get_layer("head").kernel.numpy().copy()
+
+    report = checkpoints.warm_start(model.variables, str(tmp_path / "source"), (".*",), ("^head/",), [])
+
+    assert report.source == str(source)
+    assert report.skipped == {"head/kernel": "excluded", "head/bias": "excluded"}
+    assert "stem_conv/kernel" in report.restored and len(report.restored) == len(model.variables) - 2
+    np.testing.assert_array_equal(
+        model.get_layer("stem_conv").kernel.numpy(), checkpoint_value(source, "stem_conv/kernel")
+    )
+    np.testing.assert_array_equal(model.get_layer("head").kernel.numpy(), head_before)
+
+    result = loop.train(
+        tiny_train_config(
+            str(five_classes), tmp_path / "fine", train_steps=2, warm_start=str(source), warm_start_exclude=("^head/",)
+        )
+    )
+    assert result.step == 2
+
+
+def test_warm_start_that_matches_nothing_is_an_error(synthetic_data, tmp_path):
+    from components.train.model import ModelSpec, build_resnet
+
+    loop.train(tiny_train_config(synthetic_data, tmp_path / "source", train_steps=1))
+    model = build_resnet(ModelSpec(depth=8, width_multiplier=0.25))
+    with pytest.raises(CheckpointError, match=r"no variable matched"):
+        checkpoints.warm_start(model.variables, str(tmp_path / "source"), ("^nothing",), (), [])
+
+
+def test_warm_start_name_mapping(synthetic_data, tmp_path):
+    from components.train.model import ModelSpec, build_resnet
+
+    loop.train(tiny_train_config(synthetic_data, tmp_path / "source", train_steps=1))
+    model = build_resnet(ModelSpec(depth=8, width_multiplier=0.25))
+    report = checkpoints.warm_start(
+        model.variables, str(tmp_path / "source"), ("_conv2/",), (), [("block1_conv2/", "block1_conv1/")]
+    )
+    assert sorted(report.restored) == ["stage1_block1_conv2/kernel"]  # stages 2, 3: conv1 has another shape
+    assert "differs from the checkpoint" in report.skipped["stage2_block1_conv2/kernel"]
+    np.testing.assert_array_equal(
+        model.get_layer("stage1_block1_conv2").kernel.numpy(),
+        checkpoint_value(tmp_path / "source" / "ckpt-1", "stage1_block1_conv1/kernel"),
+    )
+
+
+def test_ema_weights_are_saved_beside_the_weights(synthetic_data, tmp_path):
+    loop.train(tiny_train_config(synthetic_data, tmp_path / "model", train_steps=5, ema_decay=0.5))
+    path = tmp_path / "model" / "ckpt-5"
+    weights, averaged = checkpoint_value(path, "head/kernel"), checkpoint_value(path, "head/kernel", "ema")
+    assert weights.shape == averaged.shape and not np.array_equal(weights, averaged)
+    assert np.abs(weights - averaged).max() < np.abs(weights).max()
