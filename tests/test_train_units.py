@@ -1,0 +1,166 @@
+"""Small pure pieces of the train stage: TF_CONFIG validation, schedules, gradient processing, the model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.train import distribution, optimization
+from components.train.__main__ import choose_launcher
+from components.train.config import TrainConfig
+from components.train.model import ModelSpec, build_resnet
+
+
+def tf_config(workers=2, task_type="worker", index=0):
+    return json.dumps(
+        {"cluster": {"worker": [f"host-{i}:2222" for i in range(workers)]}, "task": {"type": task_type, "index": index}}
+    )
+
+
+class TestTfConfig:
+    def test_a_valid_cluster(self):
+        cluster = distribution.parse_tf_config(tf_config(3, index=1), expected_workers=3)
+        assert cluster.size == 3 and cluster.name == "worker-1" and not cluster.is_chief
+        assert distribution.parse_tf_config(tf_config(3, index=0), 3).is_chief
+
+    def test_the_tfjob_shape_with_environment_is_accepted(self):
+        text = json.dumps({**json.loads(tf_config(2)), "environment": "cloud"})
+        assert distribution.parse_tf_config(text, 2).size == 2
+
+    @pytest.mark.parametrize(
+        ("text", "problem"),
+        [
+            ("{not json", "not valid JSON"),
+            ("[1, 2]", "must be a JSON object"),
+            (json.dumps({"task": {"type": "worker", "index": 0}}), "no 'cluster' object"),
+            (json.dumps({"cluster": {"worker": ["nohostport"]}, "task": {"type": "worker", "index": 0}}), "host:port"),
+            (json.dumps({"cluster": {"worker": ["a:1", "b:1"]}}), "no 'task' object"),
+            (tf_config(2, index=2), r"task index 2 is out of range"),
+            (tf_config(2, task_type="chief"), r"task type 'chief' is not in the cluster"),
+            (json.dumps({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}}), "ps"),
+        ],
+    )
+    def test_malformed_tf_config_is_a_clear_error(self, text, problem):
+        with pytest.raises(distribution.ClusterError, match=problem):
+            distribution.parse_tf_config(text, expected_workers=2)
+
+    def test_a_cluster_of_another_size_than_asked_is_refused(self):
+        with pytest.raises(distribution.ClusterError, match=r"describes 3 training worker\(s\) but --workers is 2"):
+            distribution.parse_tf_config(tf_config(3), expected_workers=2)
+
+    def test_an_empty_tf_config_never_silently_trains_alone_when_workers_were_asked(self):
+        assert distribution.parse_tf_config("", expected_workers=1) is None
+        with pytest.raises(distribution.ClusterError, match="TF_CONFIG is empty but 4 workers were asked for"):
+            distribution.parse_tf_config("  ", expected_workers=4)
+
+    def test_launcher_choice(self, monkeypatch):
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+        assert choose_launcher(TrainConfig(data="d", model_dir="m")) == "inprocess"
+        assert choose_launcher(TrainConfig(data="d", model_dir="m", workers=2)) == "local"
+        assert choose_launcher(TrainConfig(data="d", model_dir="m", workers=2, launcher="tfjob")) == "tfjob"
+        monkeypatch.setenv("TF_CONFIG", tf_config(2))
+        assert choose_launcher(TrainConfig(data="d", model_dir="m", workers=2)) == "worker"
+
+
+def test_bad_train_options_name_the_field():
+    with pytest.raises(ValueError, match=r"depth: 21 is not of the form 6n\+2"):
+        TrainConfig(data="d", model_dir="m", depth=21)
+    with pytest.raises(ValueError, match=r"batch_size: 10 does not split evenly over 4 workers"):
+        TrainConfig(data="d", model_dir="m", batch_size=10, workers=4)
+    with pytest.raises(ValueError, match=r"train_steps and epochs"):
+        TrainConfig(data="d", model_dir="m", train_steps=5, epochs=1)
+    with pytest.raises(ValueError, match=r"gradient_multipliers: 'conv' is not of the form REGEX=VALUE"):
+        TrainConfig(data="d", model_dir="m", gradient_multipliers=("conv",))
+    with pytest.raises(ValueError, match=r"frozen: '\[' is not a valid regular expression"):
+        TrainConfig(data="d", model_dir="m", frozen="[")
+
+
+def test_piecewise_schedule_follows_the_seed_and_scales_with_the_batch():
+    config = TrainConfig(data="d", model_dir="m", batch_size=256)
+    schedule = optimization.make_schedule(config, steps_per_epoch=100, total_steps=40000)
+    rates = {step: float(schedule(step)) for step in (0, 8199, 8200, 12300, 30000)}
+    assert rates == pytest.approx({0: 0.2, 8199: 0.2, 8200: 0.02, 12300: 0.002, 30000: 0.0004})
+
+
+def test_cosine_schedule_and_warmup():
+    config = TrainConfig(data="d", model_dir="m", schedule="cosine", warmup_epochs=1)
+    schedule = optimization.make_schedule(config, steps_per_epoch=10, total_steps=100)
+    assert float(schedule(0)) == pytest.approx(0.1 * 0.5 * (1 + np.cos(0)) * 0.1)
+    assert float(schedule(50)) == pytest.approx(0.05, rel=1e-5)
+    assert float(schedule(100)) == pytest.approx(0.0, abs=1e-7)
+
+
+def variables(*names_and_values):
+    model = tf.Module()
+    made = []
+    for name, value in names_and_values:
+        variable = tf.Variable(value, name=name.replace("/", "_"))
+        variable.path = name  # the attribute Keras 3 variables carry
+        made.append(variable)
+    model.variables_list = made
+    return made
+
+
+def test_gradient_processing_numerically():
+    config = TrainConfig(
+        data="d", model_dir="m", gradient_multipliers=("^head/=3", "conv=0.5"), clip_value=10.0, clip_global_norm=5.0
+    )
+    held = variables(("conv1/kernel", [0.0, 0.0]), ("head/kernel", [0.0]), ("bn/gamma", [0.0]))
+    processing = optimization.GradientProcessing.for_variables(config, held)
+    assert processing.multipliers == (0.5, 3.0, 1.0)
+    processed, norm = processing([tf.constant([6.0, 8.0]), tf.constant([4.0]), tf.constant([20.0])])
+    assert float(norm) == pytest.approx(np.sqrt(36 + 64 + 16 + 400))
+    # multipliers: [3, 4], [12], [20] -> clip by value 10: [3, 4], [10], [10] -> global norm 15 -> x 5/15
+    expected = [np.array([3.0, 4.0]) / 3, np.array([10.0]) / 3, np.array([10.0]) / 3]
+    for got, want in zip(processed, expected, strict=True):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+
+
+def test_per_variable_norm_clipping():
+    config = TrainConfig(data="d", model_dir="m", clip_norm=1.0)
+    held = variables(("a/kernel", [0.0, 0.0]), ("b/kernel", [0.0]))
+    processed, _ = optimization.GradientProcessing.for_variables(config, held)(
+        [tf.constant([3.0, 4.0]), tf.constant([0.5])]
+    )
+    np.testing.assert_allclose(processed[0].numpy(), [0.6, 0.8], rtol=1e-6)
+    np.testing.assert_allclose(processed[1].numpy(), [0.5])
+
+
+def test_a_multiplier_that_matches_nothing_is_an_error():
+    held = variables(("a/kernel", [0.0]))
+    with pytest.raises(ValueError, match=r"gradient_multipliers: 'head' matches no trained variable"):
+        optimization.GradientProcessing.for_variables(
+            TrainConfig(data="d", model_dir="m", gradient_multipliers=("head=2",)), held
+        )
+
+
+def test_trainable_and_frozen_select_by_name():
+    held = variables(("stem_conv/kernel", [0.0]), ("stage1_block1_conv1/kernel", [0.0]), ("head/kernel", [0.0]))
+    trained, frozen = optimization.select_trainable(held, trainable="^(stage|head)", frozen="^head")
+    assert [v.path for v in trained] == ["stage1_block1_conv1/kernel"]
+    assert [v.path for v in frozen] == ["stem_conv/kernel", "head/kernel"]
+    with pytest.raises(ValueError, match="leave no variable to train"):
+        optimization.select_trainable(held, trainable="^nothing", frozen=None)
+
+
+@pytest.mark.parametrize("depth", [8, 20, 32])
+def test_resnet_has_6n_plus_2_weighted_layers_and_classifies(depth):
+    model = build_resnet(ModelSpec(depth=depth, num_classes=7))
+    weighted = [
+        layer for layer in model.layers if layer.name.endswith(("conv", "conv1", "conv2")) or layer.name == "head"
+    ]
+    assert len(weighted) == depth
+    logits = model(tf.zeros([2, 32, 32, 3]), training=False)
+    assert logits.shape == (2, 7) and logits.dtype == tf.float32
+    batch_norm = model.get_layer("stem_bn")
+    assert batch_norm.momentum == 0.997 and batch_norm.epsilon == 1e-5
+
+
+def test_resnet20_parameter_count_and_width_multiplier():
+    # 0.27M parameters, as in He et al. 2016, Table 6 (parameter-free shortcuts).
+    assert build_resnet(ModelSpec(depth=20)).count_params() == pytest.approx(272_000, rel=0.01)
+    half = build_resnet(ModelSpec(depth=20, width_multiplier=0.5))
+    assert half.get_layer("stage3_block1_conv1").filters == 32
