@@ -1,0 +1,45 @@
+"""The training input: augmentation is an exact crop-and-flip per image; workers read disjoint parts."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from components.common.dataset import open_dataset
+from components.train import data
+
+
+def test_augmentation_is_a_pad_4_crop_and_optional_flip_of_each_image():
+    images = np.random.default_rng(0).integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
+    augmented = data.augment_batch(tf.constant(images), tf.constant([3, 4], tf.int64)).numpy()
+    padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
+    crops_seen, flips_seen = set(), 0
+    for original, result in zip(padded, augmented, strict=True):
+        matches = [
+            (row, column, flipped)
+            for row in range(9)
+            for column in range(9)
+            for flipped in (False, True)
+            if np.array_equal(
+                result,
+                (original[row : row + 32, column : column + 32])[:, ::-1]
+                if flipped
+                else original[row : row + 32, column : column + 32],
+            )
+        ]
+        assert matches, "an augmented image is not a crop (or flipped crop) of its padded original"
+        crops_seen.add(matches[0][:2])
+        flips_seen += matches[0][2]
+    assert len(crops_seen) > 10 and 10 < flips_seen < 54  # offsets and flips vary from image to image
+
+
+def test_each_worker_reads_its_own_part_of_the_data(synthetic_data):
+    verified = open_dataset(synthetic_data, splits=("train",))
+    seen = []
+    for index in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=index, num_replicas_in_sync=2)
+        dataset = data.train_dataset(verified, context, 32, seed=1, shuffle_buffer=1, augment=False)
+        images, _labels = next(iter(dataset.take(1)))
+        assert images.shape == (16, 32, 32, 3)  # half of the global batch
+        seen.append({image.tobytes() for image in images.numpy()})
+    assert not seen[0] & seen[1]
