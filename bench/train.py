@@ -87,7 +87,7 @@ def bare_seconds_per_step(steps: int) -> float:
             logits = model(images, training=True)
             loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
         gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
 
     def run(count: int) -> float:
