@@ -61,8 +61,12 @@ class ModelDirectory:
         logger.info("pulled %d file(s) of %s into %s", len(names), self.uri, self.local)
         self._remember_all()
 
-    def push(self) -> None:
-        """Upload files that are new or changed since the last push; the checkpoint index goes last."""
+    def push(self, remove_deleted_checkpoints: bool = False) -> None:
+        """Upload files that are new or changed since the last push; the checkpoint index goes last.
+
+        `remove_deleted_checkpoints` (the trainer's max_to_keep) also removes remote checkpoints that are
+        gone locally; a reader such as the evaluator never does, or it could remove ones it has not pulled.
+        """
         if not self.remote:
             return
         publisher = storage.GcsPublisher(self.uri)
@@ -75,6 +79,8 @@ class ModelDirectory:
         for path in changed:
             publisher.publish(path.relative_to(self.local).as_posix(), path.read_bytes())
             self._pushed[str(path)] = self._signature(path)
+        if not remove_deleted_checkpoints:
+            return
         remote_files = set(publisher.list())
         local_files = {path.relative_to(self.local).as_posix() for path in self.local.rglob("*") if path.is_file()}
         for stale in sorted(remote_files - local_files):

@@ -429,7 +429,7 @@ class Trainer:
                 json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True)
             )
         if self.chief:
-            self.model_directory.push()
+            self.model_directory.push(remove_deleted_checkpoints=True)
         else:
             shutil.rmtree(self.write_dir, ignore_errors=True)
         return result
@@ -448,7 +448,7 @@ class Trainer:
         path = self.manager.save(checkpoint_number=step)
         if self.chief:
             logger.info("saved checkpoint %s", path)
-            self.model_directory.push()
+            self.model_directory.push(remove_deleted_checkpoints=True)
 
 
 class _Summaries:

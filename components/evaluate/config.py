@@ -1,0 +1,63 @@
+"""Configuration of the evaluate stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES = ("latest", "all", "continuous")
+WEIGHTS = ("auto", "ema", "raw")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    data: str = field(metadata={"help": "prepared dataset: a folder or gs:// prefix holding manifest.json"})
+    model_dir: str = field(metadata={"help": "the train stage's model directory (folder or gs://)"})
+    mode: str = field(
+        default="latest",
+        metadata={
+            "help": "latest checkpoint, all checkpoints, or continuous: each new one until training ends",
+            "choices": MODES,
+        },
+    )
+    checkpoint: str | None = field(
+        default=None, metadata={"help": "evaluate this checkpoint (e.g. ckpt-500) instead of by mode"}
+    )
+    split: str = field(default="eval", metadata={"help": "split to evaluate", "choices": ("eval", "validation")})
+    weights: str = field(
+        default="auto", metadata={"help": "auto: the moving average when the checkpoint has one", "choices": WEIGHTS}
+    )
+    batch_size: int = field(default=500, metadata={"help": "images per evaluation batch"})
+    poll_seconds: float = field(default=10.0, metadata={"help": "continuous mode: how often to look for checkpoints"})
+    timeout_seconds: float = field(
+        default=3600.0, metadata={"help": "continuous mode: stop when no new checkpoint came for this long"}
+    )
+    output_dir: str | None = field(
+        default=None, metadata={"help": "where the report and metrics go (default: MODEL_DIR/eval)"}
+    )
+    misclassified_examples: int = field(default=36, metadata={"help": "misclassified images shown in the report"})
+    # the gate
+    accuracy_threshold: float = field(default=0.0, metadata={"help": "bless only at or above this top-1 accuracy"})
+    baseline: str | None = field(
+        default=None,
+        metadata={"help": "metrics JSON (or current-model pointer) of the promoted model: a file or gs:// URI"},
+    )
+    baseline_tolerance: float = field(
+        default=0.0, metadata={"help": "bless only if accuracy >= baseline accuracy - this"}
+    )
+    promote_to: str | None = field(
+        default=None,
+        metadata={"help": "when blessed: export a SavedModel under this folder/gs:// and point current.json at it"},
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "where gs:// datasets and model dirs are mirrored"})
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: {self.batch_size} must be at least 1")
+        if not 0.0 <= self.accuracy_threshold <= 1.0:
+            raise ValueError(f"accuracy_threshold: {self.accuracy_threshold} is not in [0, 1]")
+        if not 0.0 <= self.baseline_tolerance <= 1.0:
+            raise ValueError(f"baseline_tolerance: {self.baseline_tolerance} is not in [0, 1]")
+        if self.poll_seconds <= 0 or self.timeout_seconds <= 0:
+            raise ValueError("poll_seconds and timeout_seconds: must be positive")
+        if self.misclassified_examples < 0:
+            raise ValueError(f"misclassified_examples: {self.misclassified_examples} must not be negative")

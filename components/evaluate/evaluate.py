@@ -1,0 +1,305 @@
+"""The evaluate stage: checkpoints -> metrics, TensorBoard `eval/` summaries, a report, the gate, promotion.
+
+Any error (missing checkpoint, another architecture or number of classes, NaN weights or metrics, an
+empty or mismatched dataset) raises with a clear message: an evaluation that failed is never blessed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from components.common import storage
+from components.common.config import config_to_dict
+from components.common.dataset import open_dataset
+from components.common.progress import Progress
+from components.evaluate import gate, metrics, promote, report
+from components.evaluate.config import EvaluateConfig
+from components.evaluate.restore import (
+    EvaluationError,
+    build_from_config,
+    checkpoint_step,
+    list_checkpoints,
+    read_train_config,
+    restore_weights,
+)
+from components.train.checkpoints import ModelDirectory
+from components.train.data import normalize
+from components.train.loop import TRAIN_METRICS
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "eval_metrics.json"
+REPORT_FILE = "report.html"
+
+
+@dataclass
+class CheckpointResult:
+    checkpoint: str
+    step: int
+    weights: str  # "ema" or "raw"
+    metrics: metrics.Metrics
+
+
+@dataclass
+class EvaluationResult:
+    results: list[CheckpointResult]
+    decision: gate.Decision
+    label_names: list[str]
+    report_html: str
+    output_dir: str
+    promotion: promote.Promotion | None = None
+    baseline_accuracy: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def final(self) -> CheckpointResult:
+        return self.results[-1]
+
+    def summary(self) -> dict:
+        return {
+            "checkpoint": self.final.checkpoint,
+            "step": self.final.step,
+            "weights": self.final.weights,
+            "metrics": self.final.metrics.scalars(),
+            "per_class": {
+                name: {"precision": p, "recall": r, "f1": f}
+                for name, p, r, f in zip(
+                    self.label_names,
+                    self.final.metrics.precision,
+                    self.final.metrics.recall,
+                    self.final.metrics.f1,
+                    strict=True,
+                )
+            },
+            "confusion_matrix": self.final.metrics.confusion_matrix,
+            "label_names": self.label_names,
+            "blessed": self.decision.blessed,
+            "reasons": self.decision.reasons,
+            "baseline_accuracy": self.baseline_accuracy,
+            "history": [{"step": r.step, **r.metrics.scalars()} for r in self.results],
+            "promotion": None if self.promotion is None else self.promotion.__dict__,
+        }
+
+
+class Evaluator:
+    def __init__(self, config: EvaluateConfig):
+        self.config = config
+        self.dataset = open_dataset(config.data, splits=(config.split,), cache_dir=config.cache_dir)
+        manifest = self.dataset.manifest
+        if manifest.splits[config.split].num_examples == 0:
+            raise EvaluationError(f"{config.data}: split {config.split!r} is empty")
+        self.directory = ModelDirectory(config.model_dir, config.cache_dir)
+        self.directory.pull()
+        self.train_config = read_train_config(self.directory.local, config.model_dir)
+        trained_on = self.train_config.get("resolved", {})
+        if trained_on.get("label_names") != manifest.label_names:
+            raise EvaluationError(
+                f"{config.data} has classes {manifest.label_names}, but {config.model_dir} was trained on "
+                f"{trained_on.get('label_names')}: the dataset does not match the model"
+            )
+        self.label_names = manifest.label_names
+        self.model = build_from_config(self.train_config)
+        self.images, self.labels = self._load_split()
+        self.predict = tf.function(lambda images: tf.nn.softmax(self.model(normalize(images), training=False), -1))
+        self.summary_writer = tf.summary.create_file_writer(str(self.directory.local / "eval"))
+
+    def _load_split(self) -> tuple[np.ndarray, np.ndarray]:
+        images, labels = [], []
+        for batch_images, batch_labels in self.dataset.tf_dataset(self.config.split, batch_size=4096):
+            images.append(batch_images.numpy())
+            labels.append(batch_labels.numpy())
+        return np.concatenate(images), np.concatenate(labels)
+
+    def probabilities(self) -> np.ndarray:
+        batches = []
+        progress = Progress("evaluate", len(self.labels), unit="images", logger=logger)
+        for start in range(0, len(self.labels), self.config.batch_size):
+            batch = self.images[start : start + self.config.batch_size]
+            batches.append(self.predict(tf.constant(batch)).numpy())
+            progress.advance(len(batch))
+        return np.concatenate(batches)
+
+    def evaluate_checkpoint(self, checkpoint: str) -> CheckpointResult:
+        weights = restore_weights(self.model, checkpoint, self.config.weights)
+        probabilities = self.last_probabilities = self.probabilities()
+        try:
+            result = metrics.compute(probabilities, self.labels)
+        except ValueError as error:
+            raise EvaluationError(f"{checkpoint}: {error}") from error
+        if not np.isfinite(result.loss):
+            raise EvaluationError(f"{checkpoint}: the loss is NaN or Inf")
+        step = checkpoint_step(checkpoint)
+        scalars = result.scalars()
+        logger.info(
+            "step %d (%s weights): accuracy %.4f, top-5 %.4f, loss %.4f, ECE %.4f",
+            step,
+            weights,
+            scalars["accuracy"],
+            scalars["top5_accuracy"],
+            scalars["loss"],
+            scalars["expected_calibration_error"],
+        )
+        with self.summary_writer.as_default(step=step):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value)
+            heatmap = report.confusion_heatmap(np.asarray(result.confusion_matrix))
+            tf.summary.image("confusion_matrix", heatmap[None], max_outputs=1)
+        self.summary_writer.flush()
+        per_checkpoint = self.directory.local / "eval" / f"metrics-{step}.json"
+        per_checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        per_checkpoint.write_text(
+            json.dumps({"checkpoint": checkpoint, "weights": weights, **result.to_dict()}, indent=2)
+        )
+        return CheckpointResult(checkpoint, step, weights, result)
+
+    # -- which checkpoints ----------------------------------------------------------------------------------
+
+    def checkpoints_to_evaluate(self) -> list[str]:
+        config = self.config
+        available = list_checkpoints(self.directory.local)
+        if config.checkpoint:
+            wanted = str(self.directory.local / Path(config.checkpoint).name)
+            if wanted not in available:
+                raise EvaluationError(
+                    f"{config.model_dir}: has no checkpoint {config.checkpoint!r}; "
+                    f"it has {[Path(path).name for path in available]}"
+                )
+            return [wanted]
+        if not available:
+            raise EvaluationError(f"{config.model_dir}: has no checkpoint to evaluate")
+        return available if config.mode == "all" else available[-1:]
+
+    def continuous(self) -> list[CheckpointResult]:
+        """Evaluate each new checkpoint as it appears, until training has ended or none came for the timeout."""
+        config = self.config
+        results: list[CheckpointResult] = []
+        done: set[str] = set()
+        last_new = time.monotonic()
+        while True:
+            self.directory.pull()
+            fresh = [path for path in list_checkpoints(self.directory.local) if path not in done]
+            for path in fresh:
+                results.append(self.evaluate_checkpoint(path))
+                done.add(path)
+                last_new = time.monotonic()
+            finished = self._training_finished_at()
+            if finished is not None and any(checkpoint_step(path) >= finished for path in done):
+                logger.info("training ended at step %d and its checkpoint is evaluated", finished)
+                break
+            if time.monotonic() - last_new >= config.timeout_seconds:
+                logger.info("no new checkpoint for %.0f s: stopping", config.timeout_seconds)
+                break
+            time.sleep(config.poll_seconds)
+        if not results:
+            raise EvaluationError(f"{config.model_dir}: no checkpoint appeared within {config.timeout_seconds:.0f} s")
+        return results
+
+    def _training_finished_at(self) -> int | None:
+        path = self.directory.local / TRAIN_METRICS
+        if not path.exists():
+            return None
+        summary = json.loads(path.read_text())
+        return None if summary.get("preempted") else int(summary["step"])
+
+    # -- the run --------------------------------------------------------------------------------------------
+
+    def run(self) -> EvaluationResult:
+        config = self.config
+        if config.mode == "continuous" and not config.checkpoint:
+            results = self.continuous()
+        else:
+            results = [self.evaluate_checkpoint(path) for path in self.checkpoints_to_evaluate()]
+        final = results[-1]
+        pointer, pointer_version = (None, storage.ABSENT)
+        if config.promote_to:
+            pointer, pointer_version = promote.read_pointer(config.promote_to)
+        baseline = None
+        if config.baseline:
+            baseline = gate.read_baseline_accuracy(config.baseline)
+        elif pointer is not None:
+            baseline = float(pointer["metrics"]["accuracy"])
+        decision = gate.decide(final.metrics.accuracy, config.accuracy_threshold, baseline, config.baseline_tolerance)
+        logger.info("%s", decision.summary())
+        result = EvaluationResult(
+            results=results,
+            decision=decision,
+            label_names=self.label_names,
+            report_html="",
+            output_dir=config.output_dir or storage.join(config.model_dir, "eval"),
+            baseline_accuracy=baseline,
+        )
+        if decision.blessed and config.promote_to:
+            record = {
+                "metrics": final.metrics.scalars(),
+                "checkpoint": final.checkpoint.replace(str(self.directory.local), config.model_dir.rstrip("/")),
+                "step": final.step,
+                "weights": final.weights,
+                "model_dir": config.model_dir,
+                "label_names": self.label_names,
+                "dataset_manifest_sha256": self.dataset.manifest_sha256,
+            }
+            version = f"step-{final.step:08d}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+            result.promotion = promote.promote(
+                self.model, self.label_names, config.promote_to, version, record, pointer_version
+            )
+        result.report_html = self._report(result)
+        self._write_outputs(result)
+        return result
+
+    def _report(self, result: EvaluationResult) -> str:
+        final = result.final
+        probabilities = self.last_probabilities  # the final checkpoint's, kept by evaluate_checkpoint
+        predicted = probabilities.argmax(axis=1)
+        wrong = np.flatnonzero(predicted != self.labels)[: self.config.misclassified_examples]
+        grid = report.misclassified_grid(
+            self.images[wrong], self.labels[wrong], predicted[wrong], probabilities[wrong].max(axis=1), self.label_names
+        )
+        manifest = self.dataset.manifest
+        facts = {
+            "model directory": self.config.model_dir,
+            "checkpoint": Path(final.checkpoint).name,
+            "step": str(final.step),
+            "weights": final.weights,
+            "dataset": f"{self.config.data} ({manifest.dataset}, split {self.config.split}, {len(self.labels)} images)",
+            "model": "{model}{depth} x{width_multiplier}".format(**self.train_config),
+        }
+        if result.baseline_accuracy is not None:
+            facts["baseline accuracy"] = f"{result.baseline_accuracy:.4f}"
+        if result.promotion:
+            facts["promoted as"] = f"{result.promotion.version} ({result.promotion.saved_model})"
+        warning = "Synthetic data: these numbers say nothing about CIFAR-10." if manifest.synthetic else None
+        return report.render(
+            f"Evaluation of {Path(self.config.model_dir).name or self.config.model_dir} at step {final.step}",
+            facts,
+            result.decision.blessed,
+            result.decision.reasons,
+            final.metrics.scalars(),
+            self.label_names,
+            final.metrics.to_dict(),
+            grid,
+            [(r.step, r.metrics.accuracy) for r in result.results],
+            warning,
+        )
+
+    def _write_outputs(self, result: EvaluationResult) -> None:
+        summary = {**result.summary(), "config": config_to_dict(self.config)}
+        (self.directory.local / METRICS_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True))
+        self.summary_writer.close()
+        if self.config.output_dir:
+            publisher = storage.publisher_for(self.config.output_dir)
+            publisher.publish(REPORT_FILE, result.report_html.encode())
+            publisher.publish(METRICS_FILE, json.dumps(summary, indent=2, sort_keys=True).encode())
+        else:
+            (self.directory.local / "eval" / REPORT_FILE).write_text(result.report_html)
+        self.directory.push()
+
+
+def evaluate(config: EvaluateConfig) -> EvaluationResult:
+    return Evaluator(config).run()

@@ -1,0 +1,169 @@
+"""The evaluation report: one self-contained HTML page with pictures (PNG and SVG inlined, no external files).
+
+- the gate's decision and its reasons;
+- the confusion matrix as a heatmap (also written to TensorBoard) and as a colored table with counts;
+- the per-class precision / recall / F1 table;
+- a grid of misclassified images with their true and predicted labels;
+- accuracy by step when several checkpoints were evaluated.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+
+import numpy as np
+
+CELL_PIXELS = 24
+THUMBNAIL_SCALE = 3
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    import tensorflow as tf
+
+    return tf.io.encode_png(np.ascontiguousarray(image, np.uint8)).numpy()
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def confusion_heatmap(matrix: np.ndarray) -> np.ndarray:
+    """uint8 [H, W, 3]: each cell a square, white (0) to dark blue (the whole row predicted there)."""
+    matrix = np.asarray(matrix, np.float64)
+    rows = matrix.sum(axis=1, keepdims=True)
+    share = np.divide(matrix, rows, out=np.zeros_like(matrix), where=rows > 0)
+    white, blue = np.array([255.0, 255.0, 255.0]), np.array([8.0, 48.0, 107.0])
+    colors = white + share[..., None] * (blue - white)
+    image = np.repeat(np.repeat(colors, CELL_PIXELS, axis=0), CELL_PIXELS, axis=1)
+    image[::CELL_PIXELS, :, :] = 200  # grid lines
+    image[:, ::CELL_PIXELS, :] = 200
+    return image.astype(np.uint8)
+
+
+def _cell_style(share: float) -> str:
+    red, green, blue = (
+        np.array([255, 255, 255]) + share * (np.array([8, 48, 107]) - np.array([255, 255, 255]))
+    ).astype(int)
+    text = "#fff" if share > 0.5 else "#000"
+    return f"background:rgb({red},{green},{blue});color:{text}"
+
+
+def confusion_table(matrix: np.ndarray, names: list[str]) -> str:
+    matrix = np.asarray(matrix)
+    header = "".join(f"<th>{html.escape(name)}</th>" for name in names)
+    rows = []
+    for index, name in enumerate(names):
+        total = max(int(matrix[index].sum()), 1)
+        cells = "".join(f'<td style="{_cell_style(count / total)}">{count}</td>' for count in matrix[index].tolist())
+        rows.append(f"<tr><th>{html.escape(name)}</th>{cells}</tr>")
+    return '<table class="confusion"><tr><th>true \\ predicted</th>' + header + "</tr>" + "".join(rows) + "</table>"
+
+
+def per_class_table(names: list[str], precision, recall, f1, support) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{p:.3f}</td><td>{r:.3f}</td><td>{f:.3f}</td><td>{s}</td></tr>"
+        for name, p, r, f, s in zip(names, precision, recall, f1, support, strict=True)
+    )
+    return (
+        "<table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>images</th></tr>" + rows + "</table>"
+    )
+
+
+def misclassified_grid(images: np.ndarray, true: np.ndarray, predicted: np.ndarray, confidence, names) -> str:
+    if len(images) == 0:
+        return "<p>No misclassified images.</p>"
+    tiles = []
+    for image, truth, guess, score in zip(images, true, predicted, confidence, strict=True):
+        large = np.repeat(np.repeat(image, THUMBNAIL_SCALE, axis=0), THUMBNAIL_SCALE, axis=1)
+        caption = f"true: {html.escape(names[truth])}<br>predicted: {html.escape(names[guess])} ({score:.2f})"
+        alt = html.escape(f"true {names[truth]}, predicted {names[guess]}", quote=True)
+        tiles.append(
+            f'<figure><img src="{data_uri(encode_png(large))}" alt="{alt}"><figcaption>{caption}</figcaption></figure>'
+        )
+    return '<div class="grid">' + "".join(tiles) + "</div>"
+
+
+def accuracy_chart(points: list[tuple[int, float]], width: int = 640, height: int = 240) -> str:
+    """An SVG line chart of accuracy by training step."""
+    if len(points) < 2:
+        return ""
+    margin = 40
+    steps = [step for step, _ in points]
+    values = [value for _, value in points]
+    low, high = min([*values, 0.0]), max([*values, 1.0])
+    span_steps = max(steps[-1] - steps[0], 1)
+
+    def x(step):
+        return margin + (step - steps[0]) / span_steps * (width - 2 * margin)
+
+    def y(value):
+        return height - margin - (value - low) / max(high - low, 1e-9) * (height - 2 * margin)
+
+    line = " ".join(f"{x(step):.1f},{y(value):.1f}" for step, value in points)
+    dots = "".join(
+        f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="3"><title>step {s}: {v:.4f}</title></circle>' for s, v in points
+    )
+    return (
+        f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" role="img">'
+        f'<line x1="{margin}" y1="{height - margin}" x2="{width - margin}" y2="{height - margin}" stroke="#888"/>'
+        f'<line x1="{margin}" y1="{margin}" x2="{margin}" y2="{height - margin}" stroke="#888"/>'
+        f'<text x="{margin}" y="{height - 10}" font-size="12">step {steps[0]}</text>'
+        f'<text x="{width - margin}" y="{height - 10}" font-size="12" text-anchor="end">step {steps[-1]}</text>'
+        f'<text x="5" y="{y(high):.1f}" font-size="12">{high:.2f}</text>'
+        f'<text x="5" y="{y(low):.1f}" font-size="12">{low:.2f}</text>'
+        f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="2"/>{dots}</svg>'
+    )
+
+
+STYLE = """
+body{font-family:sans-serif;margin:2em;max-width:1100px}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+.confusion td{min-width:2.5em;text-align:center}
+.blessed{background:#e6f4ea;border:1px solid #34a853;padding:1em}
+.rejected{background:#fce8e6;border:1px solid #ea4335;padding:1em}
+.grid{display:flex;flex-wrap:wrap;gap:8px}figure{margin:0;width:120px;font-size:11px}
+.warning{background:#fff4ce;padding:.5em}
+"""
+
+
+def render(
+    title: str,
+    facts: dict[str, str],
+    decision_blessed: bool,
+    decision_reasons: list[str],
+    scalars: dict[str, float],
+    names: list[str],
+    metrics: dict,
+    misclassified_html: str,
+    history: list[tuple[int, float]],
+    warning: str | None = None,
+) -> str:
+    matrix = np.asarray(metrics["confusion_matrix"])
+    facts_html = "".join(
+        f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>" for key, value in facts.items()
+    )
+    scalars_html = "".join(f"<tr><th>{html.escape(k)}</th><td>{v:.4f}</td></tr>" for k, v in scalars.items())
+    reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in decision_reasons)
+    verdict = "Blessed for promotion" if decision_blessed else "Not blessed"
+    chart = accuracy_chart(history)
+    sections = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f'<p class="warning">{html.escape(warning)}</p>' if warning else "",
+        f'<div class="{"blessed" if decision_blessed else "rejected"}">',
+        f"<strong>{verdict}</strong><ul>{reasons}</ul></div>",
+        f"<h2>Summary</h2><table>{facts_html}{scalars_html}</table>",
+        f"<h2>Accuracy by step</h2>{chart}" if chart else "",
+        "<h2>Confusion matrix</h2>",
+        f'<img src="{data_uri(encode_png(confusion_heatmap(matrix)))}" '
+        'alt="confusion matrix heatmap (rows: true class)">',
+        confusion_table(matrix, names),
+        "<h2>Per class</h2>",
+        per_class_table(names, metrics["precision"], metrics["recall"], metrics["f1"], metrics["support"]),
+        "<h2>Misclassified images</h2>",
+        misclassified_html,
+        "</body></html>",
+    ]
+    return "\n".join(section for section in sections if section)

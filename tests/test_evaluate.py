@@ -1,0 +1,254 @@
+"""The evaluate stage on real checkpoints: metrics, summaries, report, gate, export, continuous mode, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.common import storage
+from components.evaluate import promote
+from components.evaluate.config import EvaluateConfig
+from components.evaluate.evaluate import evaluate
+from components.evaluate.restore import EvaluationError, build_from_config, read_train_config, restore_weights
+from components.train import loop
+from tests.conftest import tiny_train_config
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def trained(synthetic_data, tmp_path_factory):
+    """A tiny model trained 10 steps with checkpoints at 5 and 10 and a moving average of the weights."""
+    model_dir = tmp_path_factory.mktemp("trained") / "model"
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=10, checkpoint_every_steps=5, ema_decay=0.9))
+    return model_dir
+
+
+def scalars(log_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    return {event.step: tf.make_ndarray(event.tensor_proto).item() for event in accumulator.Tensors(tag)}
+
+
+def test_latest_checkpoint_metrics_summaries_and_report(synthetic_data, trained):
+    result = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained)))
+
+    assert [r.step for r in result.results] == [10]
+    assert result.final.weights == "ema"  # the checkpoint has a moving average: it is what gets evaluated
+    summary = json.loads((trained / "eval_metrics.json").read_text())
+    assert summary["step"] == 10 and summary["metrics"]["accuracy"] == result.final.metrics.accuracy
+    assert sum(map(sum, summary["confusion_matrix"])) == 50  # the eval split: 5 images x 10 classes
+    assert set(summary["per_class"]) == set(result.label_names)
+    assert scalars(trained / "eval", "accuracy") == {10: pytest.approx(result.final.metrics.accuracy)}
+    html = (trained / "eval" / "report.html").read_text()
+    for part in ("Confusion matrix", "Per class", "Misclassified images", "data:image/png;base64,", "Synthetic data"):
+        assert part in html
+    assert result.decision.blessed  # threshold 0, no baseline
+
+
+def test_all_checkpoints_give_accuracy_by_step(synthetic_data, trained):
+    result = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), mode="all", weights="raw"))
+    assert [r.step for r in result.results] == [5, 10]
+    assert set(scalars(trained / "eval", "accuracy")) >= {5, 10}
+    assert "<svg" in result.report_html and "Accuracy by step" in result.report_html
+
+
+def test_threshold_and_baseline_decide(synthetic_data, trained, tmp_path):
+    (tmp_path / "baseline.json").write_text(json.dumps({"accuracy": 1.0}))
+    strict = evaluate(
+        EvaluateConfig(data=synthetic_data, model_dir=str(trained), baseline=str(tmp_path / "baseline.json"))
+    )
+    assert not strict.decision.blessed or strict.final.metrics.accuracy == 1.0
+    unreachable = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), accuracy_threshold=1.0))
+    assert unreachable.decision.blessed is (unreachable.final.metrics.accuracy >= 1.0)
+    assert "threshold 1.0000" in " ".join(unreachable.decision.reasons)
+
+
+def test_promotion_exports_a_saved_model_that_predicts_like_the_checkpoint(synthetic_data, trained, tmp_path):
+    root = tmp_path / "promoted"
+    result = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), promote_to=str(root)))
+
+    pointer = json.loads((root / "current.json").read_text())
+    assert pointer["version"] == result.promotion.version and pointer["step"] == 10
+    assert pointer["metrics"]["accuracy"] == result.final.metrics.accuracy
+    served = tf.saved_model.load(pointer["saved_model"]).signatures["serving_default"]
+    images = np.random.default_rng(0).integers(0, 256, size=(16, 32, 32, 3), dtype=np.uint8)
+    outputs = served(images=tf.constant(images))
+
+    model = build_from_config(read_train_config(trained, str(trained)))
+    restore_weights(model, str(trained / "ckpt-10"), "auto")
+    expected = tf.nn.softmax(model(tf.cast(images, tf.float32) / 127.5 - 1.0, training=False)).numpy()
+    np.testing.assert_allclose(outputs["probabilities"].numpy(), expected, rtol=1e-5, atol=1e-6)
+    names = [name.decode() for name in outputs["class_names"].numpy()]
+    assert names == [result.label_names[index] for index in expected.argmax(axis=1)]
+
+    # A second, worse-than-promoted evaluation compares with the pointer and is not promoted.
+    again = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), promote_to=str(root), weights="raw"))
+    assert again.baseline_accuracy == pointer["metrics"]["accuracy"]
+    if again.final.metrics.accuracy < pointer["metrics"]["accuracy"]:
+        assert not again.decision.blessed and again.promotion is None
+
+
+def test_concurrent_promotions_against_gcs_cannot_both_win(synthetic_data, trained, gcs_bucket):
+    root = f"gs://{gcs_bucket}/models/cifar10"
+    model = build_from_config(read_train_config(trained, str(trained)))
+    restore_weights(model, str(trained / "ckpt-10"))
+    _pointer, seen = promote.read_pointer(root)
+    barrier = threading.Barrier(2)
+    outcomes = {}
+    original = storage.GcsPublisher.publish
+
+    def publish_pointer_after_both_exported(self, name, data, expected_version=None):
+        if name == promote.POINTER:
+            barrier.wait(timeout=60)
+        return original(self, name, data, expected_version)
+
+    def run(version):
+        try:
+            outcomes[version] = promote.promote(model, ["a"] * 10, root, version, {"metrics": {"accuracy": 0.5}}, seen)
+        except promote.PromotionConflictError as error:
+            outcomes[version] = error
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(storage.GcsPublisher, "publish", publish_pointer_after_both_exported)
+        threads = [threading.Thread(target=run, args=(version,)) for version in ("first", "second")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+
+    winners = [version for version, outcome in outcomes.items() if isinstance(outcome, promote.Promotion)]
+    losers = [outcome for outcome in outcomes.values() if isinstance(outcome, promote.PromotionConflictError)]
+    assert len(winners) == 1 and len(losers) == 1, outcomes
+    assert "was moved by another promotion" in str(losers[0])
+    current, _version = promote.read_pointer(root)
+    assert current["version"] == winners[0]
+
+
+def test_continuous_mode_picks_up_a_checkpoint_written_after_it_started(synthetic_data, tmp_path):
+    model_dir = tmp_path / "model"
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=4))
+    (model_dir / "train_metrics.json").unlink()  # as if training were still going on
+    config = EvaluateConfig(
+        data=synthetic_data, model_dir=str(model_dir), mode="continuous", poll_seconds=0.5, timeout_seconds=120
+    )
+    from components.common.config import config_to_dict
+
+    evaluator = subprocess.Popen(
+        [sys.executable, "-m", "components.evaluate", "--config", json.dumps(config_to_dict(config))],
+        cwd=REPOSITORY,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    deadline = time.monotonic() + 120
+    while not (model_dir / "eval" / "metrics-4.json").exists():
+        assert time.monotonic() < deadline and evaluator.poll() is None, evaluator.stdout.read()
+        time.sleep(0.2)
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=8))  # resumes, writes ckpt-8, ends
+    output, _ = evaluator.communicate(timeout=120)
+    assert evaluator.returncode == 0, output[-3000:]
+    assert "step 4 (" in output and "step 8 (" in output
+    assert "training ended at step 8" in output
+
+
+class TestNeverBlessedOnError:
+    def test_missing_checkpoint(self, synthetic_data, trained):
+        with pytest.raises(EvaluationError, match=r"has no checkpoint 'ckpt-999'; it has \['ckpt-5', 'ckpt-10'\]"):
+            evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), checkpoint="ckpt-999"))
+
+    def test_no_checkpoint_at_all(self, synthetic_data, trained, tmp_path):
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        (empty / "config.json").write_text((trained / "config.json").read_text())
+        with pytest.raises(EvaluationError, match="has no checkpoint to evaluate"):
+            evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(empty)))
+
+    def test_not_a_model_directory(self, synthetic_data, tmp_path):
+        with pytest.raises(EvaluationError, match=r"no config\.json; it is not a model directory"):
+            evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(tmp_path)))
+
+    def test_checkpoint_of_another_architecture(self, synthetic_data, trained, tmp_path):
+        other = tmp_path / "other"
+        other.mkdir()
+        for path in trained.glob("ckpt-10*"):
+            (other / path.name).write_bytes(path.read_bytes())
+        config = json.loads((trained / "config.json").read_text())
+        config["depth"] = 14
+        (other / "config.json").write_text(json.dumps(config))
+        with pytest.raises(EvaluationError, match=r"has no variable 'stage1_block2_\w+/\w+'; .*another architecture"):
+            evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(other)))
+
+    def test_checkpoint_with_another_number_of_classes(self, synthetic_data, trained, tmp_path):
+        other = tmp_path / "other"
+        other.mkdir()
+        for path in trained.glob("ckpt-10*"):
+            (other / path.name).write_bytes(path.read_bytes())
+        config = json.loads((trained / "config.json").read_text())
+        (other / "config.json").write_text(json.dumps(config))
+        model = build_from_config(config)
+        head = model.get_layer("head").kernel
+        with pytest.raises(EvaluationError, match=r"head/kernel has shape \[\d+, 10\], the model expects \[\d+, 12\]"):
+            config["resolved"]["num_classes"] = 12
+            restore_weights(build_from_config(config), str(other / "ckpt-10"))
+        assert head.shape[-1] == 10
+
+    def test_nan_weights(self, synthetic_data, trained, tmp_path):
+        from components.train.model import variable_name
+
+        model = build_from_config(read_train_config(trained, str(trained)))
+        restore_weights(model, str(trained / "ckpt-10"), "raw")
+        model.get_layer("head").kernel.assign(np.full(model.get_layer("head").kernel.shape, np.nan, np.float32))
+        poisoned = tmp_path / "poisoned"
+        poisoned.mkdir()
+        (poisoned / "config.json").write_text((trained / "config.json").read_text())
+        tf.train.Checkpoint(weights={variable_name(v): v for v in model.variables}).write(str(poisoned / "ckpt-11"))
+        with pytest.raises(EvaluationError, match=r"ckpt-11: variable head/kernel holds NaN or Inf"):
+            evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(poisoned), weights="raw"))
+
+    def test_dataset_of_other_classes(self, trained, tmp_path):
+        from components.prepare_data.config import PrepareDataConfig
+        from components.prepare_data.prepare import prepare_data
+
+        prepare_data(PrepareDataConfig(output=str(tmp_path / "five"), source="synthetic", synthetic_classes=5))
+        with pytest.raises(EvaluationError, match="the dataset does not match the model"):
+            evaluate(EvaluateConfig(data=str(tmp_path / "five"), model_dir=str(trained)))
+
+    def test_missing_split(self, trained, tmp_path):
+        from components.common.dataset import DatasetError
+        from components.prepare_data.config import PrepareDataConfig
+        from components.prepare_data.prepare import prepare_data
+
+        prepare_data(PrepareDataConfig(output=str(tmp_path / "d"), source="synthetic", validation_fraction=0.0))
+        with pytest.raises(DatasetError, match=r"split 'validation' is not in the dataset"):
+            evaluate(EvaluateConfig(data=str(tmp_path / "d"), model_dir=str(trained), split="validation"))
+
+    def test_cli_exits_2_and_promotes_nothing(self, synthetic_data, trained, tmp_path):
+        from components.evaluate.__main__ import main
+
+        code = main(
+            [
+                "--data",
+                synthetic_data,
+                "--model-dir",
+                str(trained),
+                "--checkpoint",
+                "ckpt-3",
+                "--promote-to",
+                str(tmp_path / "p"),
+            ]
+        )
+        assert code == 2
+        assert not (tmp_path / "p" / "current.json").exists()
