@@ -44,6 +44,10 @@ class EvaluateConfig:
     baseline_tolerance: float = field(
         default=0.0, metadata={"help": "bless only if accuracy >= baseline accuracy - this"}
     )
+    compare_with: str | None = field(
+        default=None,
+        metadata={"help": "a promotion root (folder or gs://) whose current.json is the baseline; no promotion"},
+    )
     promote_to: str | None = field(
         default=None,
         metadata={"help": "when blessed: export a SavedModel under this folder/gs:// and point current.json at it"},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +56,8 @@ class EvaluationResult:
     output_dir: str
     promotion: promote.Promotion | None = None
     baseline_accuracy: float | None = None
-    extra: dict = field(default_factory=dict)
+    pointer_version: str = storage.ABSENT  # of the current-model pointer the gate compared with
+    record: dict | None = None  # what a promotion writes into the pointer
 
     @property
     def final(self) -> CheckpointResult:
@@ -218,8 +219,9 @@ class Evaluator:
             results = [self.evaluate_checkpoint(path) for path in self.checkpoints_to_evaluate()]
         final = results[-1]
         pointer, pointer_version = (None, storage.ABSENT)
-        if config.promote_to:
-            pointer, pointer_version = promote.read_pointer(config.promote_to)
+        current = config.promote_to or config.compare_with
+        if current:
+            pointer, pointer_version = promote.read_pointer(current)
         baseline = None
         if config.baseline:
             baseline = gate.read_baseline_accuracy(config.baseline)
@@ -234,20 +236,25 @@ class Evaluator:
             report_html="",
             output_dir=config.output_dir or storage.join(config.model_dir, "eval"),
             baseline_accuracy=baseline,
+            pointer_version=pointer_version,
         )
+        result.record = {
+            "metrics": final.metrics.scalars(),
+            "checkpoint": final.checkpoint.replace(str(self.directory.local), config.model_dir.rstrip("/")),
+            "step": final.step,
+            "weights": final.weights,
+            "model_dir": config.model_dir,
+            "label_names": self.label_names,
+            "dataset_manifest_sha256": self.dataset.manifest_sha256,
+        }
         if decision.blessed and config.promote_to:
-            record = {
-                "metrics": final.metrics.scalars(),
-                "checkpoint": final.checkpoint.replace(str(self.directory.local), config.model_dir.rstrip("/")),
-                "step": final.step,
-                "weights": final.weights,
-                "model_dir": config.model_dir,
-                "label_names": self.label_names,
-                "dataset_manifest_sha256": self.dataset.manifest_sha256,
-            }
-            version = f"step-{final.step:08d}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
             result.promotion = promote.promote(
-                self.model, self.label_names, config.promote_to, version, record, pointer_version
+                self.model,
+                self.label_names,
+                config.promote_to,
+                promote.version_name(final.step),
+                result.record,
+                pointer_version,
             )
         result.report_html = self._report(result)
         self._write_outputs(result)

@@ -51,6 +51,33 @@ def export_saved_model(model, label_names: list[str], directory: str | Path) -> 
     tf.saved_model.save(module, str(directory), signatures={"serving_default": module.serve})
 
 
+def version_name(step: int) -> str:
+    return f"step-{step:08d}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}"
+
+
+def promote_checkpoint(
+    model_dir: str,
+    checkpoint: str,
+    weights: str,
+    root: str,
+    record: dict,
+    expected_pointer_version: str,
+    cache_dir: str | None = None,
+) -> Promotion:
+    """Promote a checkpoint that an earlier evaluation blessed (the pipeline's promote step)."""
+    from components.evaluate.restore import build_from_config, checkpoint_step, read_train_config, restore_weights
+    from components.train.checkpoints import ModelDirectory
+
+    directory = ModelDirectory(model_dir, cache_dir)
+    directory.pull()
+    train_config = read_train_config(directory.local, model_dir)
+    model = build_from_config(train_config)
+    used = restore_weights(model, str(directory.local / Path(checkpoint).name), weights)
+    label_names = train_config["resolved"]["label_names"]
+    step = checkpoint_step(checkpoint)
+    return promote(model, label_names, root, version_name(step), {**record, "weights": used}, expected_pointer_version)
+
+
 def read_pointer(root: str) -> tuple[dict | None, str]:
     """The current pointer (None when nothing was promoted yet) and its version, for the compare-and-swap."""
     content, version = storage.publisher_for(root).read_versioned(POINTER)
