@@ -1,7 +1,5 @@
 """The evaluate and promote KFP components (lightweight Python components over the project's functions)."""
 
-from typing import NamedTuple
-
 from kfp import dsl
 
 from components.images import image
@@ -14,27 +12,19 @@ def evaluate_component(
     metrics: dsl.Output[dsl.Metrics],
     classification: dsl.Output[dsl.ClassificationMetrics],
     report: dsl.Output[dsl.HTML],
+    evaluation: dsl.Output[dsl.Artifact],
     split: str = "eval",
     weights: str = "auto",
     accuracy_threshold: float = 0.0,
     baseline: str = "",
     baseline_tolerance: float = 0.0,
     promotion_root: str = "",
-) -> NamedTuple(
-    "EvaluationOutputs",
-    [
-        ("blessed", bool),
-        ("decision", str),
-        ("checkpoint", str),
-        ("weights", str),
-        ("pointer_version", str),
-        ("record", dict),
-    ],
-):
-    """Evaluate the model's latest checkpoint; `blessed` says whether it may be promoted, `decision` why.
+) -> bool:
+    """Evaluate the model's latest checkpoint; returns whether it is blessed for promotion.
 
-    With `promotion_root`, its current.json is the baseline (unless `baseline` is given) and its version is
-    passed on, so the promote step only succeeds if nobody promoted in between.
+    `evaluation` holds the summary JSON and, in its metadata, the decision and its reasons and what the
+    promote step needs. With `promotion_root`, its current.json is the baseline (unless `baseline` is given)
+    and its version is recorded, so the promote step only succeeds if nobody promoted in between.
     """
     from components.common.logs import setup_logging
     from components.evaluate.component_support import run_evaluate
@@ -46,6 +36,7 @@ def evaluate_component(
         metrics,
         classification,
         report,
+        evaluation,
         split=split,
         weights=weights,
         accuracy_threshold=accuracy_threshold,
@@ -56,17 +47,21 @@ def evaluate_component(
 
 
 @dsl.component(base_image=image("evaluate"), install_kfp_package=False)
-def promote_component(
-    model: dsl.Input[dsl.Model],
-    promotion_root: str,
-    checkpoint: str,
-    weights: str,
-    pointer_version: str,
-    record: dict,
-) -> str:
+def promote_component(model: dsl.Input[dsl.Model], evaluation: dsl.Input[dsl.Artifact], promotion_root: str) -> str:
     """Export the blessed checkpoint as a SavedModel and move `promotion_root/current.json` to it."""
     from components.common.logs import setup_logging
     from components.evaluate.component_support import run_promote
 
     setup_logging()
-    return run_promote(model, promotion_root, checkpoint, weights, pointer_version, record)
+    return run_promote(model, evaluation, promotion_root)
+
+
+@dsl.component(base_image=image("evaluate"), install_kfp_package=False)
+def warm_start_component(warm_start: str, promotion_root: str, from_promoted: bool) -> str:
+    """The checkpoint to warm-start from: `warm_start` when given, else (with `from_promoted`) the checkpoint of
+    the currently promoted model under `promotion_root`, else "" (train from scratch)."""
+    from components.common.logs import setup_logging
+    from components.evaluate.promote import warm_start_checkpoint
+
+    setup_logging()
+    return warm_start_checkpoint(warm_start, promotion_root, from_promoted)

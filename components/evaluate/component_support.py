@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from components.evaluate.config import EvaluateConfig
@@ -10,7 +11,9 @@ from components.evaluate.promote import promote_checkpoint
 from components.train.component_support import artifact_location
 
 
-def run_evaluate(dataset: Any, model: Any, metrics: Any, classification: Any, report: Any, **options: Any):
+def run_evaluate(
+    dataset: Any, model: Any, metrics: Any, classification: Any, report: Any, evaluation: Any, **options: Any
+) -> bool:
     promotion_root = options.pop("promotion_root") or None
     config = EvaluateConfig(
         data=artifact_location(dataset),
@@ -30,17 +33,33 @@ def run_evaluate(dataset: Any, model: Any, metrics: Any, classification: Any, re
     classification.log_confusion_matrix(result.label_names, result.final.metrics.confusion_matrix)
     with open(report.path, "w") as handle:
         handle.write(result.report_html)
-    return (
-        result.decision.blessed,
-        result.decision.summary(),
-        result.final.checkpoint,
-        result.final.weights,
-        result.pointer_version,
-        result.record,
+    with open(evaluation.path, "w") as handle:
+        json.dump(result.summary(), handle, indent=2, sort_keys=True)
+    evaluation.metadata.update(
+        {
+            "blessed": result.decision.blessed,
+            "decision": result.decision.summary(),
+            "checkpoint": result.final.checkpoint,
+            "weights": result.final.weights,
+            "pointer_version": result.pointer_version,
+            "record": result.record,
+        }
     )
+    return result.decision.blessed
 
 
-def run_promote(model: Any, promotion_root: str, checkpoint: str, weights: str, pointer_version: str, record: dict):
+def run_promote(model: Any, evaluation: Any, promotion_root: str) -> str:
+    """Promote what the evaluation blessed; refuses an evaluation that was not blessed."""
+    details = evaluation.metadata
+    if not details.get("blessed"):
+        raise ValueError(f"refusing to promote: the evaluation was not blessed ({details.get('decision')})")
     model_dir = model.metadata.get("model_dir") or artifact_location(model)
-    promotion = promote_checkpoint(model_dir, checkpoint, weights, promotion_root, record, pointer_version)
+    promotion = promote_checkpoint(
+        model_dir,
+        details["checkpoint"],
+        details["weights"],
+        promotion_root,
+        dict(details["record"]),
+        details["pointer_version"],
+    )
     return promotion.version

@@ -117,3 +117,17 @@ def promote(
         ) from error
     logger.info("promoted %s: %s now points at %s", version, publisher.uri(POINTER), pointer["saved_model"])
     return Promotion(version, pointer["saved_model"], publisher.uri(POINTER))
+
+
+def warm_start_checkpoint(explicit: str, root: str, from_promoted: bool) -> str:
+    """What a (scheduled) training run starts from: an explicit checkpoint, else the promoted model's, else ""."""
+    if explicit:
+        return explicit
+    if not (from_promoted and root):
+        return ""
+    pointer, _version = read_pointer(root)
+    if pointer is None:
+        logger.info("nothing promoted under %s yet: training from scratch", root)
+        return ""
+    logger.info("warm-starting from the promoted model %s (%s)", pointer.get("version"), pointer["checkpoint"])
+    return pointer["checkpoint"]

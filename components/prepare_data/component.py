@@ -20,11 +20,13 @@ def prepare_data_component(
     seed: int = 42,
     synthetic_train_per_class: int = 200,
     synthetic_eval_per_class: int = 50,
+    source_fingerprint: str = "",
 ):
     """Convert the source to sharded, checksummed TFRecords in the `dataset` artifact.
 
     validation_fraction < 0 keeps the source's own hold-out (data batch 5); source_sha256 "" checks
-    only the official archive's known digest.
+    only the official archive's known digest. source_fingerprint is only for caching: pass the output of
+    source_fingerprint_component so that a cached result is reused only for unchanged source content.
     """
     from components.common.logs import setup_logging
     from components.prepare_data.component_support import run_prepare_data
@@ -40,4 +42,15 @@ def prepare_data_component(
         seed=seed,
         synthetic_train_per_class=synthetic_train_per_class,
         synthetic_eval_per_class=synthetic_eval_per_class,
+        source_fingerprint=source_fingerprint,
     )
+
+
+@dsl.component(base_image=image("prepare_data"), install_kfp_package=False)
+def source_fingerprint_component(source: str) -> str:
+    """A fingerprint of the source's content (cheap: metadata or a hash), for cache keys."""
+    from components.common.logs import setup_logging
+    from components.prepare_data.fingerprint import source_fingerprint
+
+    setup_logging()
+    return source_fingerprint(source)

@@ -28,9 +28,10 @@ def dataset_metadata(result: PrepareResult) -> dict[str, Any]:
 def run_prepare_data(dataset: Any, **options: Any) -> PrepareResult:
     """Prepare the dataset into `dataset.path` and fill `dataset.metadata` (runs as the step's own process)."""
     reuse_freed_memory()
+    fingerprint = options.pop("source_fingerprint", "")
     options["source_sha256"] = options.get("source_sha256") or None
     fraction = options.get("validation_fraction")
     options["validation_fraction"] = None if fraction is None or fraction < 0 else fraction
     result = prepare_data(PrepareDataConfig(output=dataset.path, **options))
-    dataset.metadata.update(dataset_metadata(result))
+    dataset.metadata.update({**dataset_metadata(result), "source_fingerprint": fingerprint})
     return result

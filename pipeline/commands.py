@@ -1,0 +1,283 @@
+"""The pipeline's commands: compile, local-run (kfp.local), run (submit to KFP), schedule, tensorboard.
+
+Every pipeline parameter is an option of local-run, run and schedule (`--train-steps 200`), generated from
+the pipeline's own signature so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from components.common.logs import setup_logging
+
+logger = logging.getLogger("pipeline")
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+COMPILED = REPOSITORY / "pipeline" / "pipeline.yaml"
+DEFAULT_EXPERIMENT = "cifar10"
+
+
+class CommandError(RuntimeError):
+    """A command cannot do what was asked (no Docker engine, a bad cron expression...)."""
+
+
+# -- parameters -----------------------------------------------------------------------------------------------
+
+
+def _parameter_types(pipeline) -> dict[str, tuple[str, Any]]:
+    """{name: (KFP type, default)} of the pipeline's inputs."""
+    return {name: (spec.type, spec.default) for name, spec in pipeline.component_spec.inputs.items()}
+
+
+def _converter(kfp_type: str):
+    if kfp_type == "Boolean":
+        return lambda text: text.lower() in ("1", "true", "yes", "on")
+    if kfp_type == "Integer":
+        return int
+    if kfp_type == "Float":
+        return float
+    if kfp_type in ("Dict", "List"):
+        return json.loads
+    return str
+
+
+def add_parameter_options(parser: argparse.ArgumentParser, pipeline) -> None:
+    group = parser.add_argument_group("pipeline parameters (default: the pipeline's)")
+    for name, (kfp_type, default) in _parameter_types(pipeline).items():
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=f"parameter_{name}",
+            type=_converter(kfp_type),
+            default=None,
+            metavar=kfp_type.upper(),
+            help=f"default: {json.dumps(default)}",
+        )
+
+
+def chosen_parameters(arguments: argparse.Namespace, pipeline) -> dict[str, Any]:
+    return {
+        name: getattr(arguments, f"parameter_{name}")
+        for name in _parameter_types(pipeline)
+        if getattr(arguments, f"parameter_{name}") is not None
+    }
+
+
+# -- compile ----------------------------------------------------------------------------------------------------
+
+
+def compile_pipeline(pipeline, output: Path = COMPILED) -> Path:
+    from kfp import compiler
+
+    compiler.Compiler().compile(pipeline, str(output))
+    logger.info("compiled %s", output)
+    return output
+
+
+# -- local-run --------------------------------------------------------------------------------------------------
+
+
+def docker_engine_problem() -> str | None:
+    """Why a DockerRunner cannot work here, or None when a Docker engine answers."""
+    if shutil.which("docker") is None:
+        return "the docker command is not installed"
+    try:
+        completed = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "`docker info` did not answer within 20 s"
+    if completed.returncode != 0:
+        reason = (completed.stderr or completed.stdout).strip().splitlines()
+        return f"`docker info` failed: {reason[-1] if reason else 'no engine'}"
+    return None
+
+
+def local_run(pipeline, parameters: dict[str, Any], output_root: Path, runner: str = "subprocess") -> Path:
+    """Run the whole pipeline on this machine through kfp.local; returns the run's folder."""
+    from kfp import local
+
+    output_root = output_root.resolve()
+    pipeline_root = output_root / "runs"
+    pipeline_root.mkdir(parents=True, exist_ok=True)
+    if runner == "docker":
+        problem = docker_engine_problem()
+        if problem:
+            raise CommandError(
+                f"RUNNER=docker needs a running Docker engine, and here {problem}. "
+                "Run without Docker instead: make local-run (the subprocess runner, same code and parameters)."
+            )
+        local.init(runner=local.DockerRunner(), pipeline_root=str(pipeline_root))
+    elif runner == "subprocess":
+        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    else:
+        raise CommandError(f"runner {runner!r} is not subprocess or docker")
+    parameters = {"promotion_root": str(output_root / "models"), **parameters}
+    before = set(pipeline_root.iterdir())
+    logger.info("running %s locally (%s runner) with %s", pipeline.name, runner, json.dumps(parameters, sort_keys=True))
+    started = time.monotonic()
+    pipeline(**parameters)
+    (run_folder,) = set(pipeline_root.iterdir()) - before or {
+        max(pipeline_root.iterdir(), key=lambda p: p.stat().st_mtime)
+    }
+    logger.info("finished in %.0f s; outputs in %s", time.monotonic() - started, run_folder)
+    for line in describe_run(run_folder, Path(parameters["promotion_root"])):
+        logger.info("%s", line)
+    return run_folder
+
+
+def describe_run(run_folder: Path, promotion_root: Path) -> list[str]:
+    """Where the run's main outputs are, for a person reading the terminal."""
+    lines = []
+    for label, pattern in (
+        ("dataset manifest", "prepare-data-component/dataset/manifest.json"),
+        ("model directory", "train-component*/model"),
+        ("evaluation report", "evaluate-component/report"),
+        ("evaluation metrics", "train-component*/model/eval_metrics.json"),
+    ):
+        found = sorted(run_folder.glob(pattern))
+        if found:
+            lines.append(f"{label}: {found[0]}")
+    metrics = sorted(run_folder.glob("train-component*/model/eval_metrics.json"))
+    if metrics:
+        summary = json.loads(metrics[0].read_text())
+        lines.append(
+            f"accuracy: {summary['metrics']['accuracy']:.4f}; " + ("BLESSED" if summary["blessed"] else "not blessed")
+        )
+    pointer = promotion_root / "current.json"
+    if pointer.exists():
+        current = json.loads(pointer.read_text())
+        lines.append(f"promoted model: {current['version']} at {current['saved_model']}")
+    models = sorted(run_folder.glob("train-component*/model"))
+    if models:
+        lines.append(f"TensorBoard: make tensorboard LOGDIR={models[0]}")
+    return lines
+
+
+# -- a KFP endpoint ---------------------------------------------------------------------------------------------
+
+
+def client(host: str):
+    import kfp
+
+    if not host:
+        raise CommandError("no KFP endpoint: set KFP_HOST (e.g. https://kubeflow.example.com/pipeline)")
+    return kfp.Client(host=host)
+
+
+def submit(pipeline, parameters: dict[str, Any], host: str, experiment: str, run_name: str | None) -> str:
+    package = compile_pipeline(pipeline)
+    name = run_name or f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    result = client(host).create_run_from_pipeline_package(
+        str(package), arguments=parameters, run_name=name, experiment_name=experiment, enable_caching=True
+    )
+    logger.info("submitted run %s (%s) to %s", name, result.run_id, host)
+    return result.run_id
+
+
+def check_cron(expression: str) -> str:
+    fields = expression.split()
+    if len(fields) != 6:
+        raise CommandError(
+            f"cron {expression!r} has {len(fields)} fields; KFP's cron has six, seconds first: "
+            "'0 0 3 * * *' is every day at 03:00"
+        )
+    return expression
+
+
+def schedule(
+    pipeline, parameters: dict[str, Any], host: str, experiment: str, name: str, cron: str, max_concurrency: int = 1
+) -> str:
+    """A recurring run that retrains, warm-starting from the model promoted at the time of each run."""
+    check_cron(cron)
+    if not parameters.get("promotion_root"):
+        raise CommandError("a schedule needs --promotion-root (a gs:// folder) to warm-start from and to promote to")
+    parameters = {"warm_start_from_promoted": True, **parameters}
+    package = compile_pipeline(pipeline)
+    kfp_client = client(host)
+    experiment_id = kfp_client.create_experiment(experiment).experiment_id
+    job = kfp_client.create_recurring_run(
+        experiment_id=experiment_id,
+        job_name=name,
+        cron_expression=cron,
+        max_concurrency=max_concurrency,
+        no_catchup=True,
+        params=parameters,
+        pipeline_package_path=str(package),
+        enable_caching=True,
+    )
+    logger.info("scheduled %s (%s): cron %r in experiment %s", name, job.recurring_run_id, cron, experiment)
+    return job.recurring_run_id
+
+
+def tensorboard_command(logdir: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port), "--bind_all"]
+
+
+# -- the command line -------------------------------------------------------------------------------------------
+
+
+def build_parser(pipeline) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.pipeline", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    compile_parser = commands.add_parser("compile", help="write pipeline/pipeline.yaml")
+    compile_parser.add_argument("--output", type=Path, default=COMPILED)
+    local = commands.add_parser("local-run", help="the whole pipeline on this machine (kfp.local)")
+    local.add_argument("--runner", choices=("subprocess", "docker"), default="subprocess")
+    local.add_argument("--output-root", type=Path, default=REPOSITORY / "outputs")
+    add_parameter_options(local, pipeline)
+    run = commands.add_parser("run", help="compile and submit a run to the KFP endpoint")
+    run.add_argument("--host", required=True)
+    run.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
+    run.add_argument("--run-name")
+    add_parameter_options(run, pipeline)
+    recurring = commands.add_parser("schedule", help="create a recurring retraining run")
+    recurring.add_argument("--host", required=True)
+    recurring.add_argument("--cron", required=True, help="six fields, seconds first: '0 0 3 * * *'")
+    recurring.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
+    recurring.add_argument("--name", default=f"{pipeline.name}-retraining")
+    recurring.add_argument("--max-concurrency", type=int, default=1)
+    add_parameter_options(recurring, pipeline)
+    board = commands.add_parser("tensorboard", help="TensorBoard on a model directory (local or gs://)")
+    board.add_argument("--logdir", required=True)
+    board.add_argument("--port", type=int, default=6006)
+    return parser
+
+
+def main(pipeline, argv: list[str] | None = None) -> int:
+    arguments = build_parser(pipeline).parse_args(argv)
+    setup_logging()
+    try:
+        if arguments.command == "compile":
+            compile_pipeline(pipeline, arguments.output)
+        elif arguments.command == "local-run":
+            local_run(pipeline, chosen_parameters(arguments, pipeline), arguments.output_root, arguments.runner)
+        elif arguments.command == "run":
+            submit(
+                pipeline,
+                chosen_parameters(arguments, pipeline),
+                arguments.host,
+                arguments.experiment,
+                arguments.run_name,
+            )
+        elif arguments.command == "schedule":
+            schedule(
+                pipeline,
+                chosen_parameters(arguments, pipeline),
+                arguments.host,
+                arguments.experiment,
+                arguments.name,
+                arguments.cron,
+                arguments.max_concurrency,
+            )
+        elif arguments.command == "tensorboard":
+            return subprocess.call(tensorboard_command(arguments.logdir, arguments.port))
+    except (CommandError, ValueError) as error:
+        logger.error("%s", error)
+        return 2
+    return 0
