@@ -4,8 +4,33 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUTPUT ?= outputs
 SOURCE ?= synthetic
+# make local-run: a quick demo by default (synthetic data, 2 local workers, a few hundred steps); for real CIFAR-10
+# give SOURCE=https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz (or a local copy) and EPOCHS=...
+RUNNER ?= subprocess
+WORKERS ?= 2
+DEPTH ?= 20
+BATCH_SIZE ?= 128
+TRAIN_STEPS ?= 300
+EPOCHS ?= 0
+THRESHOLD ?= 0.5
+TRAIN_OPTIONS ?= {"batch_norm_decay": 0.9}
+EXTRA ?=
+KFP_HOST ?=
+EXPERIMENT ?= cifar10
+CRON ?= 0 0 3 * * *
+PROMOTION_ROOT ?=
+LOGDIR ?= $(OUTPUT)
+REGISTRY ?= ghcr.io/cifar10-pipeline
+TAG ?= 0.1.0
+STAGES := prepare_data train evaluate
+# The components' image references (components/images.py) follow REGISTRY and TAG.
+export CIFAR10_PIPELINE_REGISTRY := $(REGISTRY)
+export CIFAR10_PIPELINE_TAG := $(TAG)
+PIPELINE := $(BIN)/python -m pipeline.pipeline
+RUN_PARAMETERS = --source "$(SOURCE)" --workers $(WORKERS) --depth $(DEPTH) --batch-size $(BATCH_SIZE) \
+	--train-steps $(TRAIN_STEPS) --epochs $(EPOCHS) --accuracy-threshold $(THRESHOLD) $(EXTRA)
 
-.PHONY: help install constraints test lint format prepare-data bench clean
+.PHONY: help install constraints test lint format local-run compile run schedule tensorboard images push prepare-data bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -32,11 +57,39 @@ format:  ## apply ruff fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+local-run:  ## the whole pipeline on this machine (kfp.local): make local-run [SOURCE=... TRAIN_STEPS=... RUNNER=docker]
+	$(PIPELINE) local-run --runner $(RUNNER) --output-root $(OUTPUT) $(RUN_PARAMETERS) --train-options '$(TRAIN_OPTIONS)'
+
+compile:  ## write pipeline/pipeline.yaml
+	$(PIPELINE) compile
+
+run:  ## compile and submit a run to $$KFP_HOST: make run KFP_HOST=... SOURCE=gs://... EXTRA='--launcher tfjob'
+	$(PIPELINE) run --host "$(KFP_HOST)" --experiment $(EXPERIMENT) $(RUN_PARAMETERS) --train-options '{}' \
+	  $(if $(PROMOTION_ROOT),--promotion-root $(PROMOTION_ROOT))
+
+schedule:  ## recurring retraining: make schedule KFP_HOST=... CRON='0 0 3 * * *' PROMOTION_ROOT=gs://...
+	$(PIPELINE) schedule --host "$(KFP_HOST)" --cron "$(CRON)" --experiment $(EXPERIMENT) $(RUN_PARAMETERS) \
+	  --train-options '{}' --promotion-root "$(PROMOTION_ROOT)"
+
+tensorboard:  ## TensorBoard on a run's logs: make tensorboard LOGDIR=outputs/runs/... (or gs://...)
+	$(PIPELINE) tensorboard --logdir "$(LOGDIR)"
+
+images:  ## build every stage's image (needs a Docker engine): make images REGISTRY=... TAG=...
+	@docker info >/dev/null 2>&1 || { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
+	for stage in $(STAGES); do \
+	  docker build -f components/$$stage/Dockerfile -t $(REGISTRY)/$$(echo $$stage | tr _ -):$(TAG) . || exit 1; \
+	done
+
+push: images  ## push the images: make push REGISTRY=... (compile with CIFAR10_PIPELINE_REGISTRY=... to use them)
+	for stage in $(STAGES); do docker push $(REGISTRY)/$$(echo $$stage | tr _ -):$(TAG) || exit 1; done
+
 prepare-data:  ## run the prepare_data stage alone: make prepare-data SOURCE=... OUTPUT=...
 	$(BIN)/python -m components.prepare_data --source $(SOURCE) --output $(OUTPUT)/dataset
 
 bench:  ## run every benchmark (needs ../shared/data)
 	$(BIN)/python bench/prepare_data.py
+	$(BIN)/python bench/train.py
+	$(BIN)/python bench/evaluate.py
 
 clean:  ## remove outputs and caches (not .venv)
 	rm -rf $(OUTPUT) .pytest_cache .ruff_cache bench/work

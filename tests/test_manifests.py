@@ -1,0 +1,101 @@
+"""The Kubernetes manifests parse and hang together; every pod they define meets the restricted Pod Security profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+
+
+def documents():
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                yield path.name, document
+
+
+def pod_specs():
+    """Every pod template in the manifests: TFJob replica templates, and workload templates if any."""
+    for name, document in documents():
+        if document["kind"] == "TFJob":
+            for replica, spec in document["spec"]["tfReplicaSpecs"].items():
+                yield f"{name}:{replica}", spec["template"]["spec"]
+        template = document.get("spec", {}).get("template") if isinstance(document.get("spec"), dict) else None
+        if template:
+            yield name, template["spec"]
+
+
+def test_every_manifest_parses_and_has_a_kind_and_name():
+    found = list(documents())
+    assert {document["kind"] for _, document in found} >= {
+        "TFJob",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Tensorboard",
+    }
+    for name, document in found:
+        assert document.get("apiVersion"), name
+        assert document["kind"] == "Kustomization" or document.get("metadata", {}).get("name"), name
+
+
+@pytest.mark.parametrize(("where", "pod"), list(pod_specs()))
+def test_pods_meet_the_restricted_pod_security_profile(where, pod):
+    security = pod.get("securityContext", {})
+    assert security.get("runAsNonRoot") is True, where
+    assert security.get("runAsUser", 1) != 0, where
+    assert security.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
+    volumes = {volume["name"]: volume for volume in pod.get("volumes", [])}
+    assert not any("hostPath" in volume for volume in volumes.values()), where
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC"), where
+    for container in pod["containers"] + pod.get("initContainers", []):
+        context = container.get("securityContext", {})
+        assert context.get("allowPrivilegeEscalation") is False, (where, container["name"])
+        assert context.get("capabilities", {}).get("drop") == ["ALL"], (where, container["name"])
+        assert not context.get("capabilities", {}).get("add"), (where, container["name"])
+        assert not context.get("privileged"), (where, container["name"])
+        assert context.get("readOnlyRootFilesystem") is True, (where, container["name"])
+        mounts = {mount["mountPath"]: mount["name"] for mount in container.get("volumeMounts", [])}
+        assert "/tmp" in mounts and "emptyDir" in volumes[mounts["/tmp"]], (where, "a writable /tmp emptyDir")
+
+
+def test_tfjob_template_retries_preemption_and_injects_tf_config():
+    (tfjob,) = [document for _, document in documents() if document["kind"] == "TFJob"]
+    worker = tfjob["spec"]["tfReplicaSpecs"]["Worker"]
+    assert worker["restartPolicy"] == "ExitCode"  # exit 143 (preempted) is retried, 1-127 are final
+    assert tfjob["spec"]["runPolicy"]["cleanPodPolicy"] in ("Running", "All")
+    assert [c["name"] for c in worker["template"]["spec"]["containers"]] == ["tensorflow"]  # gets TF_CONFIG
+
+
+def test_rbac_lets_the_launcher_create_watch_and_delete_tfjobs_and_read_logs():
+    (role,) = [document for _, document in documents() if document["kind"] == "Role"]
+    rules = {
+        (group, resource): set(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert {"create", "get", "watch", "delete"} <= rules[("kubeflow.org", "tfjobs")]
+    assert "get" in rules[("", "pods/log")]
+    (binding,) = [document for _, document in documents() if document["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (account,) = [document for _, document in documents() if document["kind"] == "ServiceAccount"]
+    assert account["metadata"]["name"] in {subject["name"] for subject in binding["subjects"]}
+
+
+def test_no_credentials_anywhere():
+    for path in MANIFESTS.glob("*.yaml"):
+        text = path.read_text().lower()
+        for secret_marker in ("private_key", "secretkeyref", "google_application_credentials", "kind: secret"):
+            assert secret_marker not in text, (path.name, secret_marker)
+    account = next(document for _, document in documents() if document["kind"] == "ServiceAccount")
+    assert "iam.gke.io/gcp-service-account" in account["metadata"]["annotations"]  # Workload Identity
+
+
+def test_kustomization_lists_existing_files():
+    kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    for resource in kustomization["resources"]:
+        assert (MANIFESTS / resource).exists(), resource
