@@ -151,7 +151,10 @@ def test_schedule_creates_a_recurring_run_that_warm_starts_from_the_promoted_mod
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["schedule", "--host", "h", "--cron", "0 3 * * *", "--promotion-root", "gs://b"], "has 5 fields; KFP's cron has six, seconds first"),
+        (
+            ["schedule", "--host", "h", "--cron", "0 3 * * *", "--promotion-root", "gs://b"],
+            "has 5 fields; KFP's cron has six, seconds first",
+        ),
         (["schedule", "--host", "h", "--cron", "0 0 3 * * *"], "a schedule needs --promotion-root"),
         (["run", "--host", ""], "no KFP endpoint: set KFP_HOST"),
     ],

@@ -226,3 +226,51 @@ def test_ema_weights_are_saved_beside_the_weights(synthetic_data, tmp_path):
     weights, averaged = checkpoint_value(path, "head/kernel"), checkpoint_value(path, "head/kernel", "ema")
     assert weights.shape == averaged.shape and not np.array_equal(weights, averaged)
     assert np.abs(weights - averaged).max() < np.abs(weights).max()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"optimizer": "sgd", "nesterov": True},
+        {"optimizer": "adam", "learning_rate": 0.001},
+        {"optimizer": "adamw", "learning_rate": 0.001},
+        {"optimizer": "rmsprop", "learning_rate": 0.001},
+        {"in_memory": True, "schedule": "cosine", "warmup_epochs": 0.5, "label_smoothing": 0.1},
+        {"precision": "mixed_bfloat16", "xla": True},
+    ],
+    ids=["sgd-nesterov", "adam", "adamw", "rmsprop", "in-memory-cosine-warmup-smoothing", "bfloat16-xla"],
+)
+def test_every_optimizer_and_option_trains(synthetic_data, tmp_path, options):
+    result = loop.train(tiny_train_config(synthetic_data, tmp_path / "model", train_steps=6, **options))
+    losses = [value for _step, value in scalar_series(tmp_path / "model" / "train", "loss")]
+    assert result.step == 6 and all(np.isfinite(losses))
+    assert np.mean(losses[-2:]) < losses[0] * 1.5  # no blow-up
+
+
+def test_epochs_set_the_length_from_the_dataset(synthetic_data, tmp_path):
+    # 160 training images, batch 32: one epoch is 5 steps.
+    result = loop.train(tiny_train_config(synthetic_data, tmp_path / "model", train_steps=None, epochs=2))
+    assert result.total_steps == 10 and result.step == 10
+
+
+def test_a_gcs_model_directory_is_written_and_resumed_from(synthetic_data, tmp_path, gcs_bucket):
+    from components.common import storage
+
+    model_dir = f"gs://{gcs_bucket}/runs/1/model"
+    loop.train(
+        tiny_train_config(
+            synthetic_data, model_dir, train_steps=4, checkpoint_every_steps=2, cache_dir=str(tmp_path / "a")
+        )
+    )
+    names = storage.GcsPublisher(model_dir).list()
+    assert {"checkpoint", "ckpt-4.index", "config.json", "train_metrics.json"} <= set(names)
+    assert any(name.startswith("train/events.out.tfevents") for name in names)
+
+    # Another machine (an empty cache) resumes from what is in the bucket.
+    resumed = loop.train(
+        tiny_train_config(
+            synthetic_data, model_dir, train_steps=6, checkpoint_every_steps=2, cache_dir=str(tmp_path / "b")
+        )
+    )
+    assert resumed.step == 6 and resumed.checkpoint == f"{model_dir}/ckpt-6"
+    assert "ckpt-6.index" in storage.GcsPublisher(model_dir).list()

@@ -164,3 +164,15 @@ def test_a_killed_run_restarts_from_its_last_checkpoint_and_reaches_the_planned_
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert f"at step {saved}" in completed.stderr
     assert json.loads((model_dir / "train_metrics.json").read_text())["step"] == saved + 15
+
+
+def test_sigterm_to_the_local_launcher_makes_both_workers_checkpoint_the_same_step(synthetic_data, tmp_path):
+    model_dir = tmp_path / "model"
+    live = LiveProcess(tiny_train_config(synthetic_data, model_dir, workers=2, train_steps=100000, log_every_steps=10))
+    live.wait_for(r"\[worker-1\].*step 20/")
+    live.process.send_signal(signal.SIGTERM)
+    code, output = live.finish()
+    assert code == 143, output[-3000:]
+    steps = dict(re.findall(r"\[(worker-\d)\].*weights sha256 [0-9a-f]{64} \(worker-\d\) at step (\d+)", output))
+    assert set(steps) == {"worker-0", "worker-1"} and steps["worker-0"] == steps["worker-1"], output[-3000:]
+    assert (model_dir / f"ckpt-{steps['worker-0']}.index").exists()

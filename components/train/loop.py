@@ -248,15 +248,20 @@ class Trainer:
             )
         skip_allowed = config.precision == "mixed_float16"  # an fp16 overflow skips the step and lowers the scale
 
-        def update(variable, gradient):
+        def update(variable, gradient, decoupled_decay):
             if skip_allowed:
                 return tf.cond(
-                    apply, lambda: self._update_variable(variable, gradient, rate), lambda: tf.constant(True)
+                    apply,
+                    lambda: self._update_variable(variable, gradient, rate, decoupled_decay),
+                    lambda: tf.constant(True),
                 )
-            return self._update_variable(variable, gradient, rate)
+            return self._update_variable(variable, gradient, rate, decoupled_decay)
 
+        decoupled = config.optimizer == "adamw" and bool(config.weight_decay)
         for gradient, variable in zip(gradients, self.trained, strict=True):
-            strategy.extended.update(variable.value, update, args=(gradient,), group=False)
+            strategy.extended.update(
+                variable.value, update, args=(gradient, decoupled and is_kernel(variable)), group=False
+            )
         self.optimizer.iterations.assign_add(1)
         self.step.assign_add(1)
         if skip_allowed:
@@ -272,10 +277,10 @@ class Trainer:
                     shadow, lambda s, v: s.assign(decay * s + (1.0 - decay) * v), args=(variable.value,), group=False
                 )
 
-    def _update_variable(self, variable, gradient, rate):
+    def _update_variable(self, variable, gradient, rate, decoupled_decay: bool):
         gradient = tf.cast(gradient, variable.dtype)
-        if self.config.optimizer == "adamw" and self.config.weight_decay and variable_name(variable).endswith("kernel"):
-            variable.assign_sub(variable * self.config.weight_decay * rate)
+        if decoupled_decay:  # AdamW: weight decay applied to the weights, not through the gradient
+            variable.assign_sub(variable * tf.cast(self.config.weight_decay * rate, variable.dtype))
         self.optimizer.update_step(gradient, variable, tf.cast(rate, variable.dtype))
         return tf.constant(True)
 
