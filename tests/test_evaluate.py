@@ -180,24 +180,25 @@ class TestNeverBlessedOnError:
         with pytest.raises(EvaluationError, match=r"no config\.json; it is not a model directory"):
             evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(tmp_path)))
 
+    @staticmethod
+    def copy_of(trained: Path, target: Path, **config_changes) -> dict:
+        """The trained model directory's last checkpoint, with its config.json changed; returns the config."""
+        target.mkdir()
+        for path in trained.glob("ckpt-10*"):
+            (target / path.name).write_bytes(path.read_bytes())
+        config = {**json.loads((trained / "config.json").read_text()), **config_changes}
+        (target / "config.json").write_text(json.dumps(config))
+        return config
+
     def test_checkpoint_of_another_architecture(self, synthetic_data, trained, tmp_path):
         other = tmp_path / "other"
-        other.mkdir()
-        for path in trained.glob("ckpt-10*"):
-            (other / path.name).write_bytes(path.read_bytes())
-        config = json.loads((trained / "config.json").read_text())
-        config["depth"] = 14
-        (other / "config.json").write_text(json.dumps(config))
+        self.copy_of(trained, other, depth=14)
         with pytest.raises(EvaluationError, match=r"has no variable 'stage1_block2_\w+/\w+'; .*another architecture"):
             evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(other)))
 
     def test_checkpoint_with_another_number_of_classes(self, synthetic_data, trained, tmp_path):
         other = tmp_path / "other"
-        other.mkdir()
-        for path in trained.glob("ckpt-10*"):
-            (other / path.name).write_bytes(path.read_bytes())
-        config = json.loads((trained / "config.json").read_text())
-        (other / "config.json").write_text(json.dumps(config))
+        config = self.copy_of(trained, other)
         model = build_from_config(config)
         head = model.get_layer("head").kernel
         with pytest.raises(EvaluationError, match=r"head/kernel has shape \[\d+, 10\], the model expects \[\d+, 12\]"):

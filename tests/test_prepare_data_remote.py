@@ -122,24 +122,26 @@ def test_compare_and_swap_publish_refuses_a_lost_race_and_accepts_identical_byte
     assert other.read("manifest.json") == b"two"
 
 
-def _publisher_command(source: str, output: str) -> list[str]:
-    return [sys.executable, "-m", "components.prepare_data", "--source", source, "--output", output, "--force"]
-
-
-def test_two_concurrent_publishers_of_the_same_gcs_output_both_succeed_with_one_valid_dataset(archive, gcs_bucket):
-    output = f"gs://{gcs_bucket}/datasets/concurrent"
+def publish_concurrently(sources: list[str], output: str) -> tuple[list[int], list[str]]:
+    """Start one CLI publisher per source at once; return their exit codes and outputs."""
     processes = [
         subprocess.Popen(
-            _publisher_command(str(archive), output),
+            [sys.executable, "-m", "components.prepare_data", "--source", source, "--output", output, "--force"],
             cwd=REPOSITORY,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for _ in range(2)
+        for source in sources
     ]
     outputs = [process.communicate(timeout=120)[0] for process in processes]
-    assert [process.returncode for process in processes] == [0, 0], outputs
+    return [process.returncode for process in processes], outputs
+
+
+def test_two_concurrent_publishers_of_the_same_gcs_output_both_succeed_with_one_valid_dataset(archive, gcs_bucket):
+    output = f"gs://{gcs_bucket}/datasets/concurrent"
+    codes, outputs = publish_concurrently([str(archive), str(archive)], output)
+    assert codes == [0, 0], outputs
     verified = open_dataset(output)
     assert verified.manifest.splits["train"].num_examples == 40
     assert [name for name in storage.GcsPublisher(output).list() if "tmp" in name or name.endswith(".part")] == []
@@ -150,20 +152,10 @@ def test_concurrent_publishers_of_different_data_never_leave_a_manifest_that_doe
 ):
     other = builders.write_python_archive(tmp_path / "other.tar.gz", builders.official_data(per_batch=10, seed=9))
     output = f"gs://{gcs_bucket}/datasets/contested"
-    processes = [
-        subprocess.Popen(
-            _publisher_command(str(source), output),
-            cwd=REPOSITORY,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for source in (archive, other)
-    ]
-    outputs = [process.communicate(timeout=120)[0] for process in processes]
-    assert 0 in [process.returncode for process in processes], outputs
-    for process, text in zip(processes, outputs, strict=True):
-        if process.returncode:
+    codes, outputs = publish_concurrently([str(archive), str(other)], output)
+    assert 0 in codes, outputs
+    for code, text in zip(codes, outputs, strict=True):
+        if code:
             assert "another writer" in text, text
     if storage.exists(f"{output}/manifest.json"):
         open_dataset(output)  # whatever manifest is published describes exactly the shards that are there
