@@ -151,19 +151,13 @@ class VerifiedDataset:
         """A `tf.data.Dataset` of (uint8 image [H, W, C], int64 label), batched when `batch_size` is given."""
         import tensorflow as tf
 
-        files = self.files[split]
         compression = "" if self.manifest.compression == records.COMPRESSION_NONE else self.manifest.compression
-        dataset = tf.data.TFRecordDataset(files, compression_type=compression)
         shape = self.manifest.image_shape
-        if batch_size:
-            return dataset.batch(batch_size).map(
-                lambda serialized: records.parse_batch(serialized, shape), num_parallel_calls=tf.data.AUTOTUNE
-            )
-        return (
-            dataset.batch(1024)
-            .map(lambda serialized: records.parse_batch(serialized, shape), num_parallel_calls=tf.data.AUTOTUNE)
-            .unbatch()
+        dataset = tf.data.TFRecordDataset(self.files[split], compression_type=compression)
+        dataset = dataset.batch(batch_size or 1024).map(
+            lambda serialized: records.parse_batch(serialized, shape), num_parallel_calls=tf.data.AUTOTUNE
         )
+        return dataset if batch_size else dataset.unbatch()
 
 
 def open_dataset(

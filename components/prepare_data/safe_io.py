@@ -239,12 +239,3 @@ def load_numpy_pickle(content: bytes, origin: str):
         raise
     except Exception as error:  # a malformed pickle can raise almost anything
         raise SourceError(f"{origin}: not a readable pickle ({type(error).__name__}: {error})") from error
-
-
-def open_tree(path: str | Path) -> FileTree:
-    path = Path(path)
-    if path.is_dir():
-        return DirTree(path)
-    if path.is_file():
-        return TarTree(path)
-    raise SourceError(f"{path}: no such file or folder")

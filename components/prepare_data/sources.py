@@ -24,7 +24,6 @@ CIFAR_PIXELS = 32 * 32 * 3
 BINARY_RECORD_BYTES = 1 + CIFAR_PIXELS
 TRAIN_BATCHES = tuple(f"data_batch_{index}" for index in range(1, 6))
 HOLDOUT_BATCH = "data_batch_5"
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validation", "test": "eval", "eval": "eval"}
 
 
