@@ -41,6 +41,13 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
     assert 0.3 <= evaluation["metrics"]["accuracy"] <= 1.0 and evaluation["blessed"] is True
     report = (run / "evaluate-component" / "report").read_text()
     assert "Confusion matrix" in report and "data:image/png;base64," in report
+    executed = json.loads((run / "evaluate-component" / "executor_output.json").read_text())["artifacts"]
+    (metrics,) = executed["metrics"]["artifacts"]
+    assert metrics["metadata"]["accuracy"] == evaluation["metrics"]["accuracy"] and metrics["metadata"]["blessed"] == 1
+    (classification,) = executed["classification"]["artifacts"]
+    matrix = classification["metadata"]["confusionMatrix"]
+    assert [spec["displayName"] for spec in matrix["annotationSpecs"]] == verified.manifest.label_names
+    assert sum(sum(row["row"]) for row in matrix["rows"]) == verified.manifest.splits["eval"].num_examples
     pointer = json.loads((tmp_path / "models" / "current.json").read_text())
     assert pointer["step"] == 40 and Path(pointer["saved_model"], "saved_model.pb").exists()
 

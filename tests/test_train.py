@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,15 @@ def scalar_series(log_dir, tag):
     accumulator = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
     accumulator.Reload()
     return [(event.step, tf.make_ndarray(event.tensor_proto).item()) for event in accumulator.Tensors(tag)]
+
+
+def summary_tags(log_dir) -> set[str]:
+    """Every summary tag written under `log_dir` (scalars, histograms, images and text alike)."""
+    tags = set()
+    for events in Path(log_dir).glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(events)):
+            tags.update(value.tag for value in event.summary.value)
+    return tags
 
 
 def checkpoint_value(path, name, collection="weights"):
@@ -38,6 +48,9 @@ def test_loss_goes_down_and_tensorboard_has_the_curves(synthetic_data, tmp_path)
     assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
     for tag in ("accuracy", "learning_rate", "gradient_norm", "cross_entropy"):
         assert len(scalar_series(tmp_path / "model" / "train", tag)) == 40
+    tags = summary_tags(tmp_path / "model" / "train")
+    assert {"stem_conv/kernel", "head/kernel", "stage1_block1_bn1/moving_mean"} <= tags  # weight histograms
+    assert {"augmented_inputs", "config"} <= tags  # input images and the resolved config as text
     assert result.step == 40 and result.checkpoint.endswith("ckpt-40")
     saved = json.loads((tmp_path / "model" / "config.json").read_text())
     assert saved["depth"] == 8 and saved["resolved"]["num_classes"] == 10 and saved["resolved"]["synthetic_data"]
@@ -237,8 +250,9 @@ def test_ema_weights_are_saved_beside_the_weights(synthetic_data, tmp_path):
         {"optimizer": "rmsprop", "learning_rate": 0.001},
         {"in_memory": True, "schedule": "cosine", "warmup_epochs": 0.5, "label_smoothing": 0.1},
         {"precision": "mixed_bfloat16", "xla": True},
+        {"precision": "mixed_float16"},
     ],
-    ids=["sgd-nesterov", "adam", "adamw", "rmsprop", "in-memory-cosine-warmup-smoothing", "bfloat16-xla"],
+    ids=["sgd-nesterov", "adam", "adamw", "rmsprop", "in-memory-cosine-warmup-smoothing", "bfloat16-xla", "float16"],
 )
 def test_every_optimizer_and_option_trains(synthetic_data, tmp_path, options):
     result = loop.train(tiny_train_config(synthetic_data, tmp_path / "model", train_steps=6, **options))
@@ -274,3 +288,15 @@ def test_a_gcs_model_directory_is_written_and_resumed_from(synthetic_data, tmp_p
     )
     assert resumed.step == 6 and resumed.checkpoint == f"{model_dir}/ckpt-6"
     assert "ckpt-6.index" in storage.GcsPublisher(model_dir).list()
+
+
+def test_checkpoints_by_seconds_keep_only_max_to_keep_and_a_profile_is_written(synthetic_data, tmp_path):
+    model_dir = tmp_path / "model"
+    loop.train(
+        tiny_train_config(
+            synthetic_data, model_dir, train_steps=8, checkpoint_every_seconds=1e-6, max_to_keep=3, profile_steps=(3, 4)
+        )
+    )
+    kept = sorted(int(path.name.split("-")[1].split(".")[0]) for path in model_dir.glob("ckpt-*.index"))
+    assert kept == [6, 7, 8]  # saved at every step (the interval had always passed), three kept
+    assert list((model_dir / "train" / "plugins" / "profile").rglob("*.xplane.pb"))

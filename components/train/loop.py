@@ -264,11 +264,15 @@ class Trainer:
             )
         self.optimizer.iterations.assign_add(1)
         self.step.assign_add(1)
-        if skip_allowed:
-            self.finite_steps.assign(tf.where(gradients_finite, self.finite_steps + 1, 0))
-            grown = tf.where(self.finite_steps >= LOSS_SCALE_GROWTH_STEPS, self.loss_scale * 2.0, self.loss_scale)
-            self.loss_scale.assign(tf.where(gradients_finite, grown, tf.maximum(self.loss_scale / 2.0, 1.0)))
-            self.finite_steps.assign(tf.where(self.finite_steps >= LOSS_SCALE_GROWTH_STEPS, 0, self.finite_steps))
+        if skip_allowed:  # dynamic loss scaling: halve on overflow, double after a run of finite steps
+            zero = tf.zeros([], tf.int64)
+            streak = tf.where(gradients_finite, self.finite_steps + 1, zero)
+            grow = streak >= LOSS_SCALE_GROWTH_STEPS
+            shrunk = tf.maximum(self.loss_scale / 2.0, 1.0)
+            self.loss_scale.assign(
+                tf.where(gradients_finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale), shrunk)
+            )
+            self.finite_steps.assign(tf.where(grow, zero, streak))
         if self.ema:
             decay = config.ema_decay
             for variable in self.trained:
