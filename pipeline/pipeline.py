@@ -79,6 +79,7 @@ def cifar10_pipeline(
         learning_rate=learning_rate,
         warm_start=start.output,
         options=train_options,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,  # names the TFJob: a retried step follows the same job
     ).set_display_name("train")
     # Training must run every time (a schedule retrains on new data); a cached train step would silently skip
     # it. Retries resume from the last checkpoint, e.g. after a preemption (exit 143).

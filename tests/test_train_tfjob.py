@@ -194,3 +194,38 @@ def test_job_names_are_unique_and_valid():
         assert launch_tfjob.valid_job_name(name) == name
     with pytest.raises(ValueError, match="not a valid Kubernetes name"):
         launch_tfjob.valid_job_name("Bad_Name")
+
+
+class ConflictError(Exception):
+    status = 409  # what kubernetes.client.ApiException carries when the object exists
+
+
+def test_a_retried_step_follows_the_job_its_earlier_attempt_started(caplog):
+    custom = FakeCustomObjects([RUNNING, SUCCEEDED])
+
+    def exists(*_arguments):
+        raise ConflictError("AlreadyExists")
+
+    custom.create_namespaced_custom_object = exists
+    name = launch_tfjob.job_name_for_run("8d3f2a10-run-of-the-pipeline")
+    with caplog.at_level("WARNING"):
+        assert launcher(custom).run(config(), name=name).succeeded
+    assert "exists already (an earlier attempt of this step): following it" in caplog.text
+    assert custom.deleted == [("team-a", name)]
+
+
+def test_job_names_are_stable_per_pipeline_run_and_valid():
+    first = launch_tfjob.job_name_for_run("run-1")
+    assert first == launch_tfjob.job_name_for_run("run-1") != launch_tfjob.job_name_for_run("run-2")
+    assert launch_tfjob.valid_job_name(first) == first
+
+
+def test_other_create_errors_fail_clearly():
+    custom = FakeCustomObjects([RUNNING])
+
+    def forbidden(*_arguments):
+        raise PermissionError("tfjobs.kubeflow.org is forbidden")
+
+    custom.create_namespaced_custom_object = forbidden
+    with pytest.raises(launch_tfjob.TFJobError, match=r"could not create TFJob team-a/job-9: .*forbidden"):
+        launcher(custom).run(config(), name="job-9")

@@ -25,11 +25,13 @@ def train_component(
     learning_rate: float = 0.1,
     warm_start: str = "",
     options: dict = {},  # noqa: B006 (KFP parameters take literal defaults; never mutated)
+    run_id: str = "",
 ):
     """Train on `dataset`; `model` records where the checkpoints are, the final step and metrics.
 
     train_steps 0 and epochs 0 mean the stage's default length; `options` sets any other field of
-    TrainConfig (e.g. {"optimizer": "adamw", "ema_decay": 0.999}).
+    TrainConfig (e.g. {"optimizer": "adamw", "ema_decay": 0.999}). `run_id` (the pipeline run's ID) names the
+    TFJob, so a retried step follows the job its earlier attempt started instead of starting another.
     """
     from components.common.logs import setup_logging
     from components.train.component_support import run_train
@@ -49,4 +51,5 @@ def train_component(
         learning_rate=learning_rate,
         warm_start=warm_start,
         options=options,
+        run_id=run_id,
     )

@@ -12,6 +12,7 @@ from components.common import storage
 from components.common.config import config_from_mapping
 from components.train.__main__ import run
 from components.train.config import EXIT_PREEMPTED, TrainConfig
+from components.train.launch_tfjob import job_name_for_run
 from components.train.loop import TRAIN_METRICS
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,7 @@ def artifact_location(artifact: Any) -> str:
 
 def train_config(dataset: Any, model: Any, **parameters: Any) -> TrainConfig:
     options = dict(parameters.pop("options") or {})
+    run_id = parameters.pop("run_id", "")
     values = {
         "data": artifact_location(dataset),
         "model_dir": parameters.pop("model_dir") or artifact_location(model),
@@ -39,6 +41,8 @@ def train_config(dataset: Any, model: Any, **parameters: Any) -> TrainConfig:
     }
     if parameters:
         raise ValueError(f"unknown train parameters {sorted(parameters)}")
+    if run_id:
+        values["tfjob_name"] = job_name_for_run(run_id)
     values.update(options)
     return config_from_mapping(TrainConfig, values, "train component parameters")
 

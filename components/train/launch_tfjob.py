@@ -9,6 +9,7 @@ condition whose status is "True" counts as success.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import re
@@ -39,6 +40,11 @@ class TFJobError(RuntimeError):
 
 def unique_job_name(prefix: str = "cifar10-train") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def job_name_for_run(run_id: str, prefix: str = "cifar10-train") -> str:
+    """The same name for every attempt of one pipeline run's train step, different for every run."""
+    return f"{prefix}-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
 
 
 def valid_job_name(name: str) -> str:
@@ -104,7 +110,16 @@ class TFJobLauncher:
         job = build_tfjob(config, name or config.tfjob_name or unique_job_name())
         job_name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
         logger.info("creating TFJob %s/%s with %d worker(s)", namespace, job_name, config.workers)
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
+        try:
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
+        except Exception as error:
+            if getattr(error, "status", None) != 409:
+                raise TFJobError(f"could not create TFJob {namespace}/{job_name}: {error}") from error
+            # An earlier attempt of this step created it and died; follow that job rather than start a second
+            # one writing into the same model directory.
+            logger.warning(
+                "TFJob %s/%s exists already (an earlier attempt of this step): following it", namespace, job_name
+            )
         try:
             outcome = self._wait(job_name, namespace, config.tfjob_timeout_seconds)
         finally:
