@@ -60,9 +60,10 @@ class ResolvedSource:
     sha256: str
     path: Path | None = None  # None for synthetic data
     content: bytes | None = None  # an archive's bytes, already read for its digest
+    folder: DirTree | None = None  # a folder source, already walked (and hashed) for its digest
 
     def tree(self) -> FileTree:
-        return DirTree(self.path) if self.content is None else TarTree(self.path, self.content)
+        return self.folder if self.folder is not None else TarTree(self.path, self.content)
 
 
 def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
@@ -89,7 +90,8 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
     if path.is_dir():
         if expected is not None:
             raise SourceError(f"{source}: --source-sha256 applies to an archive file, not to a folder")
-        return ResolvedSource(source, DirTree(path).sha256(), path)
+        folder = DirTree(path)
+        return ResolvedSource(source, folder.sha256(), path, folder=folder)
     content = path.read_bytes()
     digest = hashlib.sha256(content).hexdigest()
     if expected is not None and digest != expected.lower():

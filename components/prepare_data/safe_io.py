@@ -102,7 +102,8 @@ class TarTree(FileTree):
     def __init__(self, path: str | Path, content: bytes | None = None):
         self.origin = str(path)
         raw = Path(path).read_bytes() if content is None else content
-        self._sha256 = hashlib.sha256(raw).hexdigest()
+        self._raw = raw
+        self._sha256: str | None = None
         try:
             self._archive = tarfile.open(fileobj=io.BytesIO(_decompress(raw, self.origin)), mode="r:")  # noqa: SIM115 (in memory; lives as long as the tree)
             members = self._archive.getmembers()
@@ -139,6 +140,9 @@ class TarTree(FileTree):
         return content
 
     def sha256(self) -> str:
+        """The archive file's SHA-256, computed when first asked (callers that hashed it already need not)."""
+        if self._sha256 is None:
+            self._sha256 = hashlib.sha256(self._raw).hexdigest()
         return self._sha256
 
 
