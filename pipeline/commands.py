@@ -174,7 +174,11 @@ def submit(pipeline, parameters: dict[str, Any], host: str, experiment: str, run
     package = compile_pipeline(pipeline)
     name = run_name or f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     result = client(host).create_run_from_pipeline_package(
-        str(package), arguments=parameters, run_name=name, experiment_name=experiment, enable_caching=True
+        str(package),
+        arguments=parameters,
+        run_name=name,
+        experiment_name=experiment,
+        enable_caching=None,  # None keeps every task's own caching option; True or False would overwrite them all
     )
     logger.info("submitted run %s (%s) to %s", name, result.run_id, host)
     return result.run_id
@@ -209,7 +213,7 @@ def schedule(
         no_catchup=True,
         params=parameters,
         pipeline_package_path=str(package),
-        enable_caching=True,
+        enable_caching=None,  # as in submit(): each task keeps its own caching option
     )
     logger.info("scheduled %s (%s): cron %r in experiment %s", name, job.recurring_run_id, cron, experiment)
     return job.recurring_run_id

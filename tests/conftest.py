@@ -1,8 +1,9 @@
-"""Shared fixtures: an isolated cache per test, and a real fake-gcs-server for everything gs://."""
+"""Shared fixtures: an isolated cache per test, a real fake-gcs-server for gs://, a real S3 server for s3://."""
 
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 
 import pytest
@@ -35,11 +36,55 @@ def gcs_bucket(gcs_server, monkeypatch):
     from components.common import storage
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
-    storage.gcs_client.cache_clear()
+    storage.reset_clients()
     name = f"test-{uuid.uuid4().hex[:12]}"
     storage.gcs_client().create_bucket(name)
     yield name
-    storage.gcs_client.cache_clear()
+    storage.reset_clients()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server (moto's standalone server, HTTP on 127.0.0.1) for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch):
+    """A fresh, empty bucket; returns its name. The standard AWS variables point this test and its subprocesses
+    at the server, as a KFP MinIO secret mapped onto them would."""
+    from components.common import storage
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "minio")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "minio123")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    storage.reset_clients()
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    storage.s3_client().create_bucket(Bucket=name)
+    yield name
+    storage.reset_clients()
+
+
+@pytest.fixture(params=["gs", "s3"])
+def object_store(request):
+    """The root URI of a fresh bucket, once on gs:// (fake-gcs-server) and once on s3:// (an S3 server)."""
+    if request.param == "gs":
+        return f"gs://{request.getfixturevalue('gcs_bucket')}"
+    return f"s3://{request.getfixturevalue('s3_bucket')}"
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import typing
 from pathlib import Path
 
 import pytest
@@ -88,88 +87,6 @@ def test_caching_retries_and_resources_in_the_compiled_pipeline():
     tolerations = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-component"]
     assert tolerations["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert tasks["train-component"]["taskInfo"]["name"] == "train"
-
-
-class FakeClient:
-    """Stands in for kfp.Client (no KFP backend can run here) and records what it was asked."""
-
-    calls: typing.ClassVar[list] = []
-
-    def __init__(self, host):
-        self.calls.append(("init", host))
-
-    def create_run_from_pipeline_package(self, package, **options):
-        self.calls.append(("run", package, options))
-        return type("Run", (), {"run_id": "run-123"})()
-
-    def create_experiment(self, name):
-        self.calls.append(("experiment", name))
-        return type("Experiment", (), {"experiment_id": "experiment-7"})()
-
-    def create_recurring_run(self, **options):
-        self.calls.append(("recurring", options))
-        return type("RecurringRun", (), {"recurring_run_id": "recurring-9"})()
-
-
-@pytest.fixture
-def fake_kfp(monkeypatch):
-    import kfp
-
-    FakeClient.calls = []
-    monkeypatch.setattr(kfp, "Client", FakeClient)
-    return FakeClient.calls
-
-
-def test_submit_sends_the_compiled_package_with_the_parameters(fake_kfp):
-    code = commands.main(
-        cifar10_pipeline,
-        ["run", "--host", "https://kfp.example", "--source", "gs://b/cifar.tar.gz", "--workers", "4",
-         "--launcher", "tfjob", "--gpus-per-worker", "1", "--run-name", "nightly-1", "--experiment", "team"],
-    )  # fmt: skip
-    assert code == 0
-    assert fake_kfp[0] == ("init", "https://kfp.example")
-    _kind, package, options = fake_kfp[1]
-    assert package == str(commands.COMPILED)
-    assert options["arguments"] == {
-        "source": "gs://b/cifar.tar.gz",
-        "workers": 4,
-        "launcher": "tfjob",
-        "gpus_per_worker": 1,
-    }
-    assert options["run_name"] == "nightly-1" and options["experiment_name"] == "team"
-
-
-def test_schedule_creates_a_recurring_run_that_warm_starts_from_the_promoted_model(fake_kfp):
-    code = commands.main(
-        cifar10_pipeline,
-        ["schedule", "--host", "https://kfp.example", "--cron", "0 30 2 * * *", "--promotion-root", "gs://b/models",
-         "--epochs", "30"],
-    )  # fmt: skip
-    assert code == 0
-    assert ("experiment", "cifar10") in fake_kfp
-    (options,) = [call[1] for call in fake_kfp if call[0] == "recurring"]
-    assert options["cron_expression"] == "0 30 2 * * *"
-    assert options["max_concurrency"] == 1 and options["no_catchup"] is True
-    assert options["experiment_id"] == "experiment-7" and options["job_name"] == "cifar10-pipeline-retraining"
-    assert options["params"] == {"warm_start_from_promoted": True, "promotion_root": "gs://b/models", "epochs": 30.0}
-    assert options["pipeline_package_path"] == str(commands.COMPILED)
-
-
-@pytest.mark.parametrize(
-    ("arguments", "message"),
-    [
-        (
-            ["schedule", "--host", "h", "--cron", "0 3 * * *", "--promotion-root", "gs://b"],
-            "has 5 fields; KFP's cron has six, seconds first",
-        ),
-        (["schedule", "--host", "h", "--cron", "0 0 3 * * *"], "a schedule needs --promotion-root"),
-        (["run", "--host", ""], "no KFP endpoint: set KFP_HOST"),
-    ],
-)
-def test_bad_submission_requests_are_clear_errors(fake_kfp, capsys, arguments, message):
-    assert commands.main(cifar10_pipeline, arguments) == 2
-    assert message in capsys.readouterr().err
-    assert not [call for call in fake_kfp if call[0] in ("run", "recurring")]
 
 
 def test_docker_runner_without_an_engine_says_why_and_what_to_do_instead(tmp_path):

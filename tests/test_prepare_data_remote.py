@@ -1,4 +1,5 @@
-"""prepare_data with remote sources and outputs: http(s) downloads (a local server) and gs:// (fake-gcs-server)."""
+"""prepare_data with remote sources and outputs: http(s) downloads (a local server), gs:// (fake-gcs-server) and
+s3:// (a real S3-compatible server)."""
 
 from __future__ import annotations
 
@@ -71,18 +72,18 @@ def test_url_download_with_wrong_checksum_is_refused_and_not_cached(tmp_path, ht
     assert not (tmp_path / "out").exists()
 
 
-def test_gcs_source_and_output_round_trip(tmp_path, archive, gcs_bucket):
-    storage.GcsPublisher(f"gs://{gcs_bucket}/raw").publish("cifar-10-python.tar.gz", archive.read_bytes())
-    source = f"gs://{gcs_bucket}/raw/cifar-10-python.tar.gz"
-    output = f"gs://{gcs_bucket}/datasets/cifar10"
+def test_object_store_source_and_output_round_trip(tmp_path, archive, object_store):
+    storage.publisher_for(f"{object_store}/raw").publish("cifar-10-python.tar.gz", archive.read_bytes())
+    source = f"{object_store}/raw/cifar-10-python.tar.gz"
+    output = f"{object_store}/datasets/cifar10"
 
     result = prepare_data(PrepareDataConfig(output=output, source=source))
     local = prepare_data(PrepareDataConfig(output=str(tmp_path / "local"), source=str(archive)))
 
-    names = storage.GcsPublisher(output).list()
+    names = storage.publisher_for(output).list()
     shards = sorted(shard.path for split in result.manifest.splits.values() for shard in split.shards)
     assert names == sorted(["manifest.json", *shards])
-    assert result.manifest.splits == local.manifest.splits, "gs:// and local outputs hold the same shards"
+    assert result.manifest.splits == local.manifest.splits, "remote and local outputs hold the same shards"
     verified = open_dataset(output)
     official = builders.official_data(per_batch=10)
     parsed = builders.read_records(verified.files["eval"])
@@ -94,10 +95,10 @@ def test_gcs_source_and_output_round_trip(tmp_path, archive, gcs_bucket):
     assert again.reused
 
 
-def test_gcs_dataset_with_a_tampered_shard_fails_verification(archive, gcs_bucket):
-    output = f"gs://{gcs_bucket}/datasets/cifar10"
+def test_remote_dataset_with_a_tampered_shard_fails_verification(archive, object_store):
+    output = f"{object_store}/datasets/cifar10"
     result = prepare_data(PrepareDataConfig(output=output, source=str(archive)))
-    publisher = storage.GcsPublisher(output)
+    publisher = storage.publisher_for(output)
     shard = result.manifest.splits["validation"].shards[0].path
     content = bytearray(publisher.read(shard))
     content[100] ^= 1
@@ -106,9 +107,12 @@ def test_gcs_dataset_with_a_tampered_shard_fails_verification(archive, gcs_bucke
         open_dataset(output)
 
 
-@pytest.mark.parametrize("backend", ["gcs", "local"])
-def test_compare_and_swap_publish_refuses_a_lost_race_and_accepts_identical_bytes(tmp_path, gcs_bucket, backend):
-    root = f"gs://{gcs_bucket}/p" if backend == "gcs" else str(tmp_path / "p")
+@pytest.mark.parametrize("backend", ["gs", "s3", "local"])
+def test_compare_and_swap_publish_refuses_a_lost_race_and_accepts_identical_bytes(request, tmp_path, backend):
+    if backend == "local":
+        root = str(tmp_path / "p")
+    else:
+        root = f"{backend}://{request.getfixturevalue('gcs_bucket' if backend == 'gs' else 's3_bucket')}/p"
     writer, other = storage.publisher_for(root), storage.publisher_for(root)
     _content, seen = writer.read_versioned("manifest.json")
     assert seen == storage.ABSENT
@@ -138,20 +142,20 @@ def publish_concurrently(sources: list[str], output: str) -> tuple[list[int], li
     return [process.returncode for process in processes], outputs
 
 
-def test_two_concurrent_publishers_of_the_same_gcs_output_both_succeed_with_one_valid_dataset(archive, gcs_bucket):
-    output = f"gs://{gcs_bucket}/datasets/concurrent"
+def test_two_concurrent_publishers_of_the_same_remote_output_both_succeed_with_one_valid_dataset(archive, object_store):
+    output = f"{object_store}/datasets/concurrent"
     codes, outputs = publish_concurrently([str(archive), str(archive)], output)
     assert codes == [0, 0], outputs
     verified = open_dataset(output)
     assert verified.manifest.splits["train"].num_examples == 40
-    assert [name for name in storage.GcsPublisher(output).list() if "tmp" in name or name.endswith(".part")] == []
+    assert [name for name in storage.publisher_for(output).list() if "tmp" in name or name.endswith(".part")] == []
 
 
 def test_concurrent_publishers_of_different_data_never_leave_a_manifest_that_does_not_verify(
-    tmp_path, archive, gcs_bucket
+    tmp_path, archive, object_store
 ):
     other = builders.write_python_archive(tmp_path / "other.tar.gz", builders.official_data(per_batch=10, seed=9))
-    output = f"gs://{gcs_bucket}/datasets/contested"
+    output = f"{object_store}/datasets/contested"
     codes, outputs = publish_concurrently([str(archive), str(other)], output)
     assert 0 in codes, outputs
     for code, text in zip(codes, outputs, strict=True):
@@ -164,13 +168,14 @@ def test_concurrent_publishers_of_different_data_never_leave_a_manifest_that_doe
 
 
 @pytest.mark.parametrize("same_data", [True, False], ids=["same-data", "different-data"])
-def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, archive, gcs_bucket, same_data):
+def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, archive, object_store, same_data):
     """Both publishers have written every shard before either writes the manifest: the worst interleaving."""
     other = builders.write_python_archive(tmp_path / "other.tar.gz", builders.official_data(per_batch=10, seed=9))
     sources = [archive, archive if same_data else other]
-    output = f"gs://{gcs_bucket}/datasets/raced"
+    output = f"{object_store}/datasets/raced"
     barrier = threading.Barrier(2, timeout=60)
-    original_publish = storage.GcsPublisher.publish
+    publisher_class = type(storage.publisher_for(output))
+    original_publish = publisher_class.publish
 
     def publish_after_both_wrote_shards(self, name, data, expected_version=None):
         if name == "manifest.json":
@@ -186,7 +191,7 @@ def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, 
             outcomes[index] = error
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(storage.GcsPublisher, "publish", publish_after_both_wrote_shards)
+        patch.setattr(publisher_class, "publish", publish_after_both_wrote_shards)
         threads = [threading.Thread(target=run, args=(index,)) for index in range(2)]
         for thread in threads:
             thread.start()
@@ -201,4 +206,4 @@ def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, 
     winner = next(outcome for outcome in outcomes if not isinstance(outcome, Exception))
     assert verified.manifest_sha256 == winner.manifest_sha256
     listed = {shard.path for split in verified.manifest.splits.values() for shard in split.shards}
-    assert set(storage.GcsPublisher(output).list()) == listed | {"manifest.json"}
+    assert set(storage.publisher_for(output).list()) == listed | {"manifest.json"}

@@ -1,6 +1,6 @@
 """The dataset manifest, and opening a prepared dataset after verifying it against its manifest.
 
-A prepared dataset is a folder (local or gs://) holding `manifest.json` and, per split, shards named
+A prepared dataset is a folder (local, gs:// or s3://) holding `manifest.json` and, per split, shards named
 `<split>/<split>-<index>-of-<count>.tfrecord[.gz]`. The manifest is written last; `open_dataset`
 checks every shard's size, SHA-256 and record count before any stage reads a single example, so
 training never starts on truncated or tampered data.
@@ -165,7 +165,7 @@ def open_dataset(
 ) -> VerifiedDataset:
     """Verify a prepared dataset against its manifest and return local paths to its shards.
 
-    Local datasets are read in place; gs:// shards are downloaded to `cache_dir` (default
+    Local datasets are read in place; gs:// and s3:// shards are downloaded to `cache_dir` (default
     `$XDG_CACHE_HOME/cifar10-pipeline`, keyed by their SHA-256 so a verified copy is reused).
     Raises DatasetError naming the shard and the mismatch.
     """
@@ -193,7 +193,7 @@ def open_dataset(
 
 def _verified_local_copy(dataset_uri: str, shard: ShardInfo, compression: str, cache: Path) -> str:
     uri = storage.join(dataset_uri, shard.path)
-    if not storage.is_gcs_uri(dataset_uri):
+    if not storage.is_remote(dataset_uri):
         try:
             content = Path(uri).read_bytes()
         except FileNotFoundError as error:

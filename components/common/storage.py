@@ -1,15 +1,23 @@
-"""Reading and atomically publishing files on a local disk or on Google Cloud Storage (`gs://bucket/prefix`).
+"""Reading and atomically publishing files on a local disk, Google Cloud Storage (`gs://bucket/prefix`) or an
+S3-compatible store (`s3://bucket/prefix`: AWS S3, MinIO, SeaweedFS; `minio://` is KFP's name for the same).
 
 gs:// goes through google-cloud-storage (which honours `STORAGE_EMULATOR_HOST`, so tests use a real
-fake-gcs-server), never through TensorFlow's own GCS filesystem.
+fake-gcs-server), never through TensorFlow's own GCS filesystem. s3:// goes through boto3, configured the
+standard AWS way: the endpoint from `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` (path-style addressing when
+one is set, as MinIO and SeaweedFS need), credentials from `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (or any
+other source boto3 knows), the region from `AWS_REGION`/`AWS_DEFAULT_REGION` (default us-east-1).
 
-Publishing rules, the same for both back ends:
-- an object appears whole or not at all (local: temporary file + rename; gs://: a single upload);
+Publishing rules, the same for every back end:
+- an object appears whole or not at all (local: temporary file + rename; gs:// and s3://: a single upload);
 - `publish` succeeds without writing when identical bytes are already there (so concurrent publishers of
   the same content both succeed);
 - `publish(..., expected_version=V)` is a compare-and-swap: it replaces only version V (as returned by
   `read_versioned`; ABSENT for "must not exist"), and a writer that lost the race to different content
-  gets `PublishConflictError` naming the object.
+  gets `PublishConflictError` naming the object. gs:// uses generation preconditions, s3:// conditional
+  writes (`If-Match` on the ETag, `If-None-Match: *`), local folders an exclusive lock.
+
+One protocol with one implementation per store, rather than a generic file-system layer such as fsspec:
+the compare-and-swap needs each store's own preconditions, which generic layers do not expose.
 """
 
 from __future__ import annotations
@@ -30,32 +38,74 @@ import google_crc32c
 logger = logging.getLogger(__name__)
 
 GCS_SCHEME = "gs://"
+S3_SCHEME = "s3://"
+MINIO_SCHEME = "minio://"  # KFP's URI for its default (MinIO or SeaweedFS) artifact store: an S3-compatible bucket
+REMOTE_SCHEMES = (GCS_SCHEME, S3_SCHEME, MINIO_SCHEME)
 CHUNK_BYTES = 8 * 1024 * 1024
+CRC32C_METADATA = "crc32c"  # s3:// objects carry their CRC32C as user metadata (ETags are not always MD5s)
 
 
 class PublishConflictError(RuntimeError):
     """Another writer changed an object to different content while this one was publishing."""
 
 
+class StorageError(ValueError):
+    """An object store cannot be reached or refuses the credentials: a configuration problem, not a bug."""
+
+
+def normalize_uri(uri: str) -> str:
+    """`minio://bucket/key` (how KFP names artifacts in its default store) -> `s3://bucket/key`; others unchanged."""
+    uri = str(uri)
+    return S3_SCHEME + uri[len(MINIO_SCHEME) :] if uri.startswith(MINIO_SCHEME) else uri
+
+
+def is_remote(uri: str) -> bool:
+    """True for object-store URIs (gs://, s3://, minio://), False for local paths."""
+    return str(uri).startswith(REMOTE_SCHEMES)
+
+
 def is_gcs_uri(uri: str) -> bool:
     return str(uri).startswith(GCS_SCHEME)
+
+
+def is_s3_uri(uri: str) -> bool:
+    return str(uri).startswith((S3_SCHEME, MINIO_SCHEME))
+
+
+def split_uri(uri: str) -> tuple[str, str, str]:
+    """`gs://bucket/a/b` -> (`gs://`, `bucket`, `a/b`); `minio://` comes back as `s3://`."""
+    uri = normalize_uri(uri)
+    scheme = next((s for s in (GCS_SCHEME, S3_SCHEME) if uri.startswith(s)), None)
+    if scheme is None:
+        raise ValueError(f"{uri!r} is not a gs:// or s3:// URI")
+    bucket, _, name = uri[len(scheme) :].partition("/")
+    if not bucket:
+        raise ValueError(f"{uri!r} has no bucket name (expected {scheme}BUCKET/PATH)")
+    return scheme, bucket, name.strip("/")
 
 
 def split_gcs_uri(uri: str) -> tuple[str, str]:
     """`gs://bucket/a/b` -> (`bucket`, `a/b`)."""
     if not is_gcs_uri(uri):
         raise ValueError(f"{uri!r} is not a gs:// URI")
-    bucket, _, name = uri[len(GCS_SCHEME) :].partition("/")
-    if not bucket:
-        raise ValueError(f"{uri!r} has no bucket name (expected gs://BUCKET/PATH)")
-    return bucket, name.strip("/")
+    _scheme, bucket, name = split_uri(uri)
+    return bucket, name
 
 
 def join(base: str, *parts: str) -> str:
-    """Join path parts onto a local path or gs:// URI."""
-    if is_gcs_uri(base):
-        return "/".join([base.rstrip("/"), *(part.strip("/") for part in parts)])
+    """Join path parts onto a local path or object-store URI."""
+    if is_remote(base):
+        return "/".join([normalize_uri(base).rstrip("/"), *(part.strip("/") for part in parts)])
     return str(Path(base, *parts))
+
+
+def parent_and_name(uri: str) -> tuple[str, str]:
+    """(`the folder or prefix`, `the last part`) of a path or URI."""
+    if is_remote(uri):
+        parent, _, name = normalize_uri(uri).rstrip("/").rpartition("/")
+        return parent, name
+    path = Path(uri)
+    return str(path.parent), path.name
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,6 +113,40 @@ def gcs_client():
     from google.cloud import storage
 
     return storage.Client()
+
+
+def s3_endpoint() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+@functools.lru_cache(maxsize=4)
+def _s3_client(endpoint: str | None, region: str):
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        # Third-party S3 stores (MinIO, SeaweedFS) reject or mishandle the checksum headers newer botocore sends
+        # by default; checksums are ours (CRC32C metadata) and verified on read.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        retries={"max_attempts": 4, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=120,
+        s3={"addressing_style": "path"} if endpoint else {},
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=config)
+
+
+def s3_client():
+    """A boto3 S3 client for the endpoint and region the environment names now (one per endpoint, reused)."""
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return _s3_client(s3_endpoint(), region)
+
+
+def reset_clients() -> None:
+    """Forget the cached clients (after the environment that configures them changed, e.g. in tests)."""
+    gcs_client.cache_clear()
+    _s3_client.cache_clear()
 
 
 def crc32c_base64(data: bytes) -> str:
@@ -79,38 +163,25 @@ def sha256_file(path: str | Path) -> str:
 
 
 def read_bytes(uri: str) -> bytes:
-    """The whole content of a local file or gs:// object; FileNotFoundError names it when absent."""
-    if is_gcs_uri(uri):
-        from google.api_core import exceptions
-
-        bucket, name = split_gcs_uri(uri)
-        try:
-            return gcs_client().bucket(bucket).blob(name).download_as_bytes()
-        except exceptions.NotFound as error:
-            raise FileNotFoundError(f"{uri} does not exist") from error
+    """The whole content of a local file or remote object; FileNotFoundError names it when absent."""
+    if is_remote(uri):
+        parent, name = parent_and_name(uri)
+        content = publisher_for(parent).read(name)
+        if content is None:
+            raise FileNotFoundError(f"{uri} does not exist")
+        return content
     return Path(uri).read_bytes()
 
 
-def exists(uri: str) -> bool:
-    if is_gcs_uri(uri):
-        bucket, name = split_gcs_uri(uri)
-        return gcs_client().bucket(bucket).blob(name).exists()
-    return Path(uri).exists()
-
-
 def download_file(uri: str, destination: str | Path) -> None:
-    """Copy a gs:// object to a local file atomically (temporary name, then rename)."""
-    from google.api_core import exceptions
-
+    """Copy a remote object to a local file atomically (temporary name, then rename)."""
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    bucket, name = split_gcs_uri(uri)
+    parent, name = parent_and_name(uri)
     temporary = destination.with_name(f".{destination.name}.{uuid.uuid4().hex}.part")
     try:
-        gcs_client().bucket(bucket).blob(name).download_to_filename(str(temporary))
+        publisher_for(parent).download(name, temporary)
         os.replace(temporary, destination)
-    except exceptions.NotFound as error:
-        raise FileNotFoundError(f"{uri} does not exist") from error
     finally:
         temporary.unlink(missing_ok=True)
 
@@ -136,14 +207,16 @@ ABSENT = "absent"  # the version of an object that does not exist
 
 
 class Publisher(Protocol):
-    """Objects under one root (a local folder or a gs:// prefix), named by relative paths."""
+    """Objects under one root (a local folder, a gs:// or an s3:// prefix), named by relative paths."""
 
     root: str
 
     def uri(self, name: str) -> str: ...
     def read(self, name: str) -> bytes | None: ...
     def read_versioned(self, name: str) -> tuple[bytes | None, str]: ...
+    def version(self, name: str) -> str: ...
     def checksum(self, name: str) -> tuple[int, str] | None: ...
+    def download(self, name: str, destination: Path) -> None: ...
     def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None: ...
     def withdraw(self, name: str) -> None: ...
     def list(self, prefix: str = "") -> list[str]: ...
@@ -172,10 +245,19 @@ class LocalPublisher:
         data = self.read(name)
         return data, _content_version(data)
 
+    def version(self, name: str) -> str:
+        return self.read_versioned(name)[1]
+
     def checksum(self, name: str) -> tuple[int, str] | None:
         """(size in bytes, CRC32C base64) of an object, or None when it does not exist."""
         data = self.read(name)
         return None if data is None else (len(data), crc32c_base64(data))
+
+    def download(self, name: str, destination: Path) -> None:
+        data = self.read(name)
+        if data is None:
+            raise FileNotFoundError(f"{self.uri(name)} does not exist")
+        Path(destination).write_bytes(data)
 
     def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
         if expected_version is None:
@@ -240,9 +322,21 @@ class GcsPublisher:
     def _get(self, name: str):
         return self._bucket().get_blob(self._object_name(name))
 
+    def version(self, name: str) -> str:
+        blob = self._get(name)
+        return ABSENT if blob is None else str(blob.generation)
+
     def checksum(self, name: str) -> tuple[int, str] | None:
         blob = self._get(name)
         return None if blob is None else (blob.size, blob.crc32c)
+
+    def download(self, name: str, destination: Path) -> None:
+        from google.api_core import exceptions
+
+        try:
+            self._bucket().blob(self._object_name(name)).download_to_filename(str(destination))
+        except exceptions.NotFound as error:
+            raise FileNotFoundError(f"{self.uri(name)} does not exist") from error
 
     def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
         """Upload `data`; with `expected_version` only over that generation (ABSENT: only if nothing is there)."""
@@ -283,5 +377,163 @@ class GcsPublisher:
         return sorted(name for name in names if name and not name.rsplit("/", 1)[-1].startswith("."))
 
 
-def publisher_for(root: str) -> LocalPublisher | GcsPublisher:
-    return GcsPublisher(root) if is_gcs_uri(root) else LocalPublisher(root)
+class S3Publisher:
+    """An s3:// prefix on AWS S3 or an S3-compatible store (MinIO, SeaweedFS). Writes are conditional
+    (`If-None-Match: *` to create, `If-Match: <ETag>` to replace), so a lost race is detected, never silent.
+    Every object carries its CRC32C as user metadata, so checksums do not depend on how the store forms ETags."""
+
+    def __init__(self, root_uri: str):
+        self.root = normalize_uri(root_uri).rstrip("/")
+        _scheme, self.bucket_name, self.prefix = split_uri(self.root)
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def uri(self, name: str) -> str:
+        return f"{S3_SCHEME}{self.bucket_name}/{self._key(name)}"
+
+    def _head(self, name: str) -> dict | None:
+        with _s3_errors(self.uri(name)):
+            try:
+                return s3_client().head_object(Bucket=self.bucket_name, Key=self._key(name))
+            except _s3_client_error() as error:
+                if _s3_status(error) == 404:
+                    return None
+                raise
+
+    def read(self, name: str) -> bytes | None:
+        return self.read_versioned(name)[0]
+
+    def read_versioned(self, name: str) -> tuple[bytes | None, str]:
+        """The content and ETag of an object, read together (one GET returns both)."""
+        with _s3_errors(self.uri(name)):
+            try:
+                response = s3_client().get_object(Bucket=self.bucket_name, Key=self._key(name))
+            except _s3_client_error() as error:
+                if _s3_status(error) == 404:
+                    return None, ABSENT
+                raise
+            return response["Body"].read(), response["ETag"]
+
+    def version(self, name: str) -> str:
+        head = self._head(name)
+        return ABSENT if head is None else head["ETag"]
+
+    def checksum(self, name: str) -> tuple[int, str] | None:
+        head = self._head(name)
+        if head is None:
+            return None
+        return head["ContentLength"], head.get("Metadata", {}).get(CRC32C_METADATA, "")
+
+    def download(self, name: str, destination: Path) -> None:
+        with _s3_errors(self.uri(name)):
+            try:
+                s3_client().download_file(self.bucket_name, self._key(name), str(destination))
+            except _s3_client_error() as error:
+                if _s3_status(error) == 404:
+                    raise FileNotFoundError(f"{self.uri(name)} does not exist") from error
+                raise
+
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
+        """Upload `data`; with `expected_version` only over that ETag (ABSENT: only if nothing is there)."""
+        wanted = (len(data), crc32c_base64(data))
+        if expected_version is None:
+            head = self._head(name)
+            if head is not None and (head["ContentLength"], head.get("Metadata", {}).get(CRC32C_METADATA)) == wanted:
+                return
+            expected_version = ABSENT if head is None else head["ETag"]
+        condition = {"IfNoneMatch": "*"} if expected_version == ABSENT else {"IfMatch": expected_version}
+        with _s3_errors(self.uri(name)):
+            try:
+                s3_client().put_object(
+                    Bucket=self.bucket_name,
+                    Key=self._key(name),
+                    Body=data,
+                    Metadata={CRC32C_METADATA: wanted[1]},
+                    **condition,
+                )
+            except _s3_client_error() as error:
+                # 412: the precondition failed; 409: a concurrent conditional write to the same key won.
+                if _s3_status(error) not in (409, 412):
+                    raise
+                if self.checksum(name) == wanted:
+                    return  # another writer published the same bytes
+                raise _conflict(self.uri(name)) from None
+
+    def withdraw(self, name: str) -> None:
+        head = self._head(name)
+        if head is None:
+            return
+        with _s3_errors(self.uri(name)):
+            try:
+                s3_client().delete_object(Bucket=self.bucket_name, Key=self._key(name), IfMatch=head["ETag"])
+            except _s3_client_error() as error:
+                if _s3_status(error) in (404, 409, 412):
+                    logger.info("%s was already removed or replaced by another writer", self.uri(name))
+                elif _s3_status(error) == 501:  # a store without conditional deletes
+                    s3_client().delete_object(Bucket=self.bucket_name, Key=self._key(name))
+                else:
+                    raise
+
+    def list(self, prefix: str = "") -> list[str]:
+        start = f"{self.prefix}/" if self.prefix else ""
+        names = []
+        with _s3_errors(self.root):
+            pages = (
+                s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket_name, Prefix=start + prefix)
+            )
+            for page in pages:
+                names.extend(item["Key"][len(start) :] for item in page.get("Contents", []))
+        return sorted(name for name in names if name and not name.rsplit("/", 1)[-1].startswith("."))
+
+
+def _s3_client_error():
+    from botocore.exceptions import ClientError
+
+    return ClientError
+
+
+def _s3_status(error) -> int:
+    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+class _s3_errors:  # noqa: N801 (used as a context manager, like contextlib's)
+    """Turn "cannot reach the store" and "credentials refused" into one clear StorageError naming the object."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, _traceback) -> bool:
+        if error is None:
+            return False
+        from botocore import exceptions
+
+        endpoint = s3_endpoint() or "AWS S3 (no AWS_ENDPOINT_URL set)"
+        if isinstance(error, exceptions.NoCredentialsError):
+            raise StorageError(
+                f"{self.uri}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (endpoint {endpoint})"
+            ) from error
+        if isinstance(error, exceptions.EndpointConnectionError | exceptions.ConnectTimeoutError):
+            raise StorageError(f"{self.uri}: cannot reach the S3 endpoint {endpoint}: {error}") from error
+        if isinstance(error, exceptions.ClientError):
+            code = error.response.get("Error", {}).get("Code", "")
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
+                raise StorageError(
+                    f"{self.uri}: the S3 store at {endpoint} refused the credentials ({code}); check "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                ) from error
+            if code == "NoSuchBucket":
+                raise StorageError(f"{self.uri}: the bucket does not exist at {endpoint}") from error
+        return False
+
+
+def publisher_for(root: str) -> LocalPublisher | GcsPublisher | S3Publisher:
+    """The publisher for a local folder, a gs:// prefix or an s3:// (or KFP minio://) prefix."""
+    if is_gcs_uri(root):
+        return GcsPublisher(root)
+    if is_s3_uri(root):
+        return S3Publisher(root)
+    return LocalPublisher(root)

@@ -10,8 +10,8 @@ WEIGHTS = ("auto", "ema", "raw")
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    data: str = field(metadata={"help": "prepared dataset: a folder or gs:// prefix holding manifest.json"})
-    model_dir: str = field(metadata={"help": "the train stage's model directory (folder or gs://)"})
+    data: str = field(metadata={"help": "prepared dataset: a folder, gs:// or s3:// prefix holding manifest.json"})
+    model_dir: str = field(metadata={"help": "the train stage's model directory (folder, gs:// or s3://)"})
     mode: str = field(
         default="latest",
         metadata={
@@ -39,20 +39,22 @@ class EvaluateConfig:
     accuracy_threshold: float = field(default=0.0, metadata={"help": "bless only at or above this top-1 accuracy"})
     baseline: str | None = field(
         default=None,
-        metadata={"help": "metrics JSON (or current-model pointer) of the promoted model: a file or gs:// URI"},
+        metadata={"help": "metrics JSON (or current-model pointer) of the promoted model: a file, gs:// or s3:// URI"},
     )
     baseline_tolerance: float = field(
         default=0.0, metadata={"help": "bless only if accuracy >= baseline accuracy - this"}
     )
     compare_with: str | None = field(
         default=None,
-        metadata={"help": "a promotion root (folder or gs://) whose current.json is the baseline; no promotion"},
+        metadata={"help": "a promotion root (folder, gs:// or s3://) whose current.json is the baseline; no promotion"},
     )
     promote_to: str | None = field(
         default=None,
-        metadata={"help": "when blessed: export a SavedModel under this folder/gs:// and point current.json at it"},
+        metadata={
+            "help": "when blessed: export a SavedModel under this folder (or gs://, s3://) and point current.json at it"
+        },
     )
-    cache_dir: str | None = field(default=None, metadata={"help": "where gs:// datasets and model dirs are mirrored"})
+    cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets and model dirs are mirrored"})
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -13,11 +13,11 @@ SOURCE_FORMATS = ("auto", "python", "binary", "folders")
 
 @dataclass(frozen=True)
 class PrepareDataConfig:
-    output: str = field(metadata={"help": "output folder or gs://bucket/prefix for the shards and manifest"})
+    output: str = field(metadata={"help": "output folder, gs:// or s3:// prefix for the shards and manifest"})
     source: str = field(
         default=OFFICIAL_URL,
         metadata={
-            "help": "an http(s) URL, gs:// URI, local .tar.gz or folder (official python or binary CIFAR-10 "
+            "help": "an http(s) URL, gs:// or s3:// URI, local .tar.gz or folder (official python or binary CIFAR-10 "
             "layout, or <split>/<class>/<image> folders), or 'synthetic'"
         },
     )
@@ -56,7 +56,7 @@ class PrepareDataConfig:
 
     def __post_init__(self) -> None:
         if not self.output:
-            raise ValueError("output: must name a folder or gs:// prefix")
+            raise ValueError("output: must name a folder, gs:// or s3:// prefix")
         if self.source_format not in SOURCE_FORMATS:
             raise ValueError(f"source_format: {self.source_format!r} is not one of {SOURCE_FORMATS}")
         if self.validation_fraction is not None and not 0.0 <= self.validation_fraction < 1.0:

@@ -1,4 +1,4 @@
-"""Bringing a remote source (http(s):// or gs://) to a local, verified, cached file."""
+"""Bringing a remote source (http(s)://, gs:// or s3://) to a local, verified, cached file."""
 
 from __future__ import annotations
 
@@ -75,21 +75,22 @@ def download_url(url: str, cache_dir: Path, expected_sha256: str | None) -> tupl
     return target, digest.hexdigest()
 
 
-def download_gcs(uri: str, cache_dir: Path, expected_sha256: str | None) -> tuple[Path, str]:
-    """Copy a gs:// object into the cache (reused while its size and CRC32C match) and verify it."""
-    bucket_name, name = storage.split_gcs_uri(uri)
-    blob = storage.gcs_client().bucket(bucket_name).get_blob(name)
-    if blob is None:
+def download_object(uri: str, cache_dir: Path, expected_sha256: str | None) -> tuple[Path, str]:
+    """Copy a gs:// or s3:// object into the cache (reused while its size and CRC32C match) and verify it."""
+    parent, name = storage.parent_and_name(uri)
+    publisher = storage.publisher_for(parent)
+    checksum = publisher.checksum(name)
+    if checksum is None:
         raise SourceError(f"{uri}: object does not exist")
     target = _cache_path(cache_dir, uri)
     if target.exists():
         content = target.read_bytes()
-        if (len(content), storage.crc32c_base64(content)) == (blob.size, blob.crc32c):
+        if (len(content), storage.crc32c_base64(content)) == checksum:
             digest = hashlib.sha256(content).hexdigest()
             _check_sha256(target, digest, expected_sha256, uri)
             logger.info("using cached copy %s of %s", target, uri)
             return target, digest
-    logger.info("downloading %s (%d bytes)", uri, blob.size)
+    logger.info("downloading %s (%d bytes)", uri, checksum[0])
     storage.download_file(uri, target)
     digest = storage.sha256_file(target)
     try:

@@ -1,5 +1,5 @@
 """A cheap fingerprint of a source's content, so that pipeline caching reuses prepared data only when the
-source itself is unchanged (KFP's cache keys on parameters, not on what a URL or gs:// object holds)."""
+source itself is unchanged (KFP's cache keys on parameters, not on what a URL or object holds)."""
 
 from __future__ import annotations
 
@@ -18,20 +18,21 @@ logger = logging.getLogger(__name__)
 
 
 def source_fingerprint(source: str) -> str:
-    """gs://: generation, CRC32C and size; http(s): the ETag/Last-Modified/length the server reports; a local file:
-    its SHA-256; a folder: its tree digest. When the source cannot be looked at, a value that never repeats,
-    so nothing stale is reused (preparation then reports the real problem)."""
+    """gs:// and s3://: the object's generation or ETag, CRC32C and size; http(s): the ETag/Last-Modified/length
+    the server reports; a local file: its SHA-256; a folder: its tree digest. When the source cannot be looked
+    at, a value that never repeats, so nothing stale is reused (preparation then reports the real problem)."""
     try:
         if source == "synthetic":
             return "synthetic"
         if source == OFFICIAL_URL:
             return f"sha256:{OFFICIAL_SHA256}"  # the release never changes
-        if storage.is_gcs_uri(source):
-            bucket, name = storage.split_gcs_uri(source)
-            blob = storage.gcs_client().bucket(bucket).get_blob(name)
-            if blob is None:
+        if storage.is_remote(source):
+            parent, name = storage.parent_and_name(source)
+            publisher = storage.publisher_for(parent)
+            checksum, version = publisher.checksum(name), publisher.version(name)
+            if checksum is None:
                 raise FileNotFoundError(source)
-            return f"gs:{blob.generation}:{blob.crc32c}:{blob.size}"
+            return f"object:{version}:{checksum[1]}:{checksum[0]}"
         if fetch.is_url(source):
             request = urllib.request.Request(source, method="HEAD")
             with urllib.request.urlopen(request, timeout=fetch.DOWNLOAD_TIMEOUT_SECONDS) as response:

@@ -78,13 +78,13 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
     cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     if fetch.is_url(source):
         path, _digest = fetch.download_url(source, cache_dir, expected)
-    elif storage.is_gcs_uri(source):
-        path, _digest = fetch.download_gcs(source, cache_dir, expected)
+    elif storage.is_remote(source):
+        path, _digest = fetch.download_object(source, cache_dir, expected)
     else:
         path = Path(source)
         if not path.exists():
             raise SourceError(
-                f"{source}: no such file or folder (give a URL, gs:// URI, archive, folder or 'synthetic')"
+                f"{source}: no such file or folder (give a URL, gs:// or s3:// URI, archive, folder or 'synthetic')"
             )
     path = Path(path)
     if path.is_dir():

@@ -4,8 +4,8 @@ A checkpoint holds `weights/<layer>/<weight>` for every model variable (names th
 architecture, so warm starts can select by name), `ema/<layer>/<weight>` when an exponential moving
 average is kept, the optimizer, and the global `step`.
 
-A gs:// model directory is worked on through a local mirror (TensorFlow's own GCS client cannot be
-pointed at an emulator; google-cloud-storage can): `pull` before restoring, `push` after each save.
+A gs:// or s3:// model directory is worked on through a local mirror (TensorFlow's own GCS client cannot be
+pointed at an emulator, and TensorFlow 2 has no S3 file system): `pull` before restoring, `push` after each save.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ class CheckpointError(RuntimeError):
 
 
 class ModelDirectory:
-    """The model directory as a local path TensorFlow writes to, mirrored to gs:// when it is remote."""
+    """The model directory as a local path TensorFlow writes to, mirrored to gs:// or s3:// when it is remote."""
 
     def __init__(self, uri: str, cache_dir: str | Path | None = None):
-        self.uri = uri.rstrip("/")
-        self.remote = storage.is_gcs_uri(uri)
+        self.uri = storage.normalize_uri(uri).rstrip("/")
+        self.remote = storage.is_remote(uri)
         if self.remote:
             key = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
             self.local = Path(cache_dir or default_cache_dir()) / "model_dirs" / key
@@ -50,7 +50,7 @@ class ModelDirectory:
         """Bring the remote directory's files down (resume needs its checkpoints)."""
         if not self.remote:
             return
-        publisher = storage.GcsPublisher(self.uri)
+        publisher = storage.publisher_for(self.uri)
         names = publisher.list()
         for name in names:
             target = self.local / name
@@ -69,7 +69,7 @@ class ModelDirectory:
         """
         if not self.remote:
             return
-        publisher = storage.GcsPublisher(self.uri)
+        publisher = storage.publisher_for(self.uri)
         changed = [
             path
             for path in sorted(self.local.rglob("*"))

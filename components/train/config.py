@@ -39,8 +39,8 @@ def _check_regex(value: str | None, field_name: str) -> None:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    data: str = field(metadata={"help": "prepared dataset: a folder or gs:// prefix holding manifest.json"})
-    model_dir: str = field(metadata={"help": "checkpoints, summaries and the resolved config (folder or gs://)"})
+    data: str = field(metadata={"help": "prepared dataset: a folder, gs:// or s3:// prefix holding manifest.json"})
+    model_dir: str = field(metadata={"help": "checkpoints, summaries and the resolved config (folder, gs:// or s3://)"})
     # model
     model: str = field(default="resnet", metadata={"help": "model family", "choices": MODELS})
     depth: int = field(default=20, metadata={"help": "ResNet depth, 6n+2: 20, 32, 44, 56, 110"})
@@ -60,7 +60,7 @@ class TrainConfig:
     )
     augment: bool = field(default=True, metadata={"help": "random pad-4-and-crop and horizontal flip"})
     seed: int = field(default=42, metadata={"help": "seed of initialization, data order and augmentation"})
-    cache_dir: str | None = field(default=None, metadata={"help": "where gs:// datasets and model dirs are mirrored"})
+    cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets and model dirs are mirrored"})
     # length
     train_steps: int | None = field(default=None, metadata={"help": "global steps to train (default: 80000)"})
     epochs: float | None = field(default=None, metadata={"help": "epochs to train; instead of --train-steps"})

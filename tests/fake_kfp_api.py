@@ -1,0 +1,227 @@
+"""A strict stand-in for the KFP REST API (v2beta1) on 127.0.0.1, for tests that submit through the real kfp.Client.
+
+No KFP backend can run here, so this server checks what it receives the way the backend would and refuses
+anything else with the status the backend uses:
+- every request body against the API's own models (the swagger-generated `kfp_server_api` models: no
+  unknown field, the declared type for every field, nested models recursively);
+- an inline `pipeline_spec` against the PipelineSpec and PlatformSpec protos (strict: unknown fields fail);
+- runtime parameters against the pipeline's root input definitions (unknown names and wrong types fail);
+- a recurring run's trigger: six-field cron (seconds first) and `max_concurrency` between 1 and 10.
+
+It records every accepted request body in `requests` as (method, path, body).
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.server
+import json
+import re
+import threading
+import uuid
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import kfp_server_api
+from google.protobuf import json_format
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+API = "/apis/v2beta1"
+PRIMITIVES = {"str": str, "bool": bool, "int": int, "float": (int, float), "object": object, "datetime": str}
+# int64 fields: the generated models type them "str" (proto3 JSON), and the backend's JSON parser takes numbers too.
+INT64_FIELDS = {"max_concurrency", "interval_second"}
+PARAMETER_TYPES = {
+    "STRING": str,
+    "NUMBER_INTEGER": int,
+    "NUMBER_DOUBLE": (int, float),
+    "BOOLEAN": bool,
+    "STRUCT": dict,
+    "LIST": list,
+}
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def check_model(value: Any, type_name: str, where: str) -> None:
+    """`value` (decoded JSON) must be what the generated client model `type_name` describes, with nothing else."""
+    if value is None:
+        return
+    if type_name.startswith("list["):
+        if not isinstance(value, list):
+            raise Refused(400, f"{where}: expected a list, got {type(value).__name__}")
+        for index, item in enumerate(value):
+            check_model(item, type_name[5:-1], f"{where}[{index}]")
+        return
+    if type_name.startswith("dict("):
+        if not isinstance(value, dict):
+            raise Refused(400, f"{where}: expected an object, got {type(value).__name__}")
+        inner = type_name[5:-1].split(", ", 1)[1]
+        for key, item in value.items():
+            check_model(item, inner, f"{where}.{key}")
+        return
+    if type_name in PRIMITIVES:
+        expected = PRIMITIVES[type_name]
+        if type_name == "int" and isinstance(value, str) and re.fullmatch(r"-?\d+", value):
+            return  # int64 fields travel as strings in proto3 JSON
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise Refused(400, f"{where}: expected {type_name}, got {value!r}")
+        return
+    model = getattr(kfp_server_api.models, type_name)
+    if not model.openapi_types:  # an enum: a string among its allowed values
+        allowed = [v for k, v in vars(model).items() if k.isupper() and isinstance(v, str)]
+        if value not in allowed:
+            raise Refused(400, f"{where}: {value!r} is not one of {allowed}")
+        return
+    if not isinstance(value, dict):
+        raise Refused(400, f"{where}: expected a {type_name} object, got {type(value).__name__}")
+    fields = {json_name: model.openapi_types[python_name] for python_name, json_name in model.attribute_map.items()}
+    for key, item in value.items():
+        if key not in fields:
+            raise Refused(400, f"{where}: unknown field {key!r} for {type_name} (known: {sorted(fields)})")
+        if key in INT64_FIELDS and isinstance(item, int) and not isinstance(item, bool):
+            continue
+        check_model(item, fields[key], f"{where}.{key}")
+
+
+def check_pipeline_spec(document: dict) -> dict:
+    """The inline spec the client sends ({pipeline_spec, platform_spec} or a bare PipelineSpec); returns the former."""
+    if "pipeline_spec" in document:
+        pipeline, platform = document["pipeline_spec"], document.get("platform_spec", {})
+        extra = set(document) - {"pipeline_spec", "platform_spec"}
+        if extra:
+            raise Refused(400, f"pipeline_spec: unknown top-level fields {sorted(extra)}")
+    else:
+        pipeline, platform = document, {}
+    try:
+        json_format.ParseDict(pipeline, pipeline_spec_pb2.PipelineSpec())
+        json_format.ParseDict(platform, pipeline_spec_pb2.PlatformSpec())
+    except json_format.ParseError as error:
+        raise Refused(400, f"pipeline_spec is not a valid PipelineSpec: {error}") from None
+    return pipeline
+
+
+def check_parameters(pipeline: dict, parameters: dict) -> None:
+    declared = pipeline.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    for name, value in parameters.items():
+        if name not in declared:
+            raise Refused(400, f"runtime_config.parameters: {name!r} is not a parameter of the pipeline")
+        kind = declared[name]["parameterType"]
+        expected = PARAMETER_TYPES[kind]
+        if not isinstance(value, expected) or (kind != "BOOLEAN" and isinstance(value, bool)):
+            raise Refused(400, f"runtime_config.parameters.{name}: {value!r} is not a {kind}")
+    for name, spec in declared.items():
+        if name not in parameters and not spec.get("isOptional") and "defaultValue" not in spec:
+            raise Refused(400, f"runtime_config.parameters: the required parameter {name!r} is missing")
+
+
+class FakeKfpApi:
+    def __init__(self, multi_user: bool = False):
+        self.multi_user = multi_user
+        self.requests: list[tuple[str, str, Any]] = []
+        self.experiments: dict[str, dict] = {}
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> FakeKfpApi:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exception) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def bodies(self, method: str, path: str) -> list[Any]:
+        return [body for m, p, body in self.requests if m == method and p == path]
+
+    # -- the endpoints the kfp client uses ---------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query: dict, body: Any) -> Any:
+        if method == "GET" and path == f"{API}/healthz":
+            return {"multi_user": self.multi_user}
+        if method == "GET" and path == f"{API}/experiments":
+            names = [p["string_value"] for p in json.loads(query["filter"][0])["predicates"] if p["key"] == "name"]
+            found = [e for e in self.experiments.values() if e["display_name"] in names]
+            return {"experiments": found, "total_size": len(found)}
+        if method == "POST" and path == f"{API}/experiments":
+            check_model(body, "V2beta1Experiment", "experiment")
+            if not body.get("display_name"):
+                raise Refused(400, "experiment.display_name is required")
+            experiment = {**body, "experiment_id": str(uuid.uuid4()), "storage_state": "AVAILABLE"}
+            self.experiments[experiment["experiment_id"]] = experiment
+            return experiment
+        if method == "POST" and path == f"{API}/runs":
+            check_model(body, "V2beta1Run", "run")
+            self._check_submission(body, "run")
+            return {**body, "run_id": str(uuid.uuid4()), "state": "PENDING", "created_at": _now()}
+        if method == "POST" and path == f"{API}/recurringruns":
+            check_model(body, "V2beta1RecurringRun", "recurring_run")
+            self._check_submission(body, "recurring_run")
+            self._check_trigger(body)
+            return {**body, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED", "created_at": _now()}
+        raise Refused(404, f"{method} {path} is not an endpoint of this stand-in")
+
+    def _check_submission(self, body: dict, where: str) -> None:
+        if not body.get("display_name"):
+            raise Refused(400, f"{where}.display_name is required")
+        if body.get("experiment_id") and body["experiment_id"] not in self.experiments:
+            raise Refused(404, f"{where}.experiment_id {body['experiment_id']!r} does not exist")
+        if ("pipeline_spec" in body) == ("pipeline_version_reference" in body):
+            raise Refused(400, f"{where}: give exactly one of pipeline_spec and pipeline_version_reference")
+        pipeline = check_pipeline_spec(body["pipeline_spec"])
+        check_parameters(pipeline, (body.get("runtime_config") or {}).get("parameters") or {})
+
+    @staticmethod
+    def _check_trigger(body: dict) -> None:
+        cron = ((body.get("trigger") or {}).get("cron_schedule") or {}).get("cron")
+        if cron is None:
+            raise Refused(400, "recurring_run.trigger.cron_schedule.cron is required by this stand-in")
+        if len(cron.split()) != 6:
+            raise Refused(400, f"recurring_run.trigger.cron_schedule.cron {cron!r}: KFP's cron has six fields")
+        concurrency = int(body.get("max_concurrency") or 0)
+        if not 1 <= concurrency <= 10:
+            raise Refused(400, f"recurring_run.max_concurrency {concurrency} must be between 1 and 10")
+        if body.get("mode") not in ("ENABLE", "DISABLE"):
+            raise Refused(400, f"recurring_run.mode {body.get('mode')!r} must be ENABLE or DISABLE")
+
+    def _handler(self):
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _serve(self, method: str) -> None:
+                url = urlparse(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                try:
+                    response, status = api.handle(method, url.path, parse_qs(url.query), body), 200
+                    api.requests.append((method, url.path, body))
+                except Refused as error:
+                    response, status = {"error": str(error), "code": 3, "message": str(error)}, error.status
+                content = json.dumps(response).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            def do_GET(self):
+                self._serve("GET")
+
+            def do_POST(self):
+                self._serve("POST")
+
+            def log_message(self, *_arguments):
+                pass
+
+        return Handler
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
