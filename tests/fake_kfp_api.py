@@ -40,7 +40,7 @@ PARAMETER_TYPES = {
 }
 
 
-class Refused(Exception):
+class RefusedError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
@@ -52,13 +52,13 @@ def check_model(value: Any, type_name: str, where: str) -> None:
         return
     if type_name.startswith("list["):
         if not isinstance(value, list):
-            raise Refused(400, f"{where}: expected a list, got {type(value).__name__}")
+            raise RefusedError(400, f"{where}: expected a list, got {type(value).__name__}")
         for index, item in enumerate(value):
             check_model(item, type_name[5:-1], f"{where}[{index}]")
         return
     if type_name.startswith("dict("):
         if not isinstance(value, dict):
-            raise Refused(400, f"{where}: expected an object, got {type(value).__name__}")
+            raise RefusedError(400, f"{where}: expected an object, got {type(value).__name__}")
         inner = type_name[5:-1].split(", ", 1)[1]
         for key, item in value.items():
             check_model(item, inner, f"{where}.{key}")
@@ -68,20 +68,20 @@ def check_model(value: Any, type_name: str, where: str) -> None:
         if type_name == "int" and isinstance(value, str) and re.fullmatch(r"-?\d+", value):
             return  # int64 fields travel as strings in proto3 JSON
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise Refused(400, f"{where}: expected {type_name}, got {value!r}")
+            raise RefusedError(400, f"{where}: expected {type_name}, got {value!r}")
         return
     model = getattr(kfp_server_api.models, type_name)
     if not model.openapi_types:  # an enum: a string among its allowed values
         allowed = [v for k, v in vars(model).items() if k.isupper() and isinstance(v, str)]
         if value not in allowed:
-            raise Refused(400, f"{where}: {value!r} is not one of {allowed}")
+            raise RefusedError(400, f"{where}: {value!r} is not one of {allowed}")
         return
     if not isinstance(value, dict):
-        raise Refused(400, f"{where}: expected a {type_name} object, got {type(value).__name__}")
+        raise RefusedError(400, f"{where}: expected a {type_name} object, got {type(value).__name__}")
     fields = {json_name: model.openapi_types[python_name] for python_name, json_name in model.attribute_map.items()}
     for key, item in value.items():
         if key not in fields:
-            raise Refused(400, f"{where}: unknown field {key!r} for {type_name} (known: {sorted(fields)})")
+            raise RefusedError(400, f"{where}: unknown field {key!r} for {type_name} (known: {sorted(fields)})")
         if key in INT64_FIELDS and isinstance(item, int) and not isinstance(item, bool):
             continue
         check_model(item, fields[key], f"{where}.{key}")
@@ -93,14 +93,14 @@ def check_pipeline_spec(document: dict) -> dict:
         pipeline, platform = document["pipeline_spec"], document.get("platform_spec", {})
         extra = set(document) - {"pipeline_spec", "platform_spec"}
         if extra:
-            raise Refused(400, f"pipeline_spec: unknown top-level fields {sorted(extra)}")
+            raise RefusedError(400, f"pipeline_spec: unknown top-level fields {sorted(extra)}")
     else:
         pipeline, platform = document, {}
     try:
         json_format.ParseDict(pipeline, pipeline_spec_pb2.PipelineSpec())
         json_format.ParseDict(platform, pipeline_spec_pb2.PlatformSpec())
     except json_format.ParseError as error:
-        raise Refused(400, f"pipeline_spec is not a valid PipelineSpec: {error}") from None
+        raise RefusedError(400, f"pipeline_spec is not a valid PipelineSpec: {error}") from None
     return pipeline
 
 
@@ -108,14 +108,14 @@ def check_parameters(pipeline: dict, parameters: dict) -> None:
     declared = pipeline.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
     for name, value in parameters.items():
         if name not in declared:
-            raise Refused(400, f"runtime_config.parameters: {name!r} is not a parameter of the pipeline")
+            raise RefusedError(400, f"runtime_config.parameters: {name!r} is not a parameter of the pipeline")
         kind = declared[name]["parameterType"]
         expected = PARAMETER_TYPES[kind]
         if not isinstance(value, expected) or (kind != "BOOLEAN" and isinstance(value, bool)):
-            raise Refused(400, f"runtime_config.parameters.{name}: {value!r} is not a {kind}")
+            raise RefusedError(400, f"runtime_config.parameters.{name}: {value!r} is not a {kind}")
     for name, spec in declared.items():
         if name not in parameters and not spec.get("isOptional") and "defaultValue" not in spec:
-            raise Refused(400, f"runtime_config.parameters: the required parameter {name!r} is missing")
+            raise RefusedError(400, f"runtime_config.parameters: the required parameter {name!r} is missing")
 
 
 class FakeKfpApi:
@@ -153,7 +153,7 @@ class FakeKfpApi:
         if method == "POST" and path == f"{API}/experiments":
             check_model(body, "V2beta1Experiment", "experiment")
             if not body.get("display_name"):
-                raise Refused(400, "experiment.display_name is required")
+                raise RefusedError(400, "experiment.display_name is required")
             experiment = {**body, "experiment_id": str(uuid.uuid4()), "storage_state": "AVAILABLE"}
             self.experiments[experiment["experiment_id"]] = experiment
             return experiment
@@ -166,15 +166,15 @@ class FakeKfpApi:
             self._check_submission(body, "recurring_run")
             self._check_trigger(body)
             return {**body, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED", "created_at": _now()}
-        raise Refused(404, f"{method} {path} is not an endpoint of this stand-in")
+        raise RefusedError(404, f"{method} {path} is not an endpoint of this stand-in")
 
     def _check_submission(self, body: dict, where: str) -> None:
         if not body.get("display_name"):
-            raise Refused(400, f"{where}.display_name is required")
+            raise RefusedError(400, f"{where}.display_name is required")
         if body.get("experiment_id") and body["experiment_id"] not in self.experiments:
-            raise Refused(404, f"{where}.experiment_id {body['experiment_id']!r} does not exist")
+            raise RefusedError(404, f"{where}.experiment_id {body['experiment_id']!r} does not exist")
         if ("pipeline_spec" in body) == ("pipeline_version_reference" in body):
-            raise Refused(400, f"{where}: give exactly one of pipeline_spec and pipeline_version_reference")
+            raise RefusedError(400, f"{where}: give exactly one of pipeline_spec and pipeline_version_reference")
         pipeline = check_pipeline_spec(body["pipeline_spec"])
         check_parameters(pipeline, (body.get("runtime_config") or {}).get("parameters") or {})
 
@@ -182,14 +182,14 @@ class FakeKfpApi:
     def _check_trigger(body: dict) -> None:
         cron = ((body.get("trigger") or {}).get("cron_schedule") or {}).get("cron")
         if cron is None:
-            raise Refused(400, "recurring_run.trigger.cron_schedule.cron is required by this stand-in")
+            raise RefusedError(400, "recurring_run.trigger.cron_schedule.cron is required by this stand-in")
         if len(cron.split()) != 6:
-            raise Refused(400, f"recurring_run.trigger.cron_schedule.cron {cron!r}: KFP's cron has six fields")
+            raise RefusedError(400, f"recurring_run.trigger.cron_schedule.cron {cron!r}: KFP's cron has six fields")
         concurrency = int(body.get("max_concurrency") or 0)
         if not 1 <= concurrency <= 10:
-            raise Refused(400, f"recurring_run.max_concurrency {concurrency} must be between 1 and 10")
+            raise RefusedError(400, f"recurring_run.max_concurrency {concurrency} must be between 1 and 10")
         if body.get("mode") not in ("ENABLE", "DISABLE"):
-            raise Refused(400, f"recurring_run.mode {body.get('mode')!r} must be ENABLE or DISABLE")
+            raise RefusedError(400, f"recurring_run.mode {body.get('mode')!r} must be ENABLE or DISABLE")
 
     def _handler(self):
         api = self
@@ -202,7 +202,7 @@ class FakeKfpApi:
                 try:
                     response, status = api.handle(method, url.path, parse_qs(url.query), body), 200
                     api.requests.append((method, url.path, body))
-                except Refused as error:
+                except RefusedError as error:
                     response, status = {"error": str(error), "code": 3, "message": str(error)}, error.status
                 content = json.dumps(response).encode()
                 self.send_response(status)

@@ -8,7 +8,7 @@ import yaml
 
 from pipeline import commands
 from pipeline.pipeline import cifar10_pipeline
-from tests.fake_kfp_api import API, FakeKfpApi, Refused, check_model
+from tests.fake_kfp_api import API, FakeKfpApi, RefusedError, check_model
 
 
 @pytest.fixture
@@ -103,9 +103,9 @@ def test_no_endpoint_is_a_clear_error(capsys):
 
 def test_the_stand_in_refuses_what_the_backend_would_refuse(kfp_api):
     """The stand-in is only useful if it is strict: unknown fields, wrong types, unknown parameters, bad cron."""
-    with pytest.raises(Refused, match="unknown field 'enable_caching'"):
+    with pytest.raises(RefusedError, match="unknown field 'enable_caching'"):
         check_model({"display_name": "x", "enable_caching": True}, "V2beta1Run", "run")
-    with pytest.raises(Refused, match=r"run.display_name: expected str"):
+    with pytest.raises(RefusedError, match=r"run.display_name: expected str"):
         check_model({"display_name": 3}, "V2beta1Run", "run")
     import kfp
     import kfp_server_api
