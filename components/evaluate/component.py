@@ -47,13 +47,21 @@ def evaluate_component(
 
 
 @dsl.component(base_image=image("evaluate"), install_kfp_package=False)
-def promote_component(model: dsl.Input[dsl.Model], evaluation: dsl.Input[dsl.Artifact], promotion_root: str) -> str:
-    """Export the blessed checkpoint as a SavedModel and move `promotion_root/current.json` to it."""
+def promote_component(
+    model: dsl.Input[dsl.Model],
+    evaluation: dsl.Input[dsl.Artifact],
+    promotion_root: str,
+    promoted: dsl.Output[dsl.Model],
+) -> int:
+    """Export the blessed checkpoint as a SavedModel into the next integer version folder under `promotion_root`
+    (the layout TF Serving and KServe load) and move `promotion_root/current.json` to it; returns the version.
+
+    `promoted` holds the pointer as written; its metadata names the SavedModel (`saved_model`) and `version`."""
     from components.common.logs import setup_logging
     from components.evaluate.component_support import run_promote
 
     setup_logging()
-    return run_promote(model, evaluation, promotion_root)
+    return run_promote(model, evaluation, promotion_root, promoted)
 
 
 @dsl.component(base_image=image("evaluate"), install_kfp_package=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from components.common import storage
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import evaluate
 from components.evaluate.promote import promote_checkpoint
@@ -48,7 +49,7 @@ def run_evaluate(
     return result.decision.blessed
 
 
-def run_promote(model: Any, evaluation: Any, promotion_root: str) -> str:
+def run_promote(model: Any, evaluation: Any, promotion_root: str, promoted: Any) -> int:
     """Promote what the evaluation blessed; refuses an evaluation that was not blessed."""
     details = evaluation.metadata
     if not details.get("blessed"):
@@ -61,5 +62,17 @@ def run_promote(model: Any, evaluation: Any, promotion_root: str) -> str:
         promotion_root,
         dict(details["record"]),
         details["pointer_version"],
+    )
+    pointer = storage.read_bytes(promotion.pointer)
+    with open(promoted.path, "wb") as handle:
+        handle.write(pointer)
+    promoted.metadata.update(
+        {
+            "saved_model": promotion.saved_model,
+            "version": promotion.version,
+            "promotion_root": promotion_root,
+            "framework": "tensorflow",
+            "accuracy": json.loads(pointer)["metrics"]["accuracy"],
+        }
     )
     return promotion.version

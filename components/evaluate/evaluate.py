@@ -249,12 +249,7 @@ class Evaluator:
         }
         if decision.blessed and config.promote_to:
             result.promotion = promote.promote(
-                self.model,
-                self.label_names,
-                config.promote_to,
-                promote.version_name(final.step),
-                result.record,
-                pointer_version,
+                self.model, self.label_names, config.promote_to, result.record, pointer_version
             )
         result.report_html = self._report(result)
         self._write_outputs(result)

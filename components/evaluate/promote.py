@@ -1,8 +1,18 @@
-"""Promotion: export the evaluated weights as a SavedModel and move the "current model" pointer atomically.
+"""Promotion: export the evaluated weights as a SavedModel in the layout TF Serving and KServe load, and move
+the "current model" pointer atomically.
 
-The pointer `<root>/current.json` is replaced with a compare-and-swap against the version read before
-the gate compared with it (a generation precondition on gs://), so of two concurrent promotions at most
-one wins; the other fails with PromotionConflictError and leaves the pointer alone.
+Layout under the promotion root (local, gs:// or s3://):
+
+    current.json          the pointer: version, state, saved_model, metrics, checkpoint, ...
+    1/saved_model.pb      integer version folders, increasing: TF Serving and KServe serve the highest
+    1/variables/...
+    2/...
+
+A promotion (1) claims the next version number by replacing `current.json` with a compare-and-swap against
+the version the gate read (state "exporting"), so of two concurrent promotions exactly one claims it and the
+other fails having written nothing; (2) writes the SavedModel into the claimed folder with create-if-absent on
+every object and `saved_model.pb` last (a server polling the root never loads a half-written version); (3)
+marks the pointer "ready". A promotion never writes into a folder it did not claim.
 """
 
 from __future__ import annotations
@@ -10,6 +20,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +33,8 @@ from components.train.data import normalize
 logger = logging.getLogger(__name__)
 
 POINTER = "current.json"
+VERSION_FOLDER = re.compile(r"^(\d+)/")
+SAVED_MODEL_PROTO = "saved_model.pb"
 
 
 class PromotionConflictError(RuntimeError):
@@ -51,10 +64,6 @@ def export_saved_model(model, label_names: list[str], directory: str | Path) -> 
     tf.saved_model.save(module, str(directory), signatures={"serving_default": module.serve})
 
 
-def version_name(step: int) -> str:
-    return f"step-{step:08d}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}"
-
-
 def promote_checkpoint(
     model_dir: str,
     checkpoint: str,
@@ -74,8 +83,8 @@ def promote_checkpoint(
     model = build_from_config(train_config)
     used = restore_weights(model, str(directory.local / Path(checkpoint).name), weights)
     label_names = train_config["resolved"]["label_names"]
-    step = checkpoint_step(checkpoint)
-    return promote(model, label_names, root, version_name(step), {**record, "weights": used}, expected_pointer_version)
+    record = {**record, "weights": used, "step": checkpoint_step(checkpoint)}
+    return promote(model, label_names, root, record, expected_pointer_version)
 
 
 def read_pointer(root: str) -> tuple[dict | None, str]:
@@ -86,37 +95,78 @@ def read_pointer(root: str) -> tuple[dict | None, str]:
 
 @dataclass(frozen=True)
 class Promotion:
-    version: str
+    version: int
     saved_model: str
     pointer: str
 
 
-def promote(
-    model, label_names: list[str], root: str, version: str, record: dict, expected_pointer_version: str
-) -> Promotion:
-    """Upload the SavedModel to `<root>/versions/<version>/` and point `<root>/current.json` at it."""
+def next_version(root: str, pointer: dict | None) -> int:
+    """One more than any version the pointer or the root's folders know of."""
+    known = [
+        int(match.group(1)) for name in storage.publisher_for(root).list() if (match := VERSION_FOLDER.match(name))
+    ]
+    if pointer is not None and isinstance(pointer.get("version"), int):
+        known.append(pointer["version"])
+    return max(known, default=0) + 1
+
+
+def _encode(pointer: dict) -> bytes:
+    return json.dumps(pointer, indent=2, sort_keys=True).encode()
+
+
+def promote(model, label_names: list[str], root: str, record: dict, expected_pointer_version: str) -> Promotion:
+    """Claim the next version, export the SavedModel into `<root>/<version>/`, and mark it ready in current.json."""
     publisher = storage.publisher_for(root)
-    target = f"versions/{version}"
-    with tempfile.TemporaryDirectory() as staging:
-        export_saved_model(model, label_names, staging)
-        for path in sorted(Path(staging).rglob("*")):
-            if path.is_file():
-                publisher.publish(f"{target}/{path.relative_to(staging).as_posix()}", path.read_bytes())
+    current, seen = read_pointer(root)
+    if seen != expected_pointer_version:
+        raise PromotionConflictError(
+            f"{publisher.uri(POINTER)} was moved by another promotion after this evaluation read it; nothing was "
+            "promoted (evaluate again against the new model)"
+        )
+    version = next_version(root, current)
+    target = str(version)
     pointer = {
         **record,
         "version": version,
+        "state": "exporting",
         "saved_model": publisher.uri(target),
         "promoted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     try:
-        publisher.publish(POINTER, json.dumps(pointer, indent=2, sort_keys=True).encode(), expected_pointer_version)
+        publisher.publish(POINTER, _encode(pointer), expected_pointer_version)
     except storage.PublishConflictError as error:
         raise PromotionConflictError(
-            f"{publisher.uri(POINTER)} was moved by another promotion after this evaluation read it; "
-            f"version {version} was exported but not promoted"
+            f"{publisher.uri(POINTER)} was moved by another promotion after this evaluation read it; nothing was "
+            "promoted (evaluate again against the new model)"
         ) from error
-    logger.info("promoted %s: %s now points at %s", version, publisher.uri(POINTER), pointer["saved_model"])
+    logger.info("claimed version %d under %s; exporting the SavedModel", version, root)
+    with tempfile.TemporaryDirectory() as staging:
+        export_saved_model(model, label_names, staging)
+        files = sorted((path for path in Path(staging).rglob("*") if path.is_file()), key=_saved_model_proto_last)
+        for path in files:
+            name = f"{target}/{path.relative_to(staging).as_posix()}"
+            try:
+                publisher.publish(name, path.read_bytes(), expected_version=storage.ABSENT)
+            except storage.PublishConflictError as error:
+                raise PromotionConflictError(
+                    f"{publisher.uri(name)} already exists: version {version} holds objects this promotion did not "
+                    "write; it is left alone and the pointer stays 'exporting' (the next promotion takes the "
+                    "next number)"
+                ) from error
+    claimed = publisher.version(POINTER)
+    try:
+        publisher.publish(POINTER, _encode({**pointer, "state": "ready"}), expected_version=claimed)
+    except storage.PublishConflictError as error:
+        raise PromotionConflictError(
+            f"version {version} was exported to {publisher.uri(target)}, but {publisher.uri(POINTER)} was moved by "
+            "another promotion before it could be marked ready"
+        ) from error
+    logger.info("promoted version %d: %s now points at %s", version, publisher.uri(POINTER), pointer["saved_model"])
     return Promotion(version, pointer["saved_model"], publisher.uri(POINTER))
+
+
+def _saved_model_proto_last(path: Path) -> tuple[bool, str]:
+    return path.name == SAVED_MODEL_PROTO, str(path)
 
 
 def warm_start_checkpoint(explicit: str, root: str, from_promoted: bool) -> str:
