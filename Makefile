@@ -22,7 +22,8 @@ PROMOTION_ROOT ?=
 LOGDIR ?= $(OUTPUT)
 REGISTRY ?= ghcr.io/cifar10-pipeline
 TAG ?= 0.1.0
-STAGES := prepare_data train evaluate
+STAGES := prepare_data train evaluate launcher
+# Each image's Dockerfile is components/<stage>/Dockerfile; the TFJob launcher's small image is in components/train/.
 # The components' image references (components/images.py) follow REGISTRY and TAG.
 export CIFAR10_PIPELINE_REGISTRY := $(REGISTRY)
 export CIFAR10_PIPELINE_TAG := $(TAG)
@@ -77,7 +78,8 @@ tensorboard:  ## TensorBoard on a run's logs: make tensorboard LOGDIR=outputs/ru
 images:  ## build every stage's image (needs a Docker engine): make images REGISTRY=... TAG=...
 	@docker info >/dev/null 2>&1 || { echo "make images needs a running Docker engine (docker info failed)"; exit 2; }
 	for stage in $(STAGES); do \
-	  docker build -f components/$$stage/Dockerfile -t $(REGISTRY)/$$(echo $$stage | tr _ -):$(TAG) . || exit 1; \
+	  dockerfile=components/$$stage/Dockerfile; [ $$stage = launcher ] && dockerfile=components/train/Dockerfile.launcher; \
+	  docker build -f $$dockerfile -t $(REGISTRY)/$$(echo $$stage | tr _ -):$(TAG) . || exit 1; \
 	done
 
 push: images  ## push the images: make push REGISTRY=... (compile with CIFAR10_PIPELINE_REGISTRY=... to use them)

@@ -11,7 +11,7 @@ import os
 
 DEFAULT_REGISTRY = "ghcr.io/cifar10-pipeline"
 DEFAULT_TAG = "0.1.0"
-STAGES = ("prepare_data", "train", "evaluate")
+STAGES = ("prepare_data", "train", "evaluate", "launcher")  # launcher: the small TFJob-launching image
 
 
 def image(stage: str) -> str:

@@ -37,6 +37,11 @@ def _parameter_types(pipeline) -> dict[str, tuple[str, Any]]:
     return {name: (spec.type, spec.default) for name, spec in pipeline.component_spec.inputs.items()}
 
 
+def _descriptions(pipeline) -> dict[str, str]:
+    """{name: description} of the pipeline's inputs (from its docstring's Args, as the KFP UI shows them)."""
+    return {name: spec.description or "" for name, spec in pipeline.component_spec.inputs.items()}
+
+
 def _converter(kfp_type: str):
     if kfp_type == "Boolean":
         return lambda text: text.lower() in ("1", "true", "yes", "on")
@@ -51,6 +56,7 @@ def _converter(kfp_type: str):
 
 def add_parameter_options(parser: argparse.ArgumentParser, pipeline) -> None:
     group = parser.add_argument_group("pipeline parameters (default: the pipeline's)")
+    descriptions = _descriptions(pipeline)
     for name, (kfp_type, default) in _parameter_types(pipeline).items():
         group.add_argument(
             "--" + name.replace("_", "-"),
@@ -58,7 +64,7 @@ def add_parameter_options(parser: argparse.ArgumentParser, pipeline) -> None:
             type=_converter(kfp_type),
             default=None,
             metavar=kfp_type.upper(),
-            help=f"default: {json.dumps(default)}",
+            help=f"{descriptions[name]} (default: {json.dumps(default)})".replace("%", "%%"),
         )
 
 
@@ -137,7 +143,7 @@ def describe_run(run_folder: Path, promotion_root: Path) -> list[str]:
     for label, pattern in (
         ("dataset manifest", "prepare-data-component/dataset/manifest.json"),
         ("model directory", "train-component*/model"),
-        ("evaluation report", "evaluate-component/report"),
+        ("evaluation report", "evaluate-component*/report"),
         ("evaluation metrics", "train-component*/model/eval_metrics.json"),
     ):
         found = sorted(run_folder.glob(pattern))

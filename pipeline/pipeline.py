@@ -1,10 +1,11 @@
 """The cifar10-pipeline KFP pipeline: wiring only. Entry points: compile, local-run, run, schedule, tensorboard.
 
-source fingerprint -> prepare_data -> (warm start?) -> train -> evaluate -> if blessed: promote
+source fingerprint -> prepare_data -> (warm start?) -> train (in the step's pod, or a TFJob) -> evaluate
+-> if blessed: promote
 
 python -m pipeline.pipeline compile
 python -m pipeline.pipeline local-run --source synthetic --train-steps 200
-python -m pipeline.pipeline run --host $KFP_HOST --source gs://bucket/cifar-10-python.tar.gz ...
+python -m pipeline.pipeline run --host $KFP_HOST --source s3://bucket/cifar-10-python.tar.gz ...
 python -m pipeline.pipeline schedule --host $KFP_HOST --cron "0 0 3 * * *" ...
 """
 
@@ -13,11 +14,126 @@ import sys
 from kfp import dsl, kubernetes
 
 from components.evaluate.component import evaluate_component, promote_component, warm_start_component
+from components.images import image
 from components.prepare_data.component import prepare_data_component, source_fingerprint_component
 from components.prepare_data.config import OFFICIAL_URL
-from components.train.component import train_component
+from components.train.component import launch_tfjob_component, train_component
 
 PIPELINE_NAME = "cifar10-pipeline"
+# Every step reads and writes object storage with the standard AWS settings: the endpoint (and region) from this
+# ConfigMap (manifests/object-store.yaml), the keys from the secret named by `object_store_secret`. Both optional:
+# with a gs:// pipeline root neither is needed.
+OBJECT_STORE_CONFIG_MAP = "cifar10-pipeline-object-store"
+OBJECT_STORE_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_REGION")
+SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}  # KFP's MinIO secret
+GPU = "nvidia.com/gpu"
+
+
+def with_object_store(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTask:
+    kubernetes.use_secret_as_env(task, secret_name=secret_name, secret_key_to_env=SECRET_KEYS, optional=True)
+    kubernetes.use_config_map_as_env(
+        task, OBJECT_STORE_CONFIG_MAP, {name: name for name in OBJECT_STORE_SETTINGS}, optional=True
+    )
+    return task
+
+
+@dsl.pipeline(name="evaluate-and-promote")
+def evaluate_and_promote(
+    dataset: dsl.Input[dsl.Dataset],
+    model: dsl.Input[dsl.Model],
+    accuracy_threshold: float,
+    baseline_tolerance: float,
+    promotion_root: str,
+    object_store_secret: str,
+):
+    """Evaluate the trained model; promote it when blessed and a promotion root is set."""
+    evaluation = evaluate_component(
+        dataset=dataset,
+        model=model,
+        accuracy_threshold=accuracy_threshold,
+        baseline_tolerance=baseline_tolerance,
+        promotion_root=promotion_root,
+    ).set_display_name("evaluate")
+    evaluation.set_caching_options(False)
+    evaluation.set_cpu_request("2").set_memory_request("4Gi")
+    with_object_store(evaluation, object_store_secret)
+
+    blessed = evaluation.outputs["Output"] == True  # noqa: E712 (a KFP condition, not a Python comparison)
+    with dsl.If(blessed, name="blessed"), dsl.If(promotion_root != "", name="promotion-configured"):
+        promotion = promote_component(
+            model=model, evaluation=evaluation.outputs["evaluation"], promotion_root=promotion_root
+        ).set_display_name("promote")
+        promotion.set_caching_options(False)
+        with_object_store(promotion, object_store_secret)
+
+
+TRAINING = ("dataset", "model_dir", "workers", "depth", "batch_size", "train_steps", "epochs", "learning_rate")
+TRAINING += ("warm_start", "options")  # the train component's parameters that the sub-pipelines pass on
+TRAIN_RETRIES = {"num_retries": 2, "backoff_duration": "120s", "backoff_factor": 2.0}
+
+
+def _arguments(scope: dict, names: tuple[str, ...]) -> dict:
+    return {name: scope[name] for name in names}
+
+
+def _train_in_pod(training: dict, cpus, memory, object_store_secret) -> dsl.PipelineTask:
+    task = train_component(**training).set_display_name("train")
+    # Training must run every time (a schedule retrains on new data), so it never comes from the cache; a retry
+    # resumes from the last checkpoint in the run's model directory, e.g. after a preemption (exit 143).
+    task.set_caching_options(False).set_retry(**TRAIN_RETRIES)
+    task.set_cpu_request(cpus).set_memory_request(memory).set_memory_limit(memory)
+    return with_object_store(task, object_store_secret)
+
+
+# Resource settings that come from pipeline parameters live in these small sub-pipelines, whose own inputs they
+# are: inside a dsl.If branch the KFP compiler does not pass such parameters down to the branch.
+@dsl.pipeline(name="train-on-gpus")
+def train_on_gpus(
+    dataset: dsl.Input[dsl.Dataset],
+    model_dir: str,
+    workers: int,
+    depth: int,
+    batch_size: int,
+    train_steps: int,
+    epochs: float,
+    learning_rate: float,
+    warm_start: str,
+    options: dict,
+    cpus: str,
+    memory: str,
+    gpus: int,
+    object_store_secret: str,
+) -> dsl.Model:
+    """Train in the step's own pod with `gpus` GPUs (the pod tolerates nvidia.com/gpu taints)."""
+    task = _train_in_pod(
+        {**_arguments(locals(), TRAINING), "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}, cpus, memory, object_store_secret
+    )
+    task.set_accelerator_type(GPU).set_accelerator_limit(gpus)
+    kubernetes.add_toleration(task, key=GPU, operator="Exists", effect="NoSchedule")
+    return task.outputs["model"]
+
+
+@dsl.pipeline(name="train-on-cpus")
+def train_on_cpus(
+    dataset: dsl.Input[dsl.Dataset],
+    model_dir: str,
+    workers: int,
+    depth: int,
+    batch_size: int,
+    train_steps: int,
+    epochs: float,
+    learning_rate: float,
+    warm_start: str,
+    options: dict,
+    cpus: str,
+    memory: str,
+    object_store_secret: str,
+) -> dsl.Model:
+    """Train in the step's own pod on CPUs (no GPU request, no GPU toleration)."""
+    task = _train_in_pod(
+        {**_arguments(locals(), TRAINING), "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}, cpus, memory, object_store_secret
+    )
+    return task.outputs["model"]
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="CIFAR-10: prepare, train (multi-worker), evaluate, promote.")
@@ -28,6 +144,9 @@ def cifar10_pipeline(
     workers: int = 2,
     launcher: str = "auto",
     gpus_per_worker: int = 0,
+    worker_cpu: str = "4",
+    worker_memory: str = "16Gi",
+    worker_image: str = image("train"),
     train_step_gpus: int = 0,
     train_step_cpus: str = "4",
     train_step_memory: str = "16Gi",
@@ -39,18 +158,46 @@ def cifar10_pipeline(
     warm_start: str = "",
     warm_start_from_promoted: bool = False,
     train_options: dict = {},  # noqa: B006 (KFP parameters take literal defaults)
+    model_dir: str = "",
     accuracy_threshold: float = 0.5,
     baseline_tolerance: float = 0.0,
     promotion_root: str = "",
+    object_store_secret: str = "mlpipeline-minio-artifact",
     synthetic_train_per_class: int = 200,
 ):
-    """Parameters: the data `source` (URL, gs://, local archive or folder, or "synthetic"); training on
-    `workers` workers (`launcher`: auto/local in the step's pod, sized by `train_step_*`, or tfjob with
-    `gpus_per_worker` GPUs per worker pod); the
-    ResNet `depth`; `epochs` or `train_steps` (0: the stage's default); the gate's `accuracy_threshold` and
-    `baseline_tolerance` against the model promoted under `promotion_root` (no promotion when empty)."""
+    """Prepare CIFAR-10, train a ResNet on one or many workers, evaluate it, and promote it when it is good enough.
+
+    Args:
+        source: The data: the official archive's URL, a gs:// or s3:// URI, an archive or folder, or "synthetic".
+        source_sha256: Expected SHA-256 of the source archive ("" checks only the official archive's known digest).
+        validation_fraction: Fraction of the training data held out for validation; negative keeps the source's own.
+        workers: Training workers (synchronous all-reduce): local processes in the step's pod, or TFJob pods.
+        launcher: "auto" trains in the step's pod; "tfjob" starts the workers as a Kubeflow TFJob.
+        gpus_per_worker: launcher=tfjob: GPUs of each worker pod (such pods tolerate nvidia.com/gpu taints).
+        worker_cpu: launcher=tfjob: CPU request of each worker pod.
+        worker_memory: launcher=tfjob: memory request and limit of each worker pod.
+        worker_image: launcher=tfjob: the workers' image (default: the train image this pipeline was compiled with).
+        train_step_gpus: launcher=auto: GPUs of the training step's own pod (KFP backends before 2.4 ignore this).
+        train_step_cpus: launcher=auto: CPU request of the training step's pod.
+        train_step_memory: launcher=auto: memory request and limit of the training step's pod.
+        depth: ResNet depth, 6n+2 (20, 32, 44, 56, 110).
+        batch_size: Global batch size, split over all replicas.
+        epochs: Epochs to train (0: use train_steps, or the stage's default of 80000 steps).
+        train_steps: Global steps to train (0: use epochs, or the stage's default).
+        learning_rate: Learning rate per 128 images (scaled with the batch size).
+        warm_start: A checkpoint (prefix or folder) to start from ("" for none).
+        warm_start_from_promoted: Start from the checkpoint of the model promoted under promotion_root, if any.
+        train_options: Any other train setting by its name, e.g. {"optimizer": "adamw", "ema_decay": 0.999}.
+        model_dir: Where checkpoints and summaries go ("" for a folder of this run in the pipeline's object store).
+        accuracy_threshold: The gate: the lowest test accuracy that may be promoted.
+        baseline_tolerance: The gate: how far below the promoted model's accuracy a new model may be.
+        promotion_root: Where blessed models go (integer version folders, current.json); "" for no promotion.
+        object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
+        synthetic_train_per_class: source=synthetic: training images per class.
+    """
     fingerprint = source_fingerprint_component(source=source).set_display_name("fingerprint the source")
     fingerprint.set_caching_options(False)  # it must look at the source every time
+    with_object_store(fingerprint, object_store_secret)
 
     data = prepare_data_component(
         source=source,
@@ -61,52 +208,64 @@ def cifar10_pipeline(
     ).set_display_name("prepare data")
     data.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
     data.set_cpu_request("2").set_memory_request("8Gi").set_memory_limit("8Gi")
+    with_object_store(data, object_store_secret)
+    dataset = data.outputs["dataset"]
 
     start = warm_start_component(
         warm_start=warm_start, promotion_root=promotion_root, from_promoted=warm_start_from_promoted
     ).set_display_name("choose the warm start")
     start.set_caching_options(False)
+    with_object_store(start, object_store_secret)
 
-    train = train_component(
-        dataset=data.outputs["dataset"],
-        workers=workers,
-        launcher=launcher,
-        gpus_per_worker=gpus_per_worker,
-        depth=depth,
-        batch_size=batch_size,
-        train_steps=train_steps,
-        epochs=epochs,
-        learning_rate=learning_rate,
-        warm_start=start.output,
-        options=train_options,
-        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,  # names the TFJob: a retried step follows the same job
-    ).set_display_name("train")
-    # Training must run every time (a schedule retrains on new data); a cached train step would silently skip
-    # it. Retries resume from the last checkpoint, e.g. after a preemption (exit 143).
-    train.set_caching_options(False)
-    train.set_retry(num_retries=2, backoff_duration="120s", backoff_factor=2.0)
-    # With launcher=tfjob the step only launches and watches the job (the workers' pods get gpus_per_worker
-    # GPUs each); otherwise the step trains in its own pod, which then needs train_step_gpus GPUs.
-    train.set_cpu_request(train_step_cpus).set_memory_request(train_step_memory).set_memory_limit(train_step_memory)
-    train.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(train_step_gpus)
-    kubernetes.add_toleration(train, key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
-    model = train.outputs["model"]
-
-    evaluation = evaluate_component(
-        dataset=data.outputs["dataset"],
-        model=model,
-        accuracy_threshold=accuracy_threshold,
-        baseline_tolerance=baseline_tolerance,
-        promotion_root=promotion_root,
-    ).set_display_name("evaluate")
-    evaluation.set_caching_options(False)
-    evaluation.set_cpu_request("2").set_memory_request("4Gi")
-
-    blessed = evaluation.outputs["Output"] == True  # noqa: E712 (a KFP condition, not a Python comparison)
-    with dsl.If(blessed, name="blessed"), dsl.If(promotion_root != "", name="promotion-configured"):
-        promote_component(
-            model=model, evaluation=evaluation.outputs["evaluation"], promotion_root=promotion_root
-        ).set_display_name("promote").set_caching_options(False)
+    training = {
+        "dataset": dataset,
+        "model_dir": model_dir,
+        "workers": workers,
+        "depth": depth,
+        "batch_size": batch_size,
+        "train_steps": train_steps,
+        "epochs": epochs,
+        "learning_rate": learning_rate,
+        "warm_start": start.output,
+        "options": train_options,
+    }
+    gate = {
+        "dataset": dataset,
+        "accuracy_threshold": accuracy_threshold,
+        "baseline_tolerance": baseline_tolerance,
+        "promotion_root": promotion_root,
+        "object_store_secret": object_store_secret,
+    }
+    # Exactly one branch runs; each trains, then evaluates and promotes its own model.
+    with dsl.If(launcher == "tfjob", name="tfjob"):
+        launched = launch_tfjob_component(
+            **training,
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,  # names the TFJob: a retried step follows the same job
+            gpus_per_worker=gpus_per_worker,
+            worker_cpu=worker_cpu,
+            worker_memory=worker_memory,
+            worker_image=worker_image,
+            object_store_secret=object_store_secret,
+        ).set_display_name("train (TFJob)")
+        launched.set_caching_options(False).set_retry(**TRAIN_RETRIES)
+        launched.set_cpu_request("250m").set_memory_request("512Mi").set_memory_limit("1Gi")
+        kubernetes.use_field_path_as_env(launched, "POD_NAMESPACE", "metadata.namespace")
+        with_object_store(launched, object_store_secret)
+        evaluate_and_promote(model=launched.outputs["model"], **gate)
+    with dsl.Elif(train_step_gpus > 0, name="gpu-pod"):
+        on_gpus = train_on_gpus(
+            **training,
+            cpus=train_step_cpus,
+            memory=train_step_memory,
+            gpus=train_step_gpus,
+            object_store_secret=object_store_secret,
+        ).set_display_name("train on GPUs")
+        evaluate_and_promote(model=on_gpus.output, **gate)
+    with dsl.Else(name="cpu-pod"):
+        on_cpus = train_on_cpus(
+            **training, cpus=train_step_cpus, memory=train_step_memory, object_store_secret=object_store_secret
+        ).set_display_name("train on CPUs")
+        evaluate_and_promote(model=on_cpus.output, **gate)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,11 @@ import pytest
 import yaml
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+TFJOB_TEMPLATE = Path(__file__).resolve().parents[1] / "components" / "train" / "tfjob.yaml"  # package data
 
 
 def documents():
-    for path in sorted(MANIFESTS.glob("*.yaml")):
+    for path in [*sorted(MANIFESTS.glob("*.yaml")), TFJOB_TEMPLATE]:
         for document in yaml.safe_load_all(path.read_text()):
             if document:
                 yield path.name, document

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,16 +33,17 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
     (manifest,) = run.glob("prepare-data-component/dataset/manifest.json")
     verified = open_dataset(str(manifest.parent))
     assert verified.manifest.synthetic and verified.manifest.splits["train"].num_examples == 160
-    (model_dir,) = run.glob("train-component/model")
+    (model_dir,) = run.glob("train-component*/model")
     assert (model_dir / "ckpt-40.index").exists()
     trained = json.loads((model_dir / "train_metrics.json").read_text())
     assert trained["step"] == 40 and 0 < trained["metrics"]["loss"] < 5
     assert json.loads((model_dir / "config.json").read_text())["resolved"]["replicas"] == 2
     evaluation = json.loads((model_dir / "eval_metrics.json").read_text())
     assert 0.3 <= evaluation["metrics"]["accuracy"] <= 1.0 and evaluation["blessed"] is True
-    report = (run / "evaluate-component" / "report").read_text()
+    (evaluated,) = run.glob("evaluate-component*")
+    report = (evaluated / "report").read_text()
     assert "Confusion matrix" in report and "data:image/png;base64," in report
-    executed = json.loads((run / "evaluate-component" / "executor_output.json").read_text())["artifacts"]
+    executed = json.loads((evaluated / "executor_output.json").read_text())["artifacts"]
     (metrics,) = executed["metrics"]["artifacts"]
     assert metrics["metadata"]["accuracy"] == evaluation["metrics"]["accuracy"] and metrics["metadata"]["blessed"] == 1
     (classification,) = executed["classification"]["artifacts"]
@@ -49,12 +52,20 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
     assert sum(sum(row["row"]) for row in matrix["rows"]) == verified.manifest.splits["eval"].num_examples
     pointer = json.loads((tmp_path / "models" / "current.json").read_text())
     assert pointer["step"] == 40 and Path(pointer["saved_model"], "saved_model.pb").exists()
+    assert pointer["version"] == 1 and Path(pointer["saved_model"]) == tmp_path / "models" / "1"
+    (promoted,) = run.glob("promote-component*")
+    promoted_outputs = json.loads((promoted / "executor_output.json").read_text())
+    (model_artifact,) = promoted_outputs["artifacts"]["promoted"]["artifacts"]
+    assert model_artifact["metadata"]["saved_model"] == pointer["saved_model"]
+    assert promoted_outputs["parameterValues"]["Output"] == 1
+    (ui_metadata,) = run.glob("train-component*/mlpipeline_ui_metadata")
+    assert json.loads(ui_metadata.read_text()) == {"outputs": [{"type": "tensorboard", "source": str(model_dir)}]}
 
     # A scheduled run: same source, warm-started from whatever is promoted at the time it runs.
     second = commands.local_run(
         cifar10_pipeline, {**SMALL, "warm_start_from_promoted": True, "train_steps": 10}, tmp_path
     )
-    (second_model,) = second.glob("train-component/model")
+    (second_model,) = second.glob("train-component*/model")
     assert json.loads((second_model / "config.json").read_text())["warm_start"] == pointer["checkpoint"]
 
 
@@ -69,24 +80,107 @@ def test_compiled_yaml_is_current(tmp_path):
     )
 
 
-def test_caching_retries_and_resources_in_the_compiled_pipeline():
+def compiled() -> tuple[dict, dict]:
     documents = list(yaml.safe_load_all(commands.COMPILED.read_text()))
-    spec, platform = documents[0], documents[1]
-    tasks = spec["root"]["dag"]["tasks"]
-    assert tasks["train-component"]["cachingOptions"] == {}  # never from cache: training must really run
-    assert tasks["evaluate-component"]["cachingOptions"] == {}
-    assert tasks["source-fingerprint-component"]["cachingOptions"] == {}
-    assert tasks["prepare-data-component"]["cachingOptions"] == {"enableCache": True}  # keyed on the fingerprint
-    prepare_inputs = tasks["prepare-data-component"]["inputs"]["parameters"]
+    return documents[0], documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def dags(spec: dict) -> dict[str, dict]:
+    """Every DAG of the compiled pipeline (the root, the dsl.If branches, the sub-pipelines), by component name."""
+    return {"root": spec["root"], **{name: c for name, c in spec["components"].items() if "dag" in c}}
+
+
+def tasks_of(spec: dict, component_prefix: str) -> list[tuple[str, dict, str]]:
+    """(DAG, task, executor label) of every task whose component's name starts with `component_prefix`."""
+    found = []
+    for dag_name, component in dags(spec).items():
+        for task in component["dag"]["tasks"].values():
+            name = task["componentRef"]["name"]
+            if name.startswith(component_prefix):
+                found.append((dag_name, task, spec["components"][name].get("executorLabel")))
+    return found
+
+
+def _parameter_references(node) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "componentInputParameter"] + [
+            reference
+            for k, v in node.items()
+            if k != "componentInputParameter"
+            for reference in _parameter_references(v)
+        ]
+    if isinstance(node, list):
+        return [reference for item in node for reference in _parameter_references(item)]
+    return []
+
+
+def test_every_parameter_a_task_reads_is_declared_by_its_dag():
+    """What the backend's driver resolves: a task (and its Kubernetes settings: secret names...) can only read
+    parameters its own DAG declares. The KFP compiler drops resource parameters used inside dsl.If branches."""
+    spec, platform = compiled()
+    problems = []
+    for dag_name, component in dags(spec).items():
+        definitions = component.get("inputDefinitions", {})
+        declared = set(definitions.get("parameters", {})) | set(definitions.get("artifacts", {}))
+        for task_name, task in component["dag"]["tasks"].items():
+            reads = _parameter_references(task.get("inputs", {}))
+            reads += [
+                source["componentInputArtifact"]
+                for source in task.get("inputs", {}).get("artifacts", {}).values()
+                if "componentInputArtifact" in source
+            ]
+            executor = spec["components"][task["componentRef"]["name"]].get("executorLabel")
+            reads += _parameter_references(platform.get(executor, {}))
+            problems += [f"{dag_name}/{task_name} reads {name!r}" for name in reads if name not in declared]
+    assert problems == []
+
+
+def test_caching_retries_resources_and_tolerations_in_the_compiled_pipeline():
+    spec, platform = compiled()
+    caching = {
+        task["componentRef"]["name"]: task.get("cachingOptions", {}).get("enableCache", False)
+        for component in dags(spec).values()
+        for task in component["dag"]["tasks"].values()
+        if "executorLabel" in spec["components"][task["componentRef"]["name"]]
+    }
+    assert {name for name, cached in caching.items() if cached} == {"comp-prepare-data-component"}  # keyed on data
+    prepare_inputs = spec["root"]["dag"]["tasks"]["prepare-data-component"]["inputs"]["parameters"]
     assert prepare_inputs["source_fingerprint"]["taskOutputParameter"]["producerTask"] == "source-fingerprint-component"
-    for task in ("prepare-data-component", "train-component"):
-        assert tasks[task]["retryPolicy"]["maxRetryCount"] >= 2
-    executor = spec["deploymentSpec"]["executors"]["exec-train-component"]["container"]
-    assert executor["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    assert executor["image"] == "ghcr.io/cifar10-pipeline/train:0.1.0"
-    tolerations = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-component"]
-    assert tolerations["tolerations"][0]["key"] == "nvidia.com/gpu"
-    assert tasks["train-component"]["taskInfo"]["name"] == "train"
+    executors = spec["deploymentSpec"]["executors"]
+
+    trains = tasks_of(spec, "comp-train-component") + tasks_of(spec, "comp-launch-tfjob-component")
+    assert len(trains) == 3  # on GPUs, on CPUs, as a TFJob: exactly one runs
+    for _dag, task, _executor in trains:
+        assert task["retryPolicy"]["maxRetryCount"] >= 2 and task["taskInfo"]["name"].startswith("train")
+    gpu_trains = [executor for dag, _task, executor in trains if dag == "comp-train-on-gpus"]
+    assert len(gpu_trains) == 1
+    for _dag, _task, executor in trains:
+        container = executors[executor]["container"]
+        tolerations = platform.get(executor, {}).get("tolerations", [])
+        if executor in gpu_trains:
+            assert container["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
+            assert [t["key"] for t in tolerations] == ["nvidia.com/gpu"]
+        else:
+            assert "accelerator" not in container.get("resources", {}) and tolerations == [], executor
+    (launch,) = tasks_of(spec, "comp-launch-tfjob-component")
+    assert executors[launch[2]]["container"]["image"] == "ghcr.io/cifar10-pipeline/launcher:0.1.0"
+    for name in executors:
+        if "train-component" not in name:
+            assert not platform.get(name, {}).get("tolerations"), f"{name} is CPU-only and must not tolerate GPUs"
+        assert platform[name]["secretAsEnv"][0]["optional"] is True  # object-store keys, when the secret exists
+    worker_image = spec["root"]["inputDefinitions"]["parameters"]["worker_image"]["defaultValue"]
+    assert worker_image == "ghcr.io/cifar10-pipeline/train:0.1.0"  # the workers run the image compiled with
+
+
+def test_every_pipeline_parameter_has_a_description_shown_in_help():
+    spec, _platform = compiled()
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    missing = [name for name, definition in parameters.items() if not definition.get("description")]
+    assert missing == []
+    run_help = subprocess.run(
+        [sys.executable, "-m", "pipeline.pipeline", "run", "--help"], capture_output=True, text=True, cwd=REPOSITORY
+    ).stdout
+    assert "launcher=tfjob: GPUs of each worker pod" in " ".join(run_help.split())
 
 
 def test_docker_runner_without_an_engine_says_why_and_what_to_do_instead(tmp_path):

@@ -1,82 +1,38 @@
-"""The tfjob launcher against a fake Kubernetes API (no API server can run here): the exact TFJob sent,
-success only on a true Succeeded condition, failure and timeout fail the step, the job is always deleted."""
+"""The tfjob launcher, driven through the real `kubernetes` client against a strict stand-in of the Kubernetes API
+(training-operator v1.9's CRD schema and webhook rules): the TFJob sent, multi-user namespaces, worker resources,
+object-store settings, transient API errors, Pending and restarted pods, failure, timeout and cancellation."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from components.train import launch_tfjob
 from components.train.config import TrainConfig
+from tests.fake_kubernetes_api import FAILED, RUNNING, SUCCEEDED, FakeKubernetesApi, Tick
 
-
-class FakeCustomObjects:
-    """Records calls; `get` returns the next status in `statuses` (the last one repeats)."""
-
-    def __init__(self, statuses):
-        self.statuses = list(statuses)
-        self.created = []
-        self.deleted = []
-        self.gets = 0
-
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        self.created.append((group, version, namespace, plural, body))
-        return body
-
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-        self.gets += 1
-        status = self.statuses[min(self.gets - 1, len(self.statuses) - 1)]
-        return {"metadata": {"name": name}, "status": status}
-
-    def delete_namespaced_custom_object(self, group, version, namespace, plural, name):
-        self.deleted.append((namespace, name))
-
-
-class FakeLogStream:
-    def __init__(self, lines):
-        self.lines = lines
-
-    def stream(self):
-        yield from self.lines
-
-
-class FakeCore:
-    def __init__(self):
-        self.requests = []
-
-    def read_namespaced_pod_log(self, name, namespace, **options):
-        self.requests.append((name, namespace, options))
-        return FakeLogStream([b"step 10/20 loss 1.0\n", b"step 20/20 loss 0.5\n"])
-
-
-def condition(kind, status="True", reason="", message=""):
-    return {"type": kind, "status": status, "reason": reason, "message": message}
-
-
-RUNNING = {"conditions": [condition("Created"), condition("Running")]}
-SUCCEEDED = {
-    "conditions": [condition("Created"), condition("Running", "False"), condition("Succeeded", reason="TFJobSucceeded")]
-}
-FAILED = {
-    "conditions": [
-        condition("Created"),
-        condition("Running", "False"),
-        condition(
-            "Failed", reason="TFJobFailed", message="TFJob cifar/x has failed because 1 Worker replica(s) failed."
-        ),
-    ]
+REPOSITORY = Path(__file__).resolve().parents[1]
+CHIEF_LOG = {
+    0: "step 10/40 loss 2.1\nstep 20/40 loss 1.7\n" + "x" * 70_000 + "\npreempted: saving\n",
+    1: "resumed at step 20\nstep 40/40 loss 0.9\n",
 }
 
 
-def config(**overrides):
+def config(**overrides) -> TrainConfig:
     values = {
-        "data": "gs://bucket/datasets/cifar10",
-        "model_dir": "gs://bucket/runs/42/model",
+        "data": "s3://bucket/datasets/cifar10",
+        "model_dir": "s3://bucket/runs/42/model-directory",
         "workers": 4,
         "batch_size": 512,
         "gpus_per_worker": 2,
-        "tfjob_namespace": "team-a",
+        "worker_cpu": "8",
+        "worker_memory": "30Gi",
         "tfjob_image": "registry.example/cifar10/train:1.2.3",
         "launcher": "tfjob",
         "train_steps": 1000,
@@ -85,147 +41,224 @@ def config(**overrides):
     return TrainConfig(**values)
 
 
-def launcher(custom, core=None):
-    return launch_tfjob.TFJobLauncher(custom, core or FakeCore(), poll_seconds=0.0)
+@pytest.fixture
+def namespace_file(tmp_path, monkeypatch):
+    """This pod's namespace, as a KFP step in a profile namespace sees it."""
+    path = tmp_path / "namespace"
+    path.write_text("team-a\n")
+    monkeypatch.setattr(launch_tfjob, "SERVICE_ACCOUNT_NAMESPACE", path)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio-service.kubeflow:9000")
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    return path
 
 
-def test_the_exact_tfjob_sent_and_success(caplog):
-    custom, core = FakeCustomObjects([{}, RUNNING, RUNNING, SUCCEEDED]), FakeCore()
-    with caplog.at_level("INFO"):
-        outcome = launcher(custom, core).run(config(), name="cifar10-train-run42")
+def launcher(api: FakeKubernetesApi) -> launch_tfjob.TFJobLauncher:
+    custom, core = api.clients()
+    return launch_tfjob.TFJobLauncher(custom, core, poll_seconds=0.3, backoff_seconds=0.01, log_poll_seconds=0.02)
 
-    assert outcome.succeeded
-    ((group, version, namespace, plural, body),) = custom.created
-    assert (group, version, namespace, plural) == ("kubeflow.org", "v1", "team-a", "tfjobs")
-    worker_config = json.loads(body["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"][1])
-    assert worker_config["launcher"] == "worker" and worker_config["workers"] == 4
-    assert worker_config["data"] == "gs://bucket/datasets/cifar10" and worker_config["train_steps"] == 1000
-    expected = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "TFJob",
-        "metadata": {
-            "name": "cifar10-train-run42",
-            "namespace": "team-a",
-            "labels": {"app.kubernetes.io/name": "cifar10-pipeline", "app.kubernetes.io/component": "train"},
-        },
-        "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
-            "tfReplicaSpecs": {
-                "Worker": {
-                    "replicas": 4,
-                    "restartPolicy": "ExitCode",
-                    "template": {
-                        "metadata": {
-                            "labels": {
-                                "app.kubernetes.io/name": "cifar10-pipeline",
-                                "app.kubernetes.io/component": "train-worker",
-                            },
-                            "annotations": {"sidecar.istio.io/inject": "false"},
-                        },
-                        "spec": {
-                            "serviceAccountName": "cifar10-pipeline",
-                            "securityContext": {
-                                "runAsNonRoot": True,
-                                "runAsUser": 10001,
-                                "runAsGroup": 10001,
-                                "fsGroup": 10001,
-                                "seccompProfile": {"type": "RuntimeDefault"},
-                            },
-                            "containers": [
-                                {
-                                    "name": "tensorflow",
-                                    "image": "registry.example/cifar10/train:1.2.3",
-                                    "command": ["python", "-m", "components.train"],
-                                    "args": ["--config", json.dumps(worker_config, sort_keys=True)],
-                                    "env": [{"name": "XDG_CACHE_HOME", "value": "/tmp/cache"}],
-                                    "ports": [{"name": "tfjob-port", "containerPort": 2222}],
-                                    "resources": {
-                                        "requests": {"cpu": "4", "memory": "16Gi"},
-                                        "limits": {"memory": "16Gi", "nvidia.com/gpu": 2},
-                                    },
-                                    "securityContext": {
-                                        "allowPrivilegeEscalation": False,
-                                        "readOnlyRootFilesystem": True,
-                                        "capabilities": {"drop": ["ALL"]},
-                                    },
-                                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                                }
-                            ],
-                            "volumes": [{"name": "tmp", "emptyDir": {}}],
-                        },
-                    },
-                }
-            },
-        },
+
+def logged_lines(caplog, pod: str) -> list[str]:
+    prefix = f"[{pod}] "
+    return [r.getMessage()[len(prefix) :] for r in caplog.records if r.getMessage().startswith(prefix)]
+
+
+def test_the_tfjob_sent_passes_the_crd_and_webhook_and_the_chiefs_log_survives_pending_and_a_restart(
+    namespace_file, caplog
+):
+    timeline = [
+        Tick(RUNNING[:1], pod="Pending"),
+        Tick(RUNNING, pod="Pending"),
+        Tick(RUNNING),
+        Tick(RUNNING),
+        Tick(RUNNING, restarts=1),
+        Tick(RUNNING, restarts=1),
+        Tick(SUCCEEDED, pod="Succeeded", restarts=1),
+    ]
+    with FakeKubernetesApi(timeline, CHIEF_LOG) as api, caplog.at_level("INFO"):
+        outcome = launcher(api).run(config(), name="cifar10-train-run42")
+    assert outcome.succeeded and api.refused == []
+    (body,) = api.created
+    assert body["metadata"] == {
+        "name": "cifar10-train-run42",
+        "namespace": "team-a",  # the pod's own namespace, not "kubeflow"
+        "labels": {"app.kubernetes.io/name": "cifar10-pipeline", "app.kubernetes.io/component": "train"},
     }
-    assert body == expected
-    assert custom.deleted == [("team-a", "cifar10-train-run42")]
-    assert core.requests[0][0] == "cifar10-train-run42-worker-0" and core.requests[0][2]["container"] == "tensorflow"
-    assert "[cifar10-train-run42-worker-0] step 20/20 loss 0.5" in caplog.text
+    worker = body["spec"]["tfReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 4 and worker["restartPolicy"] == "ExitCode"
+    pod = worker["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == "tensorflow" and container["image"] == "registry.example/cifar10/train:1.2.3"
+    assert container["resources"] == {
+        "requests": {"cpu": "8", "memory": "30Gi"},
+        "limits": {"memory": "30Gi", "nvidia.com/gpu": 2},
+    }
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    environment = {variable["name"]: variable for variable in container["env"]}
+    assert environment["AWS_ENDPOINT_URL"]["value"] == "http://minio-service.kubeflow:9000"
+    assert environment["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {
+        "name": "mlpipeline-minio-artifact",
+        "key": "accesskey",
+        "optional": True,
+    }
+    worker_config = json.loads(container["args"][1])
+    assert worker_config["launcher"] == "worker" and worker_config["data"] == "s3://bucket/datasets/cifar10"
+    assert api.deleted == [("team-a", "cifar10-train-run42")]
+    # Every line of both container instances, whole (one is longer than the client's 64 KiB reads), once, in order.
+    expected = [line for instance in (0, 1) for line in CHIEF_LOG[instance].splitlines()]
+    assert logged_lines(caplog, "cifar10-train-run42-worker-0") == expected
+    assert "cifar10-train-run42-worker-0 was restarted (restart 1)" in caplog.text
 
 
-def test_a_failed_job_fails_the_step_and_is_deleted():
-    custom = FakeCustomObjects([RUNNING, FAILED])
-    with pytest.raises(launch_tfjob.TFJobError, match=r"TFJob team-a/job-1 failed: TFJobFailed: .*1 Worker replica"):
-        launcher(custom).run(config(), name="job-1")
-    assert custom.deleted == [("team-a", "job-1")]
+def test_cpu_workers_neither_request_nor_tolerate_gpus(namespace_file):
+    with FakeKubernetesApi([Tick(SUCCEEDED, pod="Succeeded")]) as api:
+        launcher(api).run(config(gpus_per_worker=0), name="cpu-job")
+    pod = api.created[0]["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert "tolerations" not in pod and "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
 
 
-def test_succeeded_with_status_false_is_not_success():
-    not_yet = {"conditions": [condition("Running"), condition("Succeeded", status="False")]}
-    custom = FakeCustomObjects([not_yet, not_yet, FAILED])
-    with pytest.raises(launch_tfjob.TFJobError, match="failed"):
-        launcher(custom).run(config(), name="job-2")
+def test_transient_api_errors_are_retried_and_never_delete_the_running_job(namespace_file, caplog):
+    timeline = [Tick(RUNNING), Tick(error=503), Tick(error=500), Tick(RUNNING), Tick(error=503), Tick(SUCCEEDED)]
+    with FakeKubernetesApi(timeline, {0: "one\n"}) as api, caplog.at_level("WARNING"):
+        api.pod_errors = [500, 500]
+        assert launcher(api).run(config(), name="flaky-api").succeeded
+    assert api.deleted == [("team-a", "flaky-api")]  # once, at the end
+    assert "transient API error" in caplog.text
 
 
-def test_a_job_that_never_ends_times_out_and_is_deleted():
-    ticks = iter(range(0, 10_000, 100))
-    custom = FakeCustomObjects([RUNNING])
-    slow = launch_tfjob.TFJobLauncher(custom, FakeCore(), poll_seconds=0.0, clock=lambda: next(ticks))
-    with pytest.raises(launch_tfjob.TFJobError, match=r"did not finish within 300 s; it was deleted"):
-        slow.run(config(tfjob_timeout_seconds=300), name="job-3")
-    assert custom.deleted == [("team-a", "job-3")]
+def test_an_api_that_stays_down_fails_the_step_but_leaves_the_job_for_the_retry(namespace_file):
+    timeline = [Tick(RUNNING)] + [Tick(error=503)] * (launch_tfjob.READ_ATTEMPTS + 1)
+    with FakeKubernetesApi(timeline) as api, pytest.raises(Exception, match="503"):
+        launcher(api).run(config(), name="api-down")
+    assert api.deleted == [] and ("team-a", "api-down") in api.jobs
 
 
-def test_job_names_are_unique_and_valid():
-    names = {launch_tfjob.unique_job_name() for _ in range(50)}
-    assert len(names) == 50
-    for name in names:
-        assert launch_tfjob.valid_job_name(name) == name
-    with pytest.raises(ValueError, match="not a valid Kubernetes name"):
-        launch_tfjob.valid_job_name("Bad_Name")
+def test_a_failed_job_fails_the_step_and_is_deleted(namespace_file):
+    with (
+        FakeKubernetesApi([Tick(RUNNING), Tick(FAILED, pod="Failed")]) as api,
+        pytest.raises(launch_tfjob.TFJobError, match=r"TFJob team-a/job-1 failed: TFJobFailed: .*1 Worker"),
+    ):
+        launcher(api).run(config(), name="job-1")
+    assert api.deleted == [("team-a", "job-1")]
 
 
-class ConflictError(Exception):
-    status = 409  # what kubernetes.client.ApiException carries when the object exists
+def test_succeeded_with_status_false_is_not_success(namespace_file):
+    not_yet = [*RUNNING, {"type": "Succeeded", "status": "False", "reason": "", "message": ""}]
+    with (
+        FakeKubernetesApi([Tick(not_yet), Tick(not_yet), Tick(FAILED)]) as api,
+        pytest.raises(launch_tfjob.TFJobError, match="failed"),
+    ):
+        launcher(api).run(config(), name="job-2")
 
 
-def test_a_retried_step_follows_the_job_its_earlier_attempt_started(caplog):
-    custom = FakeCustomObjects([RUNNING, SUCCEEDED])
+def test_a_job_that_never_ends_times_out_and_is_deleted(namespace_file):
+    with (
+        FakeKubernetesApi([Tick(RUNNING)]) as api,
+        pytest.raises(launch_tfjob.TFJobError, match=r"did not finish within 1 s; it was deleted"),
+    ):
+        launcher(api).run(config(tfjob_timeout_seconds=1), name="job-3")
+    assert api.deleted == [("team-a", "job-3")]
 
-    def exists(*_arguments):
-        raise ConflictError("AlreadyExists")
 
-    custom.create_namespaced_custom_object = exists
+def test_sigterm_cancels_the_step_and_deletes_the_job(namespace_file):
+    with FakeKubernetesApi([Tick(RUNNING)]) as api:
+        api.on_job_get = lambda tick: tick == 2 and os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(launch_tfjob.Cancelled):
+            launcher(api).run(config(), name="cancelled")
+    assert api.deleted == [("team-a", "cancelled")]
+    assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
+
+
+def test_a_retried_step_follows_the_job_its_earlier_attempt_started(namespace_file, caplog):
     name = launch_tfjob.job_name_for_run("8d3f2a10-run-of-the-pipeline")
-    with caplog.at_level("WARNING"):
-        assert launcher(custom).run(config(), name=name).succeeded
+    with FakeKubernetesApi([Tick(RUNNING), Tick(SUCCEEDED)]) as api, caplog.at_level("WARNING"):
+        api.create_job("team-a", launch_tfjob.build_tfjob(config(), name, "team-a"))  # the first attempt's
+        assert launcher(api).run(config(), name=name).succeeded
     assert "exists already (an earlier attempt of this step): following it" in caplog.text
-    assert custom.deleted == [("team-a", name)]
+    assert len(api.created) == 1 and api.deleted == [("team-a", name)]
 
 
-def test_job_names_are_stable_per_pipeline_run_and_valid():
+def _worker(job):
+    return job["spec"]["tfReplicaSpecs"]["Worker"]
+
+
+def _container(job):
+    return _worker(job)["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda job: _worker(job)["template"]["spec"].update(tolerations="gpu"), "is not of type 'array'"),
+        (lambda job: _worker(job).update(restartPolicies="ExitCode"), "'restartPolicies' was unexpected"),
+        (lambda job: _container(job).update(name="tf"), "container with name tensorflow"),
+        (lambda job: _container(job).update(image=""), "image: Required value"),
+        (lambda job: job["metadata"].update(name="1st-job"), "DNS-1035"),
+        (lambda job: _worker(job).update(restartPolicy="Sometimes"), "Unsupported value"),
+    ],
+)
+def test_the_stand_in_refuses_what_the_api_server_or_webhook_would(namespace_file, change, message):
+    from tests.fake_kubernetes_api import Refused
+
+    job = launch_tfjob.build_tfjob(config(), "good-name", "team-a")
+    change(job)
+    with FakeKubernetesApi([Tick(RUNNING)]) as api, pytest.raises(Refused, match=message):
+        api.create_job("team-a", job)
+
+
+def test_a_refused_tfjob_fails_clearly_with_the_apis_reason(namespace_file, monkeypatch):
+    original = launch_tfjob.template
+
+    def broken_template():
+        job = original()
+        job["spec"]["runPolicy"]["cleanPodPolicies"] = "All"  # a misspelled setting
+        return job
+
+    monkeypatch.setattr(launch_tfjob, "template", broken_template)
+    with (
+        FakeKubernetesApi([Tick(RUNNING)]) as api,
+        pytest.raises(launch_tfjob.TFJobError, match=r"could not create TFJob team-a/job-9: .*'cleanPodPolicies' was unexpected"),
+    ):
+        launcher(api).run(config(), name="job-9")
+
+
+def test_job_names_are_dns_1035_labels():
     first = launch_tfjob.job_name_for_run("run-1")
     assert first == launch_tfjob.job_name_for_run("run-1") != launch_tfjob.job_name_for_run("run-2")
-    assert launch_tfjob.valid_job_name(first) == first
+    assert len({launch_tfjob.unique_job_name() for _ in range(50)}) == 50
+    for bad in ("1st-run", "Bad_Name", "x" * 60, "trailing-"):
+        with pytest.raises(ValueError, match=r"tfjob_name: .* is not a DNS-1035 label"):
+            config(tfjob_name=bad)
 
 
-def test_other_create_errors_fail_clearly():
-    custom = FakeCustomObjects([RUNNING])
+def test_pod_local_locations_are_refused_for_a_tfjob_at_once():
+    with pytest.raises(ValueError, match=r"model_dir: /minio/mlpipeline/.* is a local path, and the TFJob's workers"):
+        config(model_dir="/minio/mlpipeline/v2/artifacts/run/model")
 
-    def forbidden(*_arguments):
-        raise PermissionError("tfjobs.kubeflow.org is forbidden")
 
-    custom.create_namespaced_custom_object = forbidden
-    with pytest.raises(launch_tfjob.TFJobError, match=r"could not create TFJob team-a/job-9: .*forbidden"):
-        launcher(custom).run(config(), name="job-9")
+def test_outside_a_pod_the_namespace_must_be_given(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch_tfjob, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "missing")
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    with pytest.raises(ValueError, match="give --tfjob-namespace"):
+        launch_tfjob.own_namespace()
+    monkeypatch.setenv("POD_NAMESPACE", "team-b")
+    assert launch_tfjob.own_namespace() == "team-b"
+
+
+def test_the_tfjob_cli_launches_without_tensorflow_through_a_kubeconfig(tmp_path):
+    """The launching step runs in a small image without TensorFlow: the whole tfjob path must not import it."""
+    with FakeKubernetesApi([Tick(RUNNING), Tick(SUCCEEDED, pod="Succeeded")], {0: "done\n"}) as api:
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        program = (
+            "import sys; sys.modules['tensorflow'] = None\n"  # any import of TensorFlow now fails
+            "from components.train.__main__ import main\n"
+            "sys.exit(main(sys.argv[1:]))"
+        )
+        completed = subprocess.run(
+            [sys.executable, "-c", program, "--launcher", "tfjob", "--workers", "2", "--data", "s3://b/data",
+             "--model-dir", "s3://b/model", "--tfjob-namespace", "team-a", "--tfjob-name", "cli-job",
+             "--tfjob-image", "registry.example/train:1"],
+            cwd=REPOSITORY, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    assert api.deleted == [("team-a", "cli-job")] and "TFJob team-a/cli-job succeeded" in completed.stderr

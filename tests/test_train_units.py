@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 from components.train import distribution, optimization
-from components.train.__main__ import choose_launcher
 from components.train.config import TrainConfig
+from components.train.launcher import choose_launcher
 from components.train.model import ModelSpec, build_resnet
 
 
@@ -60,7 +60,9 @@ class TestTfConfig:
         monkeypatch.delenv("TF_CONFIG", raising=False)
         assert choose_launcher(TrainConfig(data="d", model_dir="m")) == "inprocess"
         assert choose_launcher(TrainConfig(data="d", model_dir="m", workers=2)) == "local"
-        assert choose_launcher(TrainConfig(data="d", model_dir="m", workers=2, launcher="tfjob")) == "tfjob"
+        assert (
+            choose_launcher(TrainConfig(data="gs://b/d", model_dir="gs://b/m", workers=2, launcher="tfjob")) == "tfjob"
+        )
         monkeypatch.setenv("TF_CONFIG", tf_config(2))
         assert choose_launcher(TrainConfig(data="d", model_dir="m", workers=2)) == "worker"
 

@@ -20,16 +20,13 @@ import tensorflow as tf
 
 from components.common import storage
 from components.common.dataset import default_cache_dir
+from components.common.model_directory import CheckpointError
 from components.train.model import variable_name
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "ckpt"
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint where one was expected, or a warm start that matched nothing."""
 
 
 class ModelDirectory:

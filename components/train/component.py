@@ -1,8 +1,12 @@
-"""The train KFP component: a lightweight Python component whose image holds this project.
+"""The train KFP components: lightweight Python components whose images hold this project.
 
-It trains in-process (one worker), with local worker processes, or by launching a TFJob (`launcher`).
-With a TFJob the workers are separate pods, so the model directory must be shared: the `Model`
-artifact's gs:// URI on a cluster (or `model_dir`).
+- `train_component` trains in its own pod: in-process (one worker) or with local worker processes.
+- `launch_tfjob_component` starts the workers as a Kubeflow TFJob and follows it; it needs no GPU and no
+  TensorFlow, so it runs in the small launcher image. The workers run `worker_image`, whose default is the train
+  image this pipeline was compiled with.
+
+Both write into a model directory that outlives the pod (see `components.common.model_directory`), record it in
+their `model` artifact, and output `mlpipeline_ui_metadata`, which gives the run page a TensorBoard button.
 """
 
 from kfp import dsl
@@ -14,10 +18,9 @@ from components.images import image
 def train_component(
     dataset: dsl.Input[dsl.Dataset],
     model: dsl.Output[dsl.Model],
+    mlpipeline_ui_metadata: dsl.Output[dsl.Artifact],
     model_dir: str = "",
     workers: int = 1,
-    launcher: str = "auto",
-    gpus_per_worker: int = 0,
     depth: int = 20,
     batch_size: int = 128,
     train_steps: int = 0,
@@ -27,12 +30,10 @@ def train_component(
     options: dict = {},  # noqa: B006 (KFP parameters take literal defaults; never mutated)
     run_id: str = "",
 ):
-    """Train on `dataset`; `model` records where the checkpoints are, the final step and metrics.
-
-    train_steps 0 and epochs 0 mean the stage's default length; `options` sets any other field of
-    TrainConfig (e.g. {"optimizer": "adamw", "ema_decay": 0.999}). `run_id` (the pipeline run's ID) names the
-    TFJob, so a retried step follows the job its earlier attempt started instead of starting another.
-    """
+    """Train on `dataset` in this pod (`workers` local processes); `model` records where the checkpoints are, the
+    final step and metrics. train_steps 0 and epochs 0 mean the stage's default length; `options` sets any other
+    field of TrainConfig (e.g. {"optimizer": "adamw", "ema_decay": 0.999}). `run_id` (the pipeline run's ID) keeps
+    the model directory the same for every attempt of the step, so a retry resumes from its checkpoints."""
     from components.common.logs import setup_logging
     from components.train.component_support import run_train
 
@@ -40,10 +41,62 @@ def train_component(
     run_train(
         dataset,
         model,
+        mlpipeline_ui_metadata,
+        launcher="auto",
         model_dir=model_dir,
         workers=workers,
-        launcher=launcher,
+        depth=depth,
+        batch_size=batch_size,
+        train_steps=train_steps,
+        epochs=epochs,
+        learning_rate=learning_rate,
+        warm_start=warm_start,
+        options=options,
+        run_id=run_id,
+    )
+
+
+@dsl.component(base_image=image("launcher"), install_kfp_package=False)
+def launch_tfjob_component(
+    dataset: dsl.Input[dsl.Dataset],
+    model: dsl.Output[dsl.Model],
+    mlpipeline_ui_metadata: dsl.Output[dsl.Artifact],
+    model_dir: str = "",
+    workers: int = 2,
+    gpus_per_worker: int = 0,
+    worker_cpu: str = "4",
+    worker_memory: str = "16Gi",
+    worker_image: str = image("train"),
+    object_store_secret: str = "mlpipeline-minio-artifact",
+    depth: int = 20,
+    batch_size: int = 128,
+    train_steps: int = 0,
+    epochs: float = 0.0,
+    learning_rate: float = 0.1,
+    warm_start: str = "",
+    options: dict = {},  # noqa: B006 (KFP parameters take literal defaults; never mutated)
+    run_id: str = "",
+):
+    """Train on `dataset` as a TFJob of `workers` pods (each `worker_cpu`, `worker_memory`, `gpus_per_worker`) in
+    this pod's namespace. The dataset and model directory must be in an object store every worker reaches (KFP's
+    default MinIO/SeaweedFS store or a gs:// / s3:// pipeline root). `run_id` names the TFJob, so a retried step
+    follows the job its earlier attempt started instead of starting another."""
+    from components.common.logs import setup_logging
+    from components.train.component_support import run_train
+
+    setup_logging()
+    run_train(
+        dataset,
+        model,
+        mlpipeline_ui_metadata,
+        launcher="tfjob",
+        model_dir=model_dir,
+        workers=workers,
         gpus_per_worker=gpus_per_worker,
+        worker_cpu=worker_cpu,
+        worker_memory=worker_memory,
+        tfjob_image=worker_image,
+        object_store_secret=object_store_secret,
         depth=depth,
         batch_size=batch_size,
         train_steps=train_steps,

@@ -1,61 +1,57 @@
-"""What the train KFP component does with its artifacts."""
+"""What the train KFP components do with their artifacts (no TensorFlow here: the TFJob launcher imports this)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 from components.common import storage
 from components.common.config import config_from_mapping
-from components.train.__main__ import run
+from components.common.model_directory import TRAIN_METRICS, artifact_location, pipeline_model_directory
 from components.train.config import EXIT_PREEMPTED, TrainConfig
-from components.train.launch_tfjob import job_name_for_run
-from components.train.loop import TRAIN_METRICS
 
 logger = logging.getLogger(__name__)
 
-
-def artifact_location(artifact: Any) -> str:
-    """Where workers can reach an artifact: its gs:// URI on a cluster, its local path otherwise."""
-    return artifact.uri if storage.is_gcs_uri(artifact.uri or "") else artifact.path
+# Component parameters whose "unset" value means: the TrainConfig default.
+UNSET_MEANS_DEFAULT = ("train_steps", "epochs", "warm_start")
 
 
-def train_config(dataset: Any, model: Any, **parameters: Any) -> TrainConfig:
+def train_config(dataset: Any, model: Any, launcher: str, **parameters: Any) -> TrainConfig:
+    """The TrainConfig a component's parameters describe. `options` may set any other field, but not one that a
+    named parameter sets (that would silently override it)."""
     options = dict(parameters.pop("options") or {})
     run_id = parameters.pop("run_id", "")
+    explicit_model_dir = parameters.pop("model_dir") or None
+    overlap = sorted(set(options) & (set(parameters) | {"data", "model_dir", "launcher"}))
+    if overlap:
+        raise ValueError(f"options: {overlap} are parameters of the step; set them there, not in options")
+    shared = launcher == "tfjob"
     values = {
-        "data": artifact_location(dataset),
-        "model_dir": parameters.pop("model_dir") or artifact_location(model),
-        "workers": parameters.pop("workers"),
-        "launcher": parameters.pop("launcher"),
-        "gpus_per_worker": parameters.pop("gpus_per_worker"),
-        "depth": parameters.pop("depth"),
-        "batch_size": parameters.pop("batch_size"),
-        "learning_rate": parameters.pop("learning_rate"),
-        "warm_start": parameters.pop("warm_start") or None,
-        "train_steps": parameters.pop("train_steps") or None,
-        "epochs": parameters.pop("epochs") or None,
+        **{name: value for name, value in parameters.items() if not (name in UNSET_MEANS_DEFAULT and not value)},
+        "data": artifact_location(dataset, shared=shared),
+        "model_dir": pipeline_model_directory(model, run_id, explicit_model_dir, shared=shared),
+        "launcher": launcher,
+        **options,
     }
-    if parameters:
-        raise ValueError(f"unknown train parameters {sorted(parameters)}")
-    if run_id:
+    if run_id and shared:
+        from components.train.launch_tfjob import job_name_for_run
+
         values["tfjob_name"] = job_name_for_run(run_id)
-    values.update(options)
     return config_from_mapping(TrainConfig, values, "train component parameters")
 
 
-def run_train(dataset: Any, model: Any, **parameters: Any) -> dict:
-    config = train_config(dataset, model, **parameters)
+def run_train(dataset: Any, model: Any, ui_metadata: Any, launcher: str, **parameters: Any) -> dict:
+    config = train_config(dataset, model, launcher, **parameters)
+    from components.train.launcher import run
+
     code = run(config)
     if code == EXIT_PREEMPTED:
         sys.exit(EXIT_PREEMPTED)  # retryable: the step's retry resumes from the saved checkpoint
     if code != 0:
         raise RuntimeError(f"training failed with exit code {code}; see the log above")
-    metrics_path = storage.join(config.model_dir, TRAIN_METRICS)
-    summary = json.loads(storage.read_bytes(metrics_path))
+    summary = json.loads(storage.read_bytes(storage.join(config.model_dir, TRAIN_METRICS)))
     model.metadata.update(
         {
             "model_dir": config.model_dir,
@@ -68,6 +64,12 @@ def run_train(dataset: Any, model: Any, **parameters: Any) -> dict:
             "workers": config.workers,
         }
     )
-    if not storage.is_gcs_uri(config.model_dir) and Path(config.model_dir) != Path(model.path):
-        logger.info("checkpoints are in %s (not in the artifact's own folder)", config.model_dir)
+    write_tensorboard_metadata(ui_metadata, config.model_dir)
+    logger.info("model directory: %s", config.model_dir)
     return summary
+
+
+def write_tensorboard_metadata(artifact: Any, log_dir: str) -> None:
+    """The KFP UI shows a "Start TensorBoard" button for an output artifact named mlpipeline-ui-metadata."""
+    with open(artifact.path, "w") as handle:
+        json.dump({"outputs": [{"type": "tensorboard", "source": log_dir}]}, handle)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from components.common.storage import is_remote
+
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULES = ("piecewise", "cosine", "constant")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -26,6 +28,19 @@ def parse_assignments(entries: tuple[str, ...], field_name: str) -> list[tuple[s
             raise ValueError(f"{field_name}: {pattern!r} is not a valid regular expression ({error})") from error
         pairs.append((pattern, value))
     return pairs
+
+
+def check_dns_1035_label(name: str, field_name: str, reserve: int = 0) -> str:
+    """A Kubernetes DNS-1035 label (what the TFJob webhook requires of a job's name): lowercase letters, digits and
+    '-', starting with a letter, ending with a letter or digit, at most 63 characters less `reserve` (the
+    training operator appends `-worker-<i>` to name pods and services)."""
+    limit = 63 - reserve
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > limit:
+        raise ValueError(
+            f"{field_name}: {name!r} is not a DNS-1035 label of at most {limit} characters (lowercase letters, "
+            "digits and '-', starting with a letter, ending with a letter or digit)"
+        )
+    return name
 
 
 def _check_regex(value: str | None, field_name: str) -> None:
@@ -126,15 +141,30 @@ class TrainConfig:
             "choices": LAUNCHERS,
         },
     )
-    gpus_per_worker: int = field(default=0, metadata={"help": "GPUs per worker (TFJob resources)"})
+    gpus_per_worker: int = field(default=0, metadata={"help": "GPUs per TFJob worker (nvidia.com/gpu)"})
+    worker_cpu: str = field(default="4", metadata={"help": "CPU request of each TFJob worker (a Kubernetes quantity)"})
+    worker_memory: str = field(
+        default="16Gi", metadata={"help": "memory request and limit of each TFJob worker (a Kubernetes quantity)"}
+    )
     worker_failure_timeout_seconds: float = field(
         default=30.0, metadata={"help": "local launcher: after one worker fails, how long others get to exit"}
     )
-    tfjob_namespace: str = field(default="kubeflow", metadata={"help": "namespace of the TFJob"})
+    tfjob_namespace: str | None = field(
+        default=None, metadata={"help": "namespace of the TFJob (default: this pod's own, e.g. the KFP profile's)"}
+    )
     tfjob_image: str | None = field(default=None, metadata={"help": "worker image (default: the train image)"})
-    tfjob_name: str | None = field(default=None, metadata={"help": "TFJob name (default: unique per run)"})
+    tfjob_name: str | None = field(
+        default=None, metadata={"help": "TFJob name, a DNS-1035 label (default: unique per run)"}
+    )
     tfjob_timeout_seconds: float = field(default=7 * 24 * 3600.0, metadata={"help": "give up waiting after this"})
     tfjob_service_account: str = field(default="cifar10-pipeline", metadata={"help": "service account of the pods"})
+    object_store_secret: str | None = field(
+        default="mlpipeline-minio-artifact",
+        metadata={
+            "help": "TFJob workers: the secret whose accesskey/secretkey become AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (KFP's MinIO secret by default; optional)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if (self.depth - 2) % 6 or self.depth < 8:
@@ -182,6 +212,15 @@ class TrainConfig:
             except ValueError as error:
                 raise ValueError(f"gradient_multipliers: {factor!r} (for {pattern!r}) is not a number") from error
         parse_assignments(self.warm_start_map, "warm_start_map")
+        if self.tfjob_name is not None:
+            check_dns_1035_label(self.tfjob_name, "tfjob_name", reserve=len("-worker-") + len(str(self.workers)))
+        if self.launcher == "tfjob":
+            for name in ("data", "model_dir"):
+                if not is_remote(getattr(self, name)):
+                    raise ValueError(
+                        f"{name}: {getattr(self, name)} is a local path, and the TFJob's workers run in other pods: "
+                        "give a gs:// or s3:// location"
+                    )
 
     def total_steps(self, train_examples: int) -> int:
         if self.train_steps is not None:
