@@ -251,7 +251,7 @@ def cifar10_pipeline(
         launched.set_cpu_request("250m").set_memory_request("512Mi").set_memory_limit("1Gi")
         kubernetes.use_field_path_as_env(launched, "POD_NAMESPACE", "metadata.namespace")
         with_object_store(launched, object_store_secret)
-        evaluate_and_promote(model=launched.outputs["model"], **gate)
+        evaluate_and_promote(model=launched.outputs["model"], **gate).set_caching_options(False)
     with dsl.Elif(train_step_gpus > 0, name="gpu-pod"):
         on_gpus = train_on_gpus(
             **training,
@@ -260,12 +260,14 @@ def cifar10_pipeline(
             gpus=train_step_gpus,
             object_store_secret=object_store_secret,
         ).set_display_name("train on GPUs")
-        evaluate_and_promote(model=on_gpus.output, **gate)
+        on_gpus.set_caching_options(False)
+        evaluate_and_promote(model=on_gpus.output, **gate).set_caching_options(False)
     with dsl.Else(name="cpu-pod"):
         on_cpus = train_on_cpus(
             **training, cpus=train_step_cpus, memory=train_step_memory, object_store_secret=object_store_secret
         ).set_display_name("train on CPUs")
-        evaluate_and_promote(model=on_cpus.output, **gate)
+        on_cpus.set_caching_options(False)
+        evaluate_and_promote(model=on_cpus.output, **gate).set_caching_options(False)
 
 
 def main(argv: list[str] | None = None) -> int:

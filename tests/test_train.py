@@ -267,27 +267,57 @@ def test_epochs_set_the_length_from_the_dataset(synthetic_data, tmp_path):
     assert result.total_steps == 10 and result.step == 10
 
 
-def test_a_gcs_model_directory_is_written_and_resumed_from(synthetic_data, tmp_path, gcs_bucket):
+def test_a_remote_model_directory_is_written_and_resumed_from(synthetic_data, tmp_path, object_store):
     from components.common import storage
 
-    model_dir = f"gs://{gcs_bucket}/runs/1/model"
-    loop.train(
-        tiny_train_config(
-            synthetic_data, model_dir, train_steps=4, checkpoint_every_steps=2, cache_dir=str(tmp_path / "a")
+    model_dir = f"{object_store}/runs/1/model"
+    publisher_class = type(storage.publisher_for(model_dir))
+    uploads = []
+    original = publisher_class.publish
+
+    def counting_publish(self, name, data, expected_version=None):
+        uploads.append(name)
+        return original(self, name, data, expected_version)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(publisher_class, "publish", counting_publish)
+        loop.train(
+            tiny_train_config(
+                synthetic_data,
+                model_dir,
+                train_steps=6,
+                summary_every_steps=2,
+                checkpoint_every_steps=4,
+                cache_dir=str(tmp_path / "a"),
+            )
         )
-    )
-    names = storage.GcsPublisher(model_dir).list()
+    names = storage.publisher_for(model_dir).list()
     assert {"checkpoint", "ckpt-4.index", "config.json", "train_metrics.json"} <= set(names)
-    assert any(name.startswith("train/events.out.tfevents") for name in names)
+    event_files = [name for name in names if name.startswith("train/events.out.tfevents")]
+    # Summaries reach the store at every summary interval (steps 2, 4, 6), each event file uploaded once, whole.
+    assert len(event_files) >= 3
+    assert sorted(name for name in uploads if "tfevents" in name) == sorted(event_files)
+    copy = tmp_path / "tensorboard"
+    for name in event_files:
+        storage.download_file(storage.join(model_dir, name), copy / name)
+    assert set(scalar_steps(copy / "train", "loss")) == {2, 4, 6}
 
     # Another machine (an empty cache) resumes from what is in the bucket.
     resumed = loop.train(
         tiny_train_config(
-            synthetic_data, model_dir, train_steps=6, checkpoint_every_steps=2, cache_dir=str(tmp_path / "b")
+            synthetic_data, model_dir, train_steps=8, checkpoint_every_steps=2, cache_dir=str(tmp_path / "b")
         )
     )
-    assert resumed.step == 6 and resumed.checkpoint == f"{model_dir}/ckpt-6"
-    assert "ckpt-6.index" in storage.GcsPublisher(model_dir).list()
+    assert resumed.step == 8 and resumed.checkpoint == f"{model_dir}/ckpt-8"
+    assert "ckpt-8.index" in storage.publisher_for(model_dir).list()
+
+
+def scalar_steps(log_dir, tag) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    return [event.step for event in accumulator.Tensors(tag)]
 
 
 def test_checkpoints_by_seconds_keep_only_max_to_keep_and_a_profile_is_written(synthetic_data, tmp_path):

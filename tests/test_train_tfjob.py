@@ -216,7 +216,9 @@ def test_a_refused_tfjob_fails_clearly_with_the_apis_reason(namespace_file, monk
     monkeypatch.setattr(launch_tfjob, "template", broken_template)
     with (
         FakeKubernetesApi([Tick(RUNNING)]) as api,
-        pytest.raises(launch_tfjob.TFJobError, match=r"could not create TFJob team-a/job-9: .*'cleanPodPolicies' was unexpected"),
+        pytest.raises(
+            launch_tfjob.TFJobError, match=r"could not create TFJob team-a/job-9: .*'cleanPodPolicies' was unexpected"
+        ),
     ):
         launcher(api).run(config(), name="job-9")
 

@@ -176,3 +176,25 @@ def test_sigterm_to_the_local_launcher_makes_both_workers_checkpoint_the_same_st
     steps = dict(re.findall(r"\[(worker-\d)\].*weights sha256 [0-9a-f]{64} \(worker-\d\) at step (\d+)", output))
     assert set(steps) == {"worker-0", "worker-1"} and steps["worker-0"] == steps["worker-1"], output[-3000:]
     assert (model_dir / f"ckpt-{steps['worker-0']}.index").exists()
+
+
+def test_two_local_workers_train_into_and_resume_from_an_s3_model_directory(synthetic_data, tmp_path, s3_bucket):
+    """The KFP default store (S3-compatible): two worker processes train into s3://, a second run resumes there."""
+    from components.common import storage
+
+    model_dir = f"s3://{s3_bucket}/runs/7/model-directory"
+    first = tiny_train_config(
+        synthetic_data, model_dir, workers=2, train_steps=4, checkpoint_every_steps=2, cache_dir=str(tmp_path / "a")
+    )
+    completed = run_training(first)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "ckpt-4.index" in storage.publisher_for(model_dir).list()
+
+    again = tiny_train_config(
+        synthetic_data, model_dir, workers=2, train_steps=6, checkpoint_every_steps=2, cache_dir=str(tmp_path / "b")
+    )
+    completed = run_training(again)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert re.search(r"resum\w+ .*step 4", completed.stderr), completed.stderr[-3000:]
+    summary = json.loads(storage.read_bytes(f"{model_dir}/train_metrics.json"))
+    assert summary["step"] == 6 and summary["checkpoint"] == f"{model_dir}/ckpt-6"

@@ -348,7 +348,12 @@ class Trainer:
         config = self.config
         self._write_resolved_config()
         start_step = self._start()
-        summaries = _Summaries(self.model_directory.local / "train", self.chief, config)
+        summaries = _Summaries(
+            self.model_directory.local / "train",
+            self.chief,
+            config,
+            publish=self.model_directory.push if self.model_directory.remote else None,
+        )
         summaries.config_text(json.dumps(config_to_dict(config), indent=2, sort_keys=True))
         distributed = self.strategy.distribute_datasets_from_function(
             lambda context: data.train_dataset(
@@ -461,14 +466,35 @@ class Trainer:
 
 
 class _Summaries:
-    """TensorBoard summaries under the model directory's `train/`; only the chief writes them."""
+    """TensorBoard summaries under the model directory's `train/`; only the chief writes them.
 
-    def __init__(self, directory: Path, enabled: bool, config: TrainConfig):
+    With a remote model directory (`publish` given), event files are written to a local staging folder and, at
+    every summary interval, the current file is closed, moved into the mirror and published: summaries appear in
+    the object store at least every summary interval, and each event file is uploaded once, whole (objects cannot
+    be appended to). TensorBoard reads the folder's files in order, as one stream.
+    """
+
+    def __init__(self, directory: Path, enabled: bool, config: TrainConfig, publish=None):
         self.enabled = enabled
         self.config = config
         self.directory = directory
-        self.writer = tf.summary.create_file_writer(str(directory)) if enabled else None
+        self.publish = publish
+        self.staging = Path(tempfile.mkdtemp(prefix="summaries-")) if enabled and publish else directory
+        self.writer = tf.summary.create_file_writer(str(self.staging)) if enabled else None
         self.profiling = False
+
+    def _rotate(self) -> None:
+        """Close the current event file, move what the staging folder holds into the mirror, publish it."""
+        if self.staging == self.directory or self.profiling:
+            return
+        self.writer.close()
+        for path in sorted(self.staging.rglob("*")):
+            if path.is_file():
+                target = self.directory / path.relative_to(self.staging)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(path), str(target))
+        self.publish()
+        self.writer = tf.summary.create_file_writer(str(self.staging))
 
     def config_text(self, text: str) -> None:
         if self.enabled:
@@ -485,6 +511,7 @@ class _Summaries:
             if self.config.precision == "mixed_float16":
                 tf.summary.scalar("loss_scale", float(host["loss_scale"]))
         self.writer.flush()
+        self._rotate()
 
     def histograms(self, model, step: int) -> None:
         if not self.enabled:
@@ -506,7 +533,7 @@ class _Summaries:
             return
         first, last = self.config.profile_steps
         if step == first and not self.profiling:
-            tf.profiler.experimental.start(str(self.directory))
+            tf.profiler.experimental.start(str(self.staging))
             self.profiling = True
         elif step == last + 1 and self.profiling:
             tf.profiler.experimental.stop()
@@ -515,8 +542,12 @@ class _Summaries:
     def close(self) -> None:
         if self.profiling:
             tf.profiler.experimental.stop()
+            self.profiling = False
         if self.writer is not None:
+            self._rotate()
             self.writer.close()
+            if self.staging != self.directory:
+                shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def train(config: TrainConfig) -> TrainResult:
