@@ -10,10 +10,10 @@ RUNNER ?= subprocess
 WORKERS ?= 2
 DEPTH ?= 20
 BATCH_SIZE ?= 128
-TRAIN_STEPS ?= 300
-EPOCHS ?= 0
+TRAIN_STEPS ?=
+EPOCHS ?=
 THRESHOLD ?= 0.5
-TRAIN_OPTIONS ?= {"batch_norm_decay": 0.9}
+TRAIN_OPTIONS ?=
 EXTRA ?=
 KFP_HOST ?=
 EXPERIMENT ?= cifar10
@@ -28,8 +28,13 @@ STAGES := prepare_data train evaluate launcher
 export CIFAR10_PIPELINE_REGISTRY := $(REGISTRY)
 export CIFAR10_PIPELINE_TAG := $(TAG)
 PIPELINE := $(BIN)/python -m pipeline.pipeline
+# Only what is given is passed on (EPOCHS or TRAIN_STEPS, TRAIN_OPTIONS); EXTRA comes last and so wins.
 RUN_PARAMETERS = --source "$(SOURCE)" --workers $(WORKERS) --depth $(DEPTH) --batch-size $(BATCH_SIZE) \
-	--train-steps $(TRAIN_STEPS) --epochs $(EPOCHS) --accuracy-threshold $(THRESHOLD) $(EXTRA)
+	--accuracy-threshold $(THRESHOLD) $(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) \
+	$(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRAIN_OPTIONS),--train-options '$(TRAIN_OPTIONS)')
+# make local-run is a quick demo unless told otherwise: 300 steps, and a batch-norm decay of 0.9 (the estimator
+# example's 0.997 needs thousands of steps before its moving averages are usable).
+DEMO = $(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300) $(if $(TRAIN_OPTIONS),,--train-options '{"batch_norm_decay": 0.9}')
 
 .PHONY: help install constraints test lint format local-run compile run schedule tensorboard images push prepare-data bench clean
 
@@ -59,20 +64,20 @@ format:  ## apply ruff fixes and formatting
 	$(BIN)/ruff format .
 
 local-run:  ## the whole pipeline on this machine (kfp.local): make local-run [SOURCE=... TRAIN_STEPS=... RUNNER=docker]
-	$(PIPELINE) local-run --runner $(RUNNER) --output-root $(OUTPUT) $(RUN_PARAMETERS) --train-options '$(TRAIN_OPTIONS)'
+	$(PIPELINE) local-run --runner $(RUNNER) --output-root $(OUTPUT) $(RUN_PARAMETERS) $(DEMO) $(EXTRA)
 
 compile:  ## write pipeline/pipeline.yaml
 	$(PIPELINE) compile
 
 run:  ## compile and submit a run to $$KFP_HOST: make run KFP_HOST=... SOURCE=gs://... EXTRA='--launcher tfjob'
-	$(PIPELINE) run --host "$(KFP_HOST)" --experiment $(EXPERIMENT) $(RUN_PARAMETERS) --train-options '{}' \
-	  $(if $(PROMOTION_ROOT),--promotion-root $(PROMOTION_ROOT))
+	$(PIPELINE) run --host "$(KFP_HOST)" --experiment $(EXPERIMENT) $(RUN_PARAMETERS) \
+	  $(if $(PROMOTION_ROOT),--promotion-root $(PROMOTION_ROOT)) $(EXTRA)
 
 schedule:  ## recurring retraining: make schedule KFP_HOST=... CRON='0 0 3 * * *' PROMOTION_ROOT=gs://...
 	$(PIPELINE) schedule --host "$(KFP_HOST)" --cron "$(CRON)" --experiment $(EXPERIMENT) $(RUN_PARAMETERS) \
-	  --train-options '{}' --promotion-root "$(PROMOTION_ROOT)"
+	  --promotion-root "$(PROMOTION_ROOT)" $(EXTRA)
 
-tensorboard:  ## TensorBoard on a run's logs: make tensorboard LOGDIR=outputs/runs/... (or gs://...)
+tensorboard:  ## TensorBoard on a run's logs: make tensorboard LOGDIR=outputs/runs/... (or gs://..., s3://...)
 	$(PIPELINE) tensorboard --logdir "$(LOGDIR)"
 
 images:  ## build every stage's image (needs a Docker engine): make images REGISTRY=... TAG=...

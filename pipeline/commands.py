@@ -11,7 +11,6 @@ import json
 import logging
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +75,39 @@ def chosen_parameters(arguments: argparse.Namespace, pipeline) -> dict[str, Any]
     }
 
 
+# -- checking parameters before anything runs ------------------------------------------------------------------
+
+LAUNCHERS = ("auto", "tfjob")
+# Pipeline parameters that become TrainConfig fields of the same name (train_steps/epochs: 0 means unset).
+TRAIN_PARAMETERS = ("workers", "depth", "batch_size", "learning_rate", "gpus_per_worker", "worker_cpu", "worker_memory")
+
+
+def check_parameters(pipeline, parameters: dict[str, Any]) -> None:
+    """Refuse, in seconds and before any step runs, run parameters that the train step would refuse after the
+    data was prepared: an unknown launcher, both epochs and train_steps, an option the train stage does not know
+    or a value it refuses, a train option that repeats a named parameter."""
+    from components.common.config import config_from_mapping
+    from components.train.config import TrainConfig
+
+    defaults = {name: default for name, (_kind, default) in _parameter_types(pipeline).items()}
+    values = {**defaults, **parameters}
+    if values["launcher"] not in LAUNCHERS:
+        raise CommandError(f"launcher: {values['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
+    options = dict(values.get("train_options") or {})
+    named = {*TRAIN_PARAMETERS, "train_steps", "epochs", "warm_start", "model_dir", "data", "launcher"}
+    repeated = sorted(set(options) & named)
+    if repeated:
+        raise CommandError(f"train_options: {repeated} are pipeline parameters; set them as such, not in train_options")
+    train = {name: values[name] for name in TRAIN_PARAMETERS}
+    train.update({name: values[name] or None for name in ("train_steps", "epochs")})
+    location = "s3://check/" if values["launcher"] == "tfjob" else "/check/"
+    train.update(data=location + "data", model_dir=location + "model", launcher=values["launcher"], **options)
+    try:
+        config_from_mapping(TrainConfig, train, "pipeline parameters")
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+
+
 # -- compile ----------------------------------------------------------------------------------------------------
 
 
@@ -107,6 +139,10 @@ def docker_engine_problem() -> str | None:
 def local_run(pipeline, parameters: dict[str, Any], output_root: Path, runner: str = "subprocess") -> Path:
     """Run the whole pipeline on this machine through kfp.local; returns the run's folder."""
     from kfp import local
+
+    check_parameters(pipeline, parameters)
+    if parameters.get("launcher") == "tfjob":
+        raise CommandError("launcher tfjob needs a Kubeflow cluster (make run); locally, workers are processes")
 
     output_root = output_root.resolve()
     pipeline_root = output_root / "runs"
@@ -177,6 +213,7 @@ def client(host: str):
 
 
 def submit(pipeline, parameters: dict[str, Any], host: str, experiment: str, run_name: str | None) -> str:
+    check_parameters(pipeline, parameters)
     package = compile_pipeline(pipeline)
     name = run_name or f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     result = client(host).create_run_from_pipeline_package(
@@ -208,6 +245,7 @@ def schedule(
     if not parameters.get("promotion_root"):
         raise CommandError("a schedule needs --promotion-root (a gs:// folder) to warm-start from and to promote to")
     parameters = {"warm_start_from_promoted": True, **parameters}
+    check_parameters(pipeline, parameters)
     package = compile_pipeline(pipeline)
     kfp_client = client(host)
     experiment_id = kfp_client.create_experiment(experiment).experiment_id
@@ -223,10 +261,6 @@ def schedule(
     )
     logger.info("scheduled %s (%s): cron %r in experiment %s", name, job.recurring_run_id, cron, experiment)
     return job.recurring_run_id
-
-
-def tensorboard_command(logdir: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port), "--bind_all"]
 
 
 # -- the command line -------------------------------------------------------------------------------------------
@@ -253,9 +287,10 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     recurring.add_argument("--name", default=f"{pipeline.name}-retraining")
     recurring.add_argument("--max-concurrency", type=int, default=1)
     add_parameter_options(recurring, pipeline)
-    board = commands.add_parser("tensorboard", help="TensorBoard on a model directory (local or gs://)")
+    board = commands.add_parser("tensorboard", help="TensorBoard on a model directory (local, gs:// or s3://)")
     board.add_argument("--logdir", required=True)
     board.add_argument("--port", type=int, default=6006)
+    board.add_argument("--refresh-seconds", type=float, default=30.0, help="how often a remote logdir is mirrored")
     return parser
 
 
@@ -286,7 +321,9 @@ def main(pipeline, argv: list[str] | None = None) -> int:
                 arguments.max_concurrency,
             )
         elif arguments.command == "tensorboard":
-            return subprocess.call(tensorboard_command(arguments.logdir, arguments.port))
+            from components.common.tensorboard import serve
+
+            return serve(arguments.logdir, arguments.port, arguments.refresh_seconds)
     except (CommandError, ValueError) as error:
         logger.error("%s", error)
         return 2

@@ -36,7 +36,9 @@ def test_every_manifest_parses_and_has_a_kind_and_name():
         "ServiceAccount",
         "Role",
         "RoleBinding",
-        "Tensorboard",
+        "Deployment",
+        "Service",
+        "ConfigMap",
     }
     for name, document in found:
         assert document.get("apiVersion"), name
@@ -88,12 +90,38 @@ def test_rbac_lets_the_launcher_create_watch_and_delete_tfjobs_and_read_logs():
 
 
 def test_no_credentials_anywhere():
-    for path in MANIFESTS.glob("*.yaml"):
+    """No key material and no key files: Workload Identity for gs://, and for s3:// only references to the optional
+    KFP MinIO secret that the cluster already holds."""
+    for path in [*MANIFESTS.glob("*.yaml"), TFJOB_TEMPLATE]:
         text = path.read_text().lower()
-        for secret_marker in ("private_key", "secretkeyref", "google_application_credentials", "kind: secret"):
-            assert secret_marker not in text, (path.name, secret_marker)
+        for marker in ("private_key", "google_application_credentials", "kind: secret", "user-gcp-sa", "minio123"):
+            assert marker not in text, (path.name, marker)
+    for _name, document in documents():
+        for reference in _secret_references(document):
+            assert reference == {"name": "mlpipeline-minio-artifact", "key": reference["key"], "optional": True}
     account = next(document for _, document in documents() if document["kind"] == "ServiceAccount")
     assert "iam.gke.io/gcp-service-account" in account["metadata"]["annotations"]  # Workload Identity
+
+
+def _secret_references(node) -> list[dict]:
+    if isinstance(node, dict):
+        found = [node["secretKeyRef"]] if "secretKeyRef" in node else []
+        return found + [reference for value in node.values() for reference in _secret_references(value)]
+    if isinstance(node, list):
+        return [reference for item in node for reference in _secret_references(item)]
+    return []
+
+
+def test_tensorboard_runs_as_the_pipelines_service_account_and_reads_the_object_store():
+    (deployment,) = [document for _, document in documents() if document["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "cifar10-pipeline"  # not `default`: Workload Identity applies
+    (container,) = pod["containers"]
+    assert container["command"] == ["python", "-m", "components.common.tensorboard"]
+    environment = {variable["name"] for variable in container["env"]}
+    assert {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= environment
+    (service,) = [document for _, document in documents() if document["kind"] == "Service"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
 def test_kustomization_lists_existing_files():

@@ -3,12 +3,20 @@ the tests assert on what the backend receives: each task's own caching, the run 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import yaml
 
 from pipeline import commands
 from pipeline.pipeline import cifar10_pipeline
 from tests.fake_kfp_api import API, FakeKfpApi, RefusedError, check_model
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -120,3 +128,59 @@ def test_the_stand_in_refuses_what_the_backend_would_refuse(kfp_api):
         client.create_recurring_run(
             experiment_id, "bad", cron_expression="0 3 * * *", pipeline_package_path=str(commands.COMPILED)
         )
+
+
+def make(*arguments: str, **variables: str) -> subprocess.CompletedProcess:
+    """`make` in the repository with this interpreter's environment (the one `make install` created)."""
+    assignments = [f"{name}={value}" for name, value in {"VENV": sys.prefix, **variables}.items()]
+    return subprocess.run(
+        ["make", "--no-print-directory", "-C", str(REPOSITORY), *arguments, *assignments],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_make_run_and_make_schedule_pass_every_train_option_the_user_set(kfp_api):
+    options = '{"ema_decay": 0.999, "optimizer": "adamw"}'
+    ran = make("run", KFP_HOST=kfp_api.url, TRAIN_OPTIONS=options, EPOCHS="30", EXTRA="--launcher tfjob")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    scheduled = make("schedule", KFP_HOST=kfp_api.url, TRAIN_OPTIONS=options, PROMOTION_ROOT="s3://bucket/models")
+    assert scheduled.returncode == 0, scheduled.stderr[-2000:]
+    (run,) = kfp_api.bodies("POST", f"{API}/runs")
+    (recurring,) = kfp_api.bodies("POST", f"{API}/recurringruns")
+    for sent in (run, recurring):
+        assert sent["runtime_config"]["parameters"]["train_options"] == json.loads(options)
+    assert (
+        run["runtime_config"]["parameters"]["epochs"] == 30.0
+        and "train_steps" not in run["runtime_config"]["parameters"]
+    )
+    assert run["runtime_config"]["parameters"]["launcher"] == "tfjob"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--epochs", "1", "--train-steps", "300"], "train_steps and epochs: give one of them"),
+        (["--launcher", "bogus"], "launcher: 'bogus' is not one of auto, tfjob"),
+        (["--train-options", '{"optimiser": "sgd"}'], "optimiser"),
+        (["--train-options", '{"depth": 56}'], "are pipeline parameters"),
+        (["--depth", "21"], "depth: 21 is not of the form 6n+2"),
+        (["--workers", "3", "--batch-size", "128"], "does not split evenly over 3 workers"),
+    ],
+)
+def test_bad_run_parameters_fail_in_seconds_before_anything_runs(kfp_api, capsys, arguments, message):
+    for command in (["run", "--host", kfp_api.url], ["local-run", "--output-root", "/nonexistent/never-created"]):
+        started = time.monotonic()
+        assert commands.main(cifar10_pipeline, [*command, *arguments]) == 2
+        assert message in capsys.readouterr().err and time.monotonic() - started < 30
+    assert not kfp_api.bodies("POST", f"{API}/runs")
+
+
+def test_make_local_run_takes_epochs_or_train_steps_alone():
+    with_epochs = make("-n", "local-run", EPOCHS="1").stdout
+    assert "--epochs 1" in with_epochs and "--train-steps" not in with_epochs
+    with_steps = make("-n", "local-run", TRAIN_STEPS="50").stdout
+    assert "--train-steps 50" in with_steps and "--epochs" not in with_steps
+    demo = make("-n", "local-run").stdout
+    assert "--train-steps 300" in demo and '"batch_norm_decay": 0.9' in demo

@@ -330,3 +330,18 @@ def test_checkpoints_by_seconds_keep_only_max_to_keep_and_a_profile_is_written(s
     kept = sorted(int(path.name.split("-")[1].split(".")[0]) for path in model_dir.glob("ckpt-*.index"))
     assert kept == [6, 7, 8]  # saved at every step (the interval had always passed), three kept
     assert list((model_dir / "train" / "plugins" / "profile").rglob("*.xplane.pb"))
+
+
+def test_tensorboard_mirrors_remote_logs_once_and_reads_them(synthetic_data, tmp_path, s3_bucket):
+    from components.common import tensorboard
+
+    model_dir = f"s3://{s3_bucket}/runs/9/model-directory"
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=4, summary_every_steps=2))
+    local = tmp_path / "mirror"
+    first = tensorboard.mirror(model_dir, local)
+    assert first >= 2 and set(scalar_steps(local / "train", "loss")) == {2, 4}
+    assert not list(local.glob("ckpt-*"))  # logs only, not checkpoints
+    assert tensorboard.mirror(model_dir, local) == 0  # nothing new: nothing downloaded again
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=6, summary_every_steps=2))
+    assert 1 <= tensorboard.mirror(model_dir, local) < first + 2
+    assert set(scalar_steps(local / "train", "loss")) == {2, 4, 6}
