@@ -345,3 +345,20 @@ def test_tensorboard_mirrors_remote_logs_once_and_reads_them(synthetic_data, tmp
     loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=6, summary_every_steps=2))
     assert 1 <= tensorboard.mirror(model_dir, local) < first + 2
     assert set(scalar_steps(local / "train", "loss")) == {2, 4, 6}
+
+
+@pytest.mark.parametrize("form", ["prefix", "folder"])
+def test_warm_start_from_an_s3_checkpoint(synthetic_data, tmp_path, s3_bucket, form):
+    """A scheduled run warm-starts from the promoted model's checkpoint, which lives in the object store."""
+    source_dir = f"s3://{s3_bucket}/runs/1/model-directory"
+    loop.train(tiny_train_config(synthetic_data, source_dir, train_steps=3, cache_dir=str(tmp_path / "a")))
+    source = f"{source_dir}/ckpt-3" if form == "prefix" else source_dir
+    started = loop.train(
+        tiny_train_config(synthetic_data, tmp_path / "new", train_steps=1, warm_start=source, learning_rate=1e-9)
+    )
+    trained = tf.train.load_checkpoint(str(tmp_path / "new" / "ckpt-1"))
+    kernel = next(key for key in checkpoints.checkpoint_variable_names(str(tmp_path / "new" / "ckpt-1")).values()
+                  if key.endswith("kernel/.ATTRIBUTES/VARIABLE_VALUE") and "head" in key)  # fmt: skip
+    original = tf.train.load_checkpoint(str(next((tmp_path / "a").rglob("ckpt-3.index")).with_suffix("")))
+    np.testing.assert_allclose(trained.get_tensor(kernel), original.get_tensor(kernel), atol=1e-6)
+    assert started.step == 1

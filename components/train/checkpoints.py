@@ -20,12 +20,11 @@ import tensorflow as tf
 
 from components.common import storage
 from components.common.dataset import default_cache_dir
-from components.common.model_directory import CheckpointError
+from components.common.model_directory import CHECKPOINT_PREFIX, CheckpointError
 from components.train.model import variable_name
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_PREFIX = "ckpt"
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
@@ -169,6 +168,32 @@ class WarmStartReport:
     skipped: dict[str, str]  # variable name -> why
 
 
+def local_checkpoint(source: str, cache_dir: str | Path | None = None) -> str:
+    """A gs:// or s3:// checkpoint (a prefix such as `.../ckpt-40`, or a model directory: its newest checkpoint)
+    copied into the cache; a local source as it is."""
+    if not storage.is_remote(source):
+        return source
+    source = storage.normalize_uri(source).rstrip("/")
+    folder, name = storage.parent_and_name(source)
+    if not re.fullmatch(rf"{CHECKPOINT_PREFIX}-\d+", name):  # a folder: take its newest checkpoint
+        steps = [int(match.group(1)) for n in storage.publisher_for(source).list() if (match := _INDEX.fullmatch(n))]
+        if not steps:
+            raise CheckpointError(f"warm start: {source} holds no checkpoint")
+        folder, name = source, f"{CHECKPOINT_PREFIX}-{max(steps)}"
+    publisher = storage.publisher_for(folder)
+    files = [n for n in publisher.list() if n == f"{name}.index" or n.startswith(f"{name}.data-")]
+    if f"{name}.index" not in files:
+        raise CheckpointError(f"warm start: {folder}/{name} is not a checkpoint ({name}.index is missing)")
+    local = Path(cache_dir or default_cache_dir()) / "warm_start" / hashlib.sha256(folder.encode()).hexdigest()[:16]
+    for file_name in files:
+        storage.download_file(publisher.uri(file_name), local / file_name)
+    logger.info("warm start: copied %s/%s (%d files) into %s", folder, name, len(files), local)
+    return str(local / name)
+
+
+_INDEX = re.compile(rf"{CHECKPOINT_PREFIX}-(\d+)\.index")
+
+
 def resolve_checkpoint_path(source: str) -> str:
     if tf.io.gfile.isdir(source):
         latest = tf.train.latest_checkpoint(source)
@@ -181,10 +206,15 @@ def resolve_checkpoint_path(source: str) -> str:
 
 
 def warm_start(
-    variables, source: str, include: tuple[str, ...], exclude: tuple[str, ...], mapping: list[tuple[str, str]]
+    variables,
+    source: str,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    mapping: list[tuple[str, str]],
+    cache_dir: str | Path | None = None,
 ) -> WarmStartReport:
     """Assign checkpoint values to the variables selected by name; report what was and was not restored."""
-    path = resolve_checkpoint_path(source)
+    path = resolve_checkpoint_path(local_checkpoint(source, cache_dir))
     reader = tf.train.load_checkpoint(path)
     available = checkpoint_variable_names(path)
     shapes = reader.get_variable_to_shape_map()

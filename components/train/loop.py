@@ -316,6 +316,7 @@ class Trainer:
                 tuple(self.config.warm_start_include),
                 tuple(self.config.warm_start_exclude),
                 parse_assignments(self.config.warm_start_map, "warm_start_map"),
+                self.config.cache_dir,
             )
             for variable in self.trained:
                 if self.ema:
