@@ -18,6 +18,7 @@ import http.server
 import json
 import re
 import threading
+import time
 import uuid
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -119,11 +120,11 @@ def check_parameters(pipeline: dict, parameters: dict) -> None:
 
 
 class FakeKfpApi:
-    def __init__(self, multi_user: bool = False):
+    def __init__(self, multi_user: bool = False, port: int = 0):
         self.multi_user = multi_user
         self.requests: list[tuple[str, str, Any]] = []
         self.experiments: dict[str, dict] = {}
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -147,7 +148,8 @@ class FakeKfpApi:
         if method == "GET" and path == f"{API}/healthz":
             return {"multi_user": self.multi_user}
         if method == "GET" and path == f"{API}/experiments":
-            names = [p["string_value"] for p in json.loads(query["filter"][0])["predicates"] if p["key"] == "name"]
+            predicates = json.loads(query["filter"][0])["predicates"]
+            names = [p.get("stringValue", p.get("string_value")) for p in predicates if p["key"] == "display_name"]
             found = [e for e in self.experiments.values() if e["display_name"] in names]
             return {"experiments": found, "total_size": len(found)}
         if method == "POST" and path == f"{API}/experiments":
@@ -225,3 +227,44 @@ class FakeKfpApi:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def describe(method: str, path: str, body: Any) -> str:
+    """One readable paragraph of what the backend received."""
+    if not isinstance(body, dict) or "pipeline_spec" not in body:
+        return f"{method} {path} {json.dumps(body, sort_keys=True) if body else ''}".rstrip()
+    spec = body["pipeline_spec"]["pipeline_spec"]
+    dags = [spec["root"]["dag"]] + [c["dag"] for c in spec.get("components", {}).values() if "dag" in c]
+    cached = sorted(
+        name for dag in dags for name, task in dag["tasks"].items() if task.get("cachingOptions", {}).get("enableCache")
+    )
+    settings = {
+        key: body[key] for key in ("display_name", "max_concurrency", "no_catchup", "trigger", "mode") if key in body
+    }
+    return (
+        f"{method} {path} {json.dumps(settings, sort_keys=True)}\n"
+        f"  parameters: {json.dumps(body.get('runtime_config', {}).get('parameters', {}), sort_keys=True)}\n"
+        f"  tasks that may come from the cache: {cached}"
+    )
+
+
+def main() -> None:
+    """Serve on 127.0.0.1 and print every accepted request: `python -m tests.fake_kfp_api [--port 8888]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=8888)
+    port = parser.parse_args().port
+    api = FakeKfpApi(port=port)
+    seen = 0
+    with api:
+        print(f"KFP API stand-in on {api.url}", flush=True)
+        while True:
+            time.sleep(0.2)
+            for method, path, body in api.requests[seen:]:
+                print(describe(method, path, body), flush=True)
+            seen = len(api.requests)
+
+
+if __name__ == "__main__":
+    main()

@@ -73,8 +73,11 @@ def test_a_schedule_keeps_each_tasks_own_caching_and_runs_one_at_a_time(kfp_api)
          "--epochs", "30", "--train-options", '{"ema_decay": 0.999}'],
     )  # fmt: skip
     assert code == 0
+    other = ["schedule", "--host", kfp_api.url, "--cron", "0 0 4 * * *", "--promotion-root", "s3://b/m", "--name", "x"]
+    assert commands.main(cifar10_pipeline, other) == 0
+    assert len(kfp_api.experiments) == 1, "the second submission reuses the experiment"
 
-    (recurring,) = kfp_api.bodies("POST", f"{API}/recurringruns")
+    (recurring, _other) = kfp_api.bodies("POST", f"{API}/recurringruns")
     assert recurring["display_name"] == "cifar10-pipeline-retraining"
     assert recurring["trigger"] == {"cron_schedule": {"cron": "0 30 2 * * *"}}
     assert int(recurring["max_concurrency"]) == 1 and recurring["no_catchup"] is True

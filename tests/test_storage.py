@@ -1,0 +1,89 @@
+"""The storage layer's addressing and errors: KFP's minio:// URIs, where a pipeline's model directory lives, and
+clear one-line errors when an object store cannot be reached."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from components.common import storage
+from components.common.model_directory import artifact_location, pipeline_model_directory
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+RUN_ID = "8d3f2a10-0b7e-4c38-9a55-2f1e3c4d5e6f"
+
+
+def artifact(uri: str, path: str, name: str = "model"):
+    return SimpleNamespace(uri=uri, path=path, name=name, metadata={})
+
+
+def test_kfp_minio_uris_are_s3_uris():
+    assert storage.normalize_uri("minio://mlpipeline/v2/artifacts/x") == "s3://mlpipeline/v2/artifacts/x"
+    assert storage.split_uri("minio://mlpipeline/a/b") == ("s3://", "mlpipeline", "a/b")
+    assert isinstance(storage.publisher_for("minio://mlpipeline/v2"), storage.S3Publisher)
+    assert storage.publisher_for("minio://mlpipeline/v2").uri("x") == "s3://mlpipeline/v2/x"
+    assert storage.join("minio://b/p", "q") == "s3://b/p/q"
+
+
+def test_the_model_directory_of_a_run_outlives_the_pod_and_the_attempt():
+    # KFP 2.x backends salt an output artifact's URI per attempt; the run's own folder does not change.
+    first = artifact(
+        f"minio://mlpipeline/v2/artifacts/cifar10-pipeline/{RUN_ID}/train-component/a1b2/model", "/minio/x"
+    )
+    retry = artifact(
+        f"minio://mlpipeline/v2/artifacts/cifar10-pipeline/{RUN_ID}/train-component/c3d4/model", "/minio/y"
+    )
+    expected = f"s3://mlpipeline/v2/artifacts/cifar10-pipeline/{RUN_ID}/model-directory"
+    assert pipeline_model_directory(first, RUN_ID, None, shared=True) == expected
+    assert pipeline_model_directory(retry, RUN_ID, None, shared=False) == expected
+    assert pipeline_model_directory(first, RUN_ID, "s3://models/run-7", shared=True) == "s3://models/run-7"
+    local = artifact("/tmp/runs/train-component/model", "/tmp/runs/train-component/model")  # kfp.local
+    assert pipeline_model_directory(local, RUN_ID, None, shared=False) == "/tmp/runs/train-component/model"
+
+
+def test_a_tfjob_refuses_pod_local_locations_and_says_what_to_set():
+    local = artifact("/tmp/runs/train-component/model", "/tmp/runs/train-component/model")
+    with pytest.raises(ValueError, match=r"model_dir: .* is pod-local; .*pipeline_root on gs:// or s3://"):
+        pipeline_model_directory(local, RUN_ID, None, shared=True)
+    dataset = artifact("/tmp/runs/prepare/dataset", "/tmp/runs/prepare/dataset", name="dataset")
+    with pytest.raises(ValueError, match=r"dataset: .* is pod-local"):
+        artifact_location(dataset, shared=True)
+    remote = artifact("minio://mlpipeline/v2/artifacts/p/r/prepare/dataset", "/minio/mlpipeline/v2/x", "dataset")
+    assert artifact_location(remote, shared=True) == "s3://mlpipeline/v2/artifacts/p/r/prepare/dataset"
+    assert artifact_location(remote, shared=False) == "/minio/mlpipeline/v2/x"  # this pod's downloaded copy
+
+
+def test_an_unreachable_s3_endpoint_is_one_clear_line_and_exit_code_2(tmp_path):
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "components.prepare_data", "--source", "synthetic", "--output", "s3://bucket/data"],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+             "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "XDG_CACHE_HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert "s3://bucket/data/manifest.json: cannot reach the S3 endpoint http://127.0.0.1:9" in completed.stderr
+    assert "Traceback" not in completed.stderr and time.monotonic() - started < 60
+
+
+def test_missing_s3_credentials_are_one_clear_line(tmp_path, s3_server, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    storage.reset_clients()
+    try:
+        with pytest.raises(storage.StorageError, match=r"s3://bucket/x: no S3 credentials: set AWS_ACCESS_KEY_ID"):
+            storage.read_bytes("s3://bucket/x")
+    finally:
+        storage.reset_clients()
