@@ -43,7 +43,9 @@ def _descriptions(pipeline) -> dict[str, str]:
 
 def _converter(kfp_type: str):
     if kfp_type == "Boolean":
-        return lambda text: text.lower() in ("1", "true", "yes", "on")
+        from components.common.config import parse_bool
+
+        return parse_bool
     if kfp_type == "Integer":
         return int
     if kfp_type == "Float":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -83,3 +84,54 @@ def test_cli_runs_the_stage(tmp_path):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["parameters"]["synthetic_train_per_class"] == 3
     assert PrepareDataConfig(output="x").source.startswith("https://")
+
+
+@pytest.mark.parametrize(
+    ("stage", "values", "message"),
+    [
+        ("train", {"schedule": "linear"}, "schedule: 'linear' is not one of piecewise, cosine, constant"),
+        ("train", {"launcher": "bogus"}, "launcher: 'bogus' is not one of"),
+        ("train", {"augment": "false"}, "augment: 'false' is not true or false"),
+        ("train", {"depth": "20"}, "depth: '20' is not an integer"),
+        ("train", {"learning_rate": 0}, r"learning_rate: 0(\.0)? must be a positive number"),
+        ("train", {"learning_rate": float("nan")}, "learning_rate: nan is not a finite number"),
+        ("train", {"momentum": 1.5}, r"momentum: 1.5 is not in \[0, 1\)"),
+        ("evaluate", {"mode": "everything"}, "mode: 'everything' is not one of"),
+        ("prepare_data", {"examples_per_shard": True}, "examples_per_shard: True is not an integer"),
+    ],
+)
+def test_every_config_path_refuses_wrong_types_and_values(tmp_path, stage, values, message):
+    """The same check on every path: a --config file, the dataclass built directly, and KFP options."""
+    from components.common.config import config_from_mapping
+    from components.evaluate.config import EvaluateConfig
+    from components.prepare_data.config import PrepareDataConfig
+    from components.train.config import TrainConfig
+
+    config_class, required = {
+        "train": (TrainConfig, {"data": "d", "model_dir": "m"}),
+        "evaluate": (EvaluateConfig, {"data": "d", "model_dir": "m"}),
+        "prepare_data": (PrepareDataConfig, {"output": "o"}),
+    }[stage]
+    with pytest.raises(ValueError, match=message):
+        config_class(**required, **values)
+    with pytest.raises(ValueError, match=message):
+        config_from_mapping(config_class, {**required, **values}, "KFP options")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**required, **values}, allow_nan=True))
+    completed = subprocess.run(
+        [sys.executable, "-m", f"components.{stage}", "--config", str(path)],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert completed.returncode == 2 and re.search(message, completed.stderr), completed.stderr[-1500:]
+    assert "Traceback" not in completed.stderr
+
+
+def test_kfp_options_cannot_override_the_steps_named_parameters():
+    from types import SimpleNamespace
+
+    from components.train.component_support import train_config
+
+    dataset = SimpleNamespace(uri="/d", path="/d", name="dataset", metadata={})
+    model = SimpleNamespace(uri="/m", path="/m", name="model", metadata={})
+    with pytest.raises(ValueError, match=r"options: \['depth'\] are parameters of the step"):
+        train_config(dataset, model, "auto", model_dir="", depth=20, options={"depth": 56}, run_id="")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -33,13 +34,55 @@ def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+    """The project's one reading of a boolean written as text (command lines, make variables)."""
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def check_fields(config: Any) -> None:
+    """Every field of a config dataclass has its declared type and, where declared, one of its choices; numbers are
+    finite. Called by every config's __post_init__, so the command line, a --config file, KFP parameters and
+    direct construction all pass the same check. No conversion: {"augment": "false"} is an error, not True."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        annotation, optional = _unwrap_optional(hints[field.name])
+        if value is None:
+            if not optional:
+                raise ValueError(f"{field.name}: must be given (it cannot be null)")
+            continue
+        if typing.get_origin(annotation) is tuple:
+            (element_type, *_rest) = typing.get_args(annotation)
+            if not isinstance(value, tuple):
+                raise ValueError(f"{field.name}: {value!r} is not a list")
+            for item in value:
+                _check_value(field.name, item, element_type)
+        else:
+            _check_value(field.name, value, annotation)
+        choices = field.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ValueError(f"{field.name}: {value!r} is not one of {', '.join(map(str, choices))}")
+
+
+def _check_value(name: str, value: Any, annotation: Any) -> None:
+    if annotation is float:
+        valid = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        expected = "a finite number"
+    elif annotation is int:
+        valid, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif annotation is bool:
+        valid, expected = isinstance(value, bool), "true or false"
+    elif annotation is str:
+        valid, expected = isinstance(value, str), "a string"
+    else:
+        return
+    if not valid:
+        raise ValueError(f"{name}: {value!r} is not {expected}")
 
 
 def _converter(annotation: Any, optional: bool):
@@ -49,7 +92,7 @@ def _converter(annotation: Any, optional: bool):
         if optional and text.strip().lower() in ("", "none", "null"):
             return None
         if annotation is bool:
-            return _parse_bool(text)
+            return parse_bool(text)
         return annotation(text)
 
     return convert
@@ -91,10 +134,12 @@ def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], ori
         annotation, _optional = _unwrap_optional(hints[name])
         if typing.get_origin(annotation) is tuple and isinstance(value, list):
             value = tuple(value)
+        if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # JSON has one number type: 1 is a fine learning rate
         converted[name] = value
     try:
         return config_class(**converted)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         raise ValueError(f"{origin}: {error}") from error
 
 

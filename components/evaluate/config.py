@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from components.common.config import check_fields
+
 MODES = ("latest", "all", "continuous")
 WEIGHTS = ("auto", "ema", "raw")
 
@@ -57,6 +59,7 @@ class EvaluateConfig:
     cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets and model dirs are mirrored"})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.batch_size < 1:
             raise ValueError(f"batch_size: {self.batch_size} must be at least 1")
         if not 0.0 <= self.accuracy_threshold <= 1.0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from components.common import records
+from components.common.config import check_fields
 
 OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 OFFICIAL_SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
@@ -55,6 +56,7 @@ class PrepareDataConfig:
     force: bool = field(default=False, metadata={"help": "rewrite even when the published dataset already matches"})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not self.output:
             raise ValueError("output: must name a folder, gs:// or s3:// prefix")
         if self.source_format not in SOURCE_FORMATS:

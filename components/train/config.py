@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from components.common.config import check_fields
 from components.common.storage import is_remote
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
@@ -167,8 +168,20 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if (self.depth - 2) % 6 or self.depth < 8:
             raise ValueError(f"depth: {self.depth} is not of the form 6n+2 with n >= 1 (20, 32, 44, 56, 110)")
+        for name in ("learning_rate", "batch_norm_epsilon"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: {getattr(self, name)} must be a positive number")
+        for name in ("weight_decay", "warmup_epochs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: {getattr(self, name)} must not be negative")
+        for name in ("momentum", "batch_norm_decay"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name}: {getattr(self, name)} is not in [0, 1)")
+        if self.learning_rate_batch_size < 1 or self.max_to_keep < 1:
+            raise ValueError("learning_rate_batch_size and max_to_keep: must be at least 1")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: {self.batch_size} must be at least 1")
         if self.batch_size % self.workers:
