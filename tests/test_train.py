@@ -362,3 +362,40 @@ def test_warm_start_from_an_s3_checkpoint(synthetic_data, tmp_path, s3_bucket, f
     original = tf.train.load_checkpoint(str(next((tmp_path / "a").rglob("ckpt-3.index")).with_suffix("")))
     np.testing.assert_allclose(trained.get_tensor(kernel), original.get_tensor(kernel), atol=1e-6)
     assert started.step == 1
+
+
+@pytest.mark.parametrize("learning_rate", [1e300, 1e6])
+def test_no_checkpoint_ever_holds_a_non_finite_value(synthetic_data, tmp_path, learning_rate):
+    """A finite loss and gradient can still make Inf weights or batch-norm variances: the state is checked after
+    every update, before anything is saved."""
+    model_dir = tmp_path / "model"
+    config = tiny_train_config(
+        synthetic_data, model_dir, train_steps=40, learning_rate=learning_rate, checkpoint_every_steps=1
+    )
+    with pytest.raises(loop.NumericsError, match=r"step \d+: .* is NaN or Inf"):
+        loop.train(config)
+    for index in model_dir.glob("ckpt-*.index"):
+        reader = tf.train.load_checkpoint(str(index.with_suffix("")))
+        for key in reader.get_variable_to_shape_map():
+            value = reader.get_tensor(key)
+            if np.issubdtype(np.asarray(value).dtype, np.floating):
+                assert np.isfinite(value).all(), (index.name, key)
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "out of date"])
+def test_a_missing_or_damaged_checkpoint_state_file_never_restarts_training(synthetic_data, tmp_path, caplog, damage):
+    model_dir = tmp_path / "model"
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=8, checkpoint_every_steps=2))
+    state = model_dir / "checkpoint"
+    if damage == "missing":
+        state.unlink()
+    elif damage == "garbage":
+        state.write_bytes(b"\\x00\\xff not a checkpoint state")
+    else:
+        state.write_text('model_checkpoint_path: "ckpt-2"\nall_model_checkpoint_paths: "ckpt-2"\n')
+    with caplog.at_level("INFO"):
+        resumed = loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=10, checkpoint_every_steps=2))
+    assert resumed.step == 10
+    assert "resuming from" in caplog.text and "at step 8" in caplog.text
+    assert "rewrote it from the checkpoint files" in caplog.text
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-10")

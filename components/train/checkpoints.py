@@ -114,13 +114,52 @@ class TrainingState:
         return tf.train.Checkpoint(**objects)
 
 
-def restore_latest(checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager) -> str | None:
-    """Restore the newest readable checkpoint; fall back to older ones when the newest is damaged.
+def checkpoints_on_disk(directory: str | Path) -> list[str]:
+    """The checkpoint prefixes in `directory`, oldest first, found from their own `.index` files: the `checkpoint`
+    state file may be missing, damaged or out of date, the checkpoints themselves are what counts."""
+    found = []
+    for index in Path(directory).glob(f"{CHECKPOINT_PREFIX}-*.index"):
+        match = re.fullmatch(rf"{CHECKPOINT_PREFIX}-(\d+)\.index", index.name)
+        if match:
+            found.append((int(match.group(1)), str(index.with_suffix(""))))
+    return [path for _step, path in sorted(found)]
+
+
+STATE_FILE = "checkpoint"
+
+
+def reconcile_state_file(directory: str | Path) -> None:
+    """Rewrite the `checkpoint` state file from the checkpoints on disk when it is missing, unreadable or lists
+    others (so the checkpoint manager's bookkeeping covers them all), and say so."""
+    directory = Path(directory)
+    paths = checkpoints_on_disk(directory)
+    if not paths:
+        return
+    state_path = directory / STATE_FILE
+    names = [Path(path).name for path in paths]
+    wanted = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
+    try:
+        current = state_path.read_text()
+    except (OSError, UnicodeDecodeError):
+        current = None
+    if current == wanted:
+        return
+    listed = re.findall(r'^all_model_checkpoint_paths: "([^"]+)"$', current or "", flags=re.MULTILINE)
+    if [Path(name).name for name in listed] == names and f'model_checkpoint_path: "{names[-1]}"' in (current or ""):
+        return  # the same checkpoints, written with absolute paths or another layout: fine as it is
+    problem = "is missing" if current is None else "does not list the checkpoints on disk (damaged or out of date)"
+    logger.warning("%s %s; rewrote it from the checkpoint files: %s", state_path, problem, ", ".join(names))
+    storage.atomic_write_bytes(state_path, wanted.encode())
+
+
+def restore_latest(checkpoint: tf.train.Checkpoint, directory: str | Path) -> str | None:
+    """Restore the newest readable checkpoint in `directory`, found from its files; fall back to older ones when the
+    newest is damaged.
 
     Returns the restored path, or None when the directory holds no checkpoint at all. When every
     checkpoint is damaged this fails: training never silently restarts from step 0.
     """
-    candidates = list(reversed(manager.checkpoints))
+    candidates = list(reversed(checkpoints_on_disk(directory)))
     if not candidates:
         return None
     problems = []

@@ -169,20 +169,14 @@ class Trainer:
         self.schedule = optimization.make_schedule(config, self.steps_per_epoch, self.total_steps)
         self.state = checkpoints.TrainingState(self.model, self.optimizer, self.step, self.ema)
         self.checkpoint = self.state.checkpoint()
+        if self.chief:
+            checkpoints.reconcile_state_file(self.model_directory.local)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint,
             str(self.write_dir),
             max_to_keep=config.max_to_keep,
             keep_checkpoint_every_n_hours=config.keep_checkpoint_every_hours,
             checkpoint_name=checkpoints.CHECKPOINT_PREFIX,
-        )
-        # The chief's manager reads the real directory; others restore from it but write elsewhere.
-        self.restore_manager = (
-            self.manager
-            if self.chief
-            else tf.train.CheckpointManager(
-                self.checkpoint, str(self.model_directory.local), max_to_keep=None, checkpoint_name="ckpt"
-            )
         )
 
     # -- the step -------------------------------------------------------------------------------------------
@@ -227,7 +221,12 @@ class Trainer:
         rate = self.schedule(self.step)
         apply = gradients_finite & loss_finite
         context.merge_call(self._apply, args=(processed, rate, apply, gradients_finite, statistics))
+        # The state after the update, as a checkpoint would hold it: a finite loss and gradient can still make
+        # Inf weights or batch-norm variances (a huge learning rate). Every worker holds the same state.
+        state = [tf.cast(variable.value, tf.float32) for variable in self.model.variables]
+        state += [tf.cast(shadow.value, tf.float32) for shadow in self.ema.values()]
         return {
+            "state_finite": optimization.all_finite(state),
             "loss": total_loss,
             "cross_entropy": cross_entropy_sum / config.batch_size,
             "accuracy": correct_sum / config.batch_size,
@@ -302,7 +301,7 @@ class Trainer:
     # -- start: resume or warm start -------------------------------------------------------------------------
 
     def _start(self) -> int:
-        restored = checkpoints.restore_latest(self.checkpoint, self.restore_manager)
+        restored = checkpoints.restore_latest(self.checkpoint, self.model_directory.local)
         if restored is not None:
             step = int(self.step.numpy())
             logger.info("resuming from %s at step %d", restored, step)
@@ -381,8 +380,15 @@ class Trainer:
                 summaries.maybe_profile(step)
                 outputs, batch = step_function(iterator, tf.constant([int(sigterm.requested), int(due_by_time)]))
                 host = {key: value.numpy() for key, value in outputs.items()}
-                if not host["loss_finite"] or (not host["gradients_finite"] and config.precision != "mixed_float16"):
-                    what = "the loss" if not host["loss_finite"] else "a gradient"
+                gradients_failed = not host["gradients_finite"] and config.precision != "mixed_float16"
+                if not host["loss_finite"] or gradients_failed or not host["state_finite"]:
+                    what = (
+                        "the loss"
+                        if not host["loss_finite"]
+                        else "a gradient"
+                        if gradients_failed
+                        else "the model's state after the update (weights, batch-norm statistics or their average)"
+                    )
                     raise NumericsError(
                         f"step {step + 1}: {what} is NaN or Inf (loss {host['loss']}); training stopped and this "
                         "step's state was not checkpointed. Lower the learning rate or enable gradient clipping."
