@@ -272,20 +272,25 @@ class TFJobLauncher:
         self._finished.clear()
         streaming = threading.Thread(target=self._stream_chief_log, args=(name, namespace), daemon=True)
         streaming.start()
-        with _sigterm_cancels():
-            while True:
-                job = self._read(f"get TFJob {name}", lambda: self._get(name, namespace))
-                if job is None:
-                    raise TFJobError(f"TFJob {namespace}/{name} disappeared (deleted by someone else)")
-                outcome = final_condition(job)
-                if outcome is not None:
-                    self._finished.set()
-                    streaming.join(timeout=LOG_WAIT_SECONDS)
-                    return outcome
-                if self.clock() >= deadline:
-                    self._finished.set()
-                    raise TFJobError(f"TFJob {namespace}/{name} did not finish within {timeout:.0f} s; it was deleted")
-                self.sleep(self.poll_seconds)
+        try:
+            with _sigterm_cancels():
+                while True:
+                    job = self._read(f"get TFJob {name}", lambda: self._get(name, namespace))
+                    if job is None:
+                        raise TFJobError(f"TFJob {namespace}/{name} disappeared (deleted by someone else)")
+                    outcome = final_condition(job)
+                    if outcome is not None:
+                        self._finished.set()
+                        streaming.join(timeout=LOG_WAIT_SECONDS)  # the chief's last lines
+                        return outcome
+                    if self.clock() >= deadline:
+                        raise TFJobError(
+                            f"TFJob {namespace}/{name} did not finish within {timeout:.0f} s; it was deleted"
+                        )
+                    self.sleep(self.poll_seconds)
+        finally:
+            self._finished.set()
+            streaming.join(timeout=2.0)
 
     # -- the chief's log ----------------------------------------------------------------------------------------
 
@@ -313,7 +318,8 @@ class TFJobLauncher:
                 if after is not None and after[1] == seen_restarts and after[0] in ("Succeeded", "Failed"):
                     self.sleep(self.log_poll_seconds)  # exited; the job's status (or a restart) comes next
         except Exception as error:  # the job's outcome decides success; a lost log stream only warns
-            logger.warning("stopped streaming the log of %s: %s", pod, error)
+            if not self._finished.is_set():
+                logger.warning("stopped streaming the log of %s: %s", pod, error)
 
     def _pod_state(self, pod: str, namespace: str) -> tuple[str, int] | None:
         """(phase, restart count of the tensorflow container), or None while the pod does not exist."""
