@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.common.config import config_to_dict
 from components.train import checkpoints, loop
 from components.train.checkpoints import CheckpointError
 from tests.conftest import tiny_train_config
@@ -399,3 +400,36 @@ def test_a_missing_or_damaged_checkpoint_state_file_never_restarts_training(synt
     assert "resuming from" in caplog.text and "at step 8" in caplog.text
     assert "rewrote it from the checkpoint files" in caplog.text
     assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-10")
+
+
+def test_a_refused_run_changes_nothing_in_the_model_directory(synthetic_data, tmp_path):
+    from components.train.__main__ import main
+
+    model_dir = tmp_path / "model"
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=2))
+    before = {path.name: path.read_bytes() for path in model_dir.iterdir() if path.is_file()}
+    other_depth = tiny_train_config(synthetic_data, model_dir, train_steps=4, depth=14)
+    with pytest.raises(ValueError, match=r"holds checkpoints of another model \(depth 8 there, 14 asked\)"):
+        loop.train(other_depth)
+    assert main(["--config", json.dumps(config_to_dict(other_depth))]) == 2
+    assert {path.name: path.read_bytes() for path in model_dir.iterdir() if path.is_file()} == before
+
+
+def test_resuming_on_another_dataset_is_refused_unless_asked_and_then_recorded(synthetic_data, tmp_path):
+    from components.prepare_data.config import PrepareDataConfig
+    from components.prepare_data.prepare import prepare_data
+
+    other = tmp_path / "other"
+    prepare_data(PrepareDataConfig(output=str(other), source="synthetic", synthetic_train_per_class=20, seed=7))
+    model_dir = tmp_path / "model"
+    first = loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=2))
+    config_before = (model_dir / "config.json").read_bytes()
+    with pytest.raises(ValueError, match=r"is not the dataset the checkpoints .* were trained on"):
+        loop.train(tiny_train_config(str(other), model_dir, train_steps=4))
+    assert (model_dir / "config.json").read_bytes() == config_before
+    resumed = loop.train(tiny_train_config(str(other), model_dir, train_steps=4, resume_on_other_data=True))
+    assert resumed.step == 4
+    recorded = json.loads((model_dir / "config.json").read_text())["resolved"]
+    original = json.loads(config_before)["resolved"]["dataset_manifest_sha256"]
+    assert recorded["dataset_history"] == [original] and recorded["dataset_manifest_sha256"] != original
+    assert first.step == 2

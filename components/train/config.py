@@ -119,6 +119,10 @@ class TrainConfig:
     keep_checkpoint_every_hours: float | None = field(
         default=None, metadata={"help": "also keep one checkpoint every N hours"}
     )
+    resume_on_other_data: bool = field(
+        default=False,
+        metadata={"help": "resume checkpoints trained on another dataset (refused otherwise; recorded in config.json)"},
+    )
     warm_start: str | None = field(default=None, metadata={"help": "checkpoint (file prefix or folder) to start from"})
     warm_start_include: tuple[str, ...] = field(
         default=(".*",), metadata={"help": "regexes of variables to take from the warm-start checkpoint"}

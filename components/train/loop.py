@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
 from components.common.progress import format_duration
@@ -38,6 +39,8 @@ from components.train.model import ModelSpec, build_model, is_kernel, variable_n
 logger = logging.getLogger(__name__)
 
 RESOLVED_CONFIG = "config.json"
+# What makes a checkpoint another model: resuming with a different value cannot restore it.
+ARCHITECTURE_FIELDS = ("model", "depth", "width_multiplier", "num_classes")
 TRAIN_METRICS = "train_metrics.json"
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH_STEPS = 2000
@@ -323,7 +326,43 @@ class Trainer:
         logger.info("starting from step 0")
         return 0
 
-    def _write_resolved_config(self) -> None:
+    def _check_model_directory_fits(self) -> list[str]:
+        """Before anything is written: a model directory that holds checkpoints must hold this model, trained on
+        this dataset unless `resume_on_other_data`; returns the dataset digests it was trained on before."""
+        previous_path = self.model_directory.local / RESOLVED_CONFIG
+        if not checkpoints.checkpoints_on_disk(self.model_directory.local) or not previous_path.exists():
+            return []
+        try:
+            previous = json.loads(previous_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{self.config.model_dir}/{RESOLVED_CONFIG}: not valid JSON ({error})") from error
+        wanted = {**config_to_dict(self.config), "num_classes": self.num_classes}
+        held = {**previous, "num_classes": previous.get("resolved", {}).get("num_classes")}
+        differing = [name for name in ARCHITECTURE_FIELDS if held.get(name) != wanted.get(name)]
+        if differing:
+            described = ", ".join(f"{name} {held.get(name)!r} there, {wanted.get(name)!r} asked" for name in differing)
+            raise ValueError(
+                f"model_dir: {self.config.model_dir} holds checkpoints of another model ({described}); nothing was "
+                "changed. Give another --model-dir, or --warm-start from it"
+            )
+        history = list(previous.get("resolved", {}).get("dataset_history", []))
+        trained_on = previous.get("resolved", {}).get("dataset_manifest_sha256")
+        if trained_on and trained_on != self.dataset.manifest_sha256:
+            if not self.config.resume_on_other_data:
+                raise ValueError(
+                    f"data: {self.config.data} (manifest {self.dataset.manifest_sha256[:12]}) is not the dataset the "
+                    f"checkpoints in {self.config.model_dir} were trained on ({trained_on[:12]}); nothing was changed. "
+                    "Give --resume-on-other-data to continue training on it (it is recorded in config.json)"
+                )
+            logger.warning(
+                "resuming on another dataset than before (%s, was %s)",
+                self.dataset.manifest_sha256[:12],
+                trained_on[:12],
+            )
+            history.append(trained_on)
+        return history
+
+    def _write_resolved_config(self, dataset_history: list[str]) -> None:
         if not self.chief:
             return
         resolved = {
@@ -338,15 +377,17 @@ class Trainer:
                 "dataset_manifest_sha256": self.dataset.manifest_sha256,
                 "synthetic_data": self.dataset.manifest.synthetic,
                 "replicas": self.strategy.num_replicas_in_sync,
+                "dataset_history": dataset_history,  # earlier datasets these checkpoints were trained on
             },
         }
-        (self.model_directory.local / RESOLVED_CONFIG).write_text(json.dumps(resolved, indent=2, sort_keys=True))
+        content = json.dumps(resolved, indent=2, sort_keys=True).encode()
+        storage.atomic_write_bytes(self.model_directory.local / RESOLVED_CONFIG, content)
 
     # -- the loop -------------------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
         config = self.config
-        self._write_resolved_config()
+        self._write_resolved_config(self._check_model_directory_fits())
         start_step = self._start()
         summaries = _Summaries(
             self.model_directory.local / "train",
