@@ -86,6 +86,46 @@ def test_pickle_codecs_with_another_encoding_is_refused(tmp_path, official):
     assert_rejected(tmp_path, archive, r"test_batch: pickle calls _codecs.encode with encoding 'rot13'; only latin1")
 
 
+class _Reduced:
+    """Pickles as `function(*arguments)`: how a crafted batch calls what the unpickler resolves."""
+
+    def __init__(self, function, arguments):
+        self.function, self.arguments = function, arguments
+
+    def __reduce__(self):
+        return (self.function, self.arguments)
+
+
+def _reconstruct():
+    from components.prepare_data.safe_io import _numpy_reconstruct
+
+    return _numpy_reconstruct()
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        # 613 MB of uninitialised memory from a 200-byte pickle: the array's bytes are not in the file.
+        (_Reduced(np.ndarray, ((200_000, 3072), "u1")), r"pickle builds an array|only arrays whose bytes"),
+        (_Reduced(_reconstruct(), (np.ndarray, (200_000, 3072), b"b")), r"pickle builds an array .* without its data"),
+        (
+            np.zeros((10, 3072), dtype=[("r", "u1"), ("x", "f8")]),
+            r"pickle asks for an array of dtype .*a CIFAR batch holds integers only",
+        ),
+        (
+            np.zeros((10, 3072), dtype=np.float64),
+            r"pickle asks for an array of dtype .f8.; a CIFAR batch holds integers only",
+        ),
+    ],
+    ids=["ndarray-constructor", "reconstruct-without-data", "structured-dtype", "float-dtype"],
+)
+def test_pickled_arrays_must_carry_their_bytes_and_an_integer_dtype(tmp_path, official, data, problem):
+    evil = pickle.dumps({b"data": data, b"labels": [0] * 10}, 2)
+    assert len(evil) < 600_000
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, {"data_batch_3": evil})
+    assert_rejected(tmp_path, archive, rf"data_batch_3: {problem}")
+
+
 def test_wrong_checksum(tmp_path, official):
     archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official)
     assert_rejected(

@@ -209,30 +209,74 @@ def _latin1_bytes(text: str, encoding: str, origin: str) -> bytes:
     return text.encode("latin-1")
 
 
+# dtypes a CIFAR "python version" batch can hold: uint8 pixels, integer labels. Nothing structured, no objects.
+ALLOWED_DTYPES = frozenset(
+    f"{order}{kind}" for order in ("", "<", "|") for kind in ("u1", "i1", "i2", "i4", "i8", "u2", "u4", "u8")
+)
+
+
+class _ArrayType:
+    """What the unpickler hands out for `numpy.ndarray`: calling it is refused, so no pickle allocates an array."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def __call__(self, *arguments, **keywords):
+        raise SourceError(
+            f"{self.origin}: pickle builds an array ({arguments[0] if arguments else ''}) without its data; only "
+            "arrays whose bytes are in the file are allowed"
+        )
+
+
 class _NumpyOnlyUnpickler(pickle.Unpickler):
     """Resolves only what rebuilding a numpy array needs; any other global is refused before it is loaded.
 
-    Besides numpy's `_reconstruct`, `ndarray` and `dtype`, one stand-in is allowed: Python 3 writes `bytes`
-    in protocol 2 as `_codecs.encode(text, "latin1")`, which maps to a function that only does that.
+    Arrays are rebuilt the way numpy pickles them: an empty array (`_reconstruct(ndarray, (0,), b"b")`) whose
+    state then brings the shape, an integer dtype and the raw bytes, which numpy checks against the shape. So an
+    array's bytes are always in the file: calling `ndarray(shape, dtype)` or `_reconstruct` with another shape
+    (uninitialised memory of any size) is refused, and so are dtypes other than the integer ones a batch holds.
+    Besides these, one stand-in is allowed: Python 3 writes `bytes` in protocol 2 as
+    `_codecs.encode(text, "latin1")`, which maps to a function that only does that.
     """
 
     def __init__(self, file, origin: str):
         super().__init__(file, encoding="bytes")
         self.origin = origin
+        self._array_type = _ArrayType(origin)
 
     def find_class(self, module: str, name: str):
-        import numpy
-
         if name == "_reconstruct" and module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-            return _numpy_reconstruct()
-        if module == "numpy" and name in ("ndarray", "dtype"):
-            return getattr(numpy, name)
+            return self._reconstruct_empty
+        if (module, name) == ("numpy", "ndarray"):
+            return self._array_type
+        if (module, name) == ("numpy", "dtype"):
+            return self._integer_dtype
         if (module, name) == ("_codecs", "encode"):
             return functools.partial(_latin1_bytes, origin=self.origin)
         raise SourceError(
             f"{self.origin}: pickle references {module}.{name}; only numpy arrays are allowed in a CIFAR batch, "
             "so the file was not loaded"
         )
+
+    def _reconstruct_empty(self, subtype, shape, dtype_code):
+        import numpy
+
+        if subtype is not self._array_type or tuple(shape) != (0,) or dtype_code != b"b":
+            raise SourceError(
+                f"{self.origin}: pickle builds an array ({shape!r}) without its data; only arrays whose bytes are "
+                "in the file are allowed"
+            )
+        return _numpy_reconstruct()(numpy.ndarray, (0,), b"b")
+
+    def _integer_dtype(self, spec, align=False, copy=True):
+        import numpy
+
+        text = spec.decode("latin-1") if isinstance(spec, bytes) else spec
+        if not isinstance(text, str) or text not in ALLOWED_DTYPES:
+            raise SourceError(
+                f"{self.origin}: pickle asks for an array of dtype {spec!r}; a CIFAR batch holds integers only"
+            )
+        return numpy.dtype(text)
 
 
 def load_numpy_pickle(content: bytes, origin: str):
