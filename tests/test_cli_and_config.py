@@ -126,6 +126,21 @@ def test_every_config_path_refuses_wrong_types_and_values(tmp_path, stage, value
     assert "Traceback" not in completed.stderr
 
 
+def test_numbers_from_kfp_parameters_keep_their_meaning():
+    """KFP carries dict parameters as protobuf Structs, where every number is a float."""
+    from components.common.config import config_from_mapping
+    from components.train.config import TrainConfig
+
+    config = config_from_mapping(
+        TrainConfig,
+        {"data": "d", "model_dir": "m", "log_every_steps": 10.0, "profile_steps": [2.0, 3.0], "learning_rate": 1},
+        "KFP options",
+    )
+    assert config.log_every_steps == 10 and config.profile_steps == (2, 3) and config.learning_rate == 1.0
+    with pytest.raises(ValueError, match=r"log_every_steps: 10.5 is not an integer"):
+        config_from_mapping(TrainConfig, {"data": "d", "model_dir": "m", "log_every_steps": 10.5}, "KFP options")
+
+
 def test_kfp_options_cannot_override_the_steps_named_parameters():
     from types import SimpleNamespace
 

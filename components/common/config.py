@@ -134,8 +134,14 @@ def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], ori
         annotation, _optional = _unwrap_optional(hints[name])
         if typing.get_origin(annotation) is tuple and isinstance(value, list):
             value = tuple(value)
+        # JSON (and the protobuf Struct that carries KFP's dict parameters) has one number type: 1 is a fine
+        # learning rate, and 10.0 a fine step count; 10.5 steps, "10" or true are not.
         if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)  # JSON has one number type: 1 is a fine learning rate
+            value = float(value)
+        if annotation is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if typing.get_origin(annotation) is tuple and typing.get_args(annotation)[0] is int:
+            value = tuple(int(item) if isinstance(item, float) and item.is_integer() else item for item in value)
         converted[name] = value
     try:
         return config_class(**converted)

@@ -227,7 +227,7 @@ class Trainer:
         # The state after the update, as a checkpoint would hold it: a finite loss and gradient can still make
         # Inf weights or batch-norm variances (a huge learning rate). Every worker holds the same state.
         state = [tf.cast(variable.value, tf.float32) for variable in self.model.variables]
-        state += [tf.cast(shadow.value, tf.float32) for shadow in self.ema.values()]
+        state += [tf.cast(shadow, tf.float32) for shadow in self.ema.values()]
         return {
             "state_finite": optimization.all_finite(state),
             "loss": total_loss,
