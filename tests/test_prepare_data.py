@@ -273,3 +273,45 @@ class TestVerification:
         assert sorted(labels.numpy().tolist()) == sorted(((np.arange(20) + 5) % 10).tolist())
         _ = dataset_module.Manifest.from_json((output / "manifest.json").read_bytes(), "manifest")
         assert read_manifest(str(output))[0].num_classes == 10
+
+
+def test_clean_up_never_removes_shards_another_run_is_about_to_publish(tmp_path, monkeypatch):
+    """Run B starts right after run A published its manifest and writes its shards while A cleans up: A must leave
+    B's shards alone, so B's manifest (which rightly replaces A's) verifies. Both runs succeed."""
+    import threading
+
+    from components.common import storage
+
+    first_archive = builders.write_python_archive(tmp_path / "a.tar.gz", builders.official_data(per_batch=20))
+    second_archive = builders.write_python_archive(tmp_path / "b.tar.gz", builders.official_data(per_batch=20, seed=5))
+    output = tmp_path / "out"
+    prepare(tmp_path, first_archive, examples_per_shard=10)  # an earlier dataset, replaced by run A below
+    b_wrote_its_shards, a_cleaned_up = threading.Event(), threading.Event()
+    original_publish = storage.LocalPublisher.publish
+    outcomes, threads = {}, []
+
+    def run(name, archive, per_shard):
+        config = PrepareDataConfig(output=str(output), source=str(archive), examples_per_shard=per_shard, force=True)
+        outcomes[name] = prepare_data(config)
+        if name == "a":
+            a_cleaned_up.set()
+
+    def publish(self, name, data, expected_version=None):
+        if name == "manifest.json" and threading.current_thread().name == "run-b":
+            b_wrote_its_shards.set()
+            a_cleaned_up.wait(timeout=60)  # B publishes its manifest only after A's clean-up ran
+        original_publish(self, name, data, expected_version)
+        if name == "manifest.json" and threading.current_thread().name == "run-a":
+            threads.append(threading.Thread(target=run, args=("b", second_archive, 20), name="run-b"))
+            threads[-1].start()  # B starts from A's published manifest
+            b_wrote_its_shards.wait(timeout=60)  # A cleans up while B's shards are written but not yet published
+
+    monkeypatch.setattr(storage.LocalPublisher, "publish", publish)
+    run_a = threading.Thread(target=run, args=("a", first_archive, 40), name="run-a")
+    run_a.start()
+    run_a.join(timeout=120)
+    threads[0].join(timeout=120)
+
+    assert set(outcomes) == {"a", "b"}, "both runs succeed"
+    verified = open_dataset(str(output))  # every shard the published manifest names is there and intact
+    assert verified.manifest_sha256 == outcomes["b"].manifest_sha256

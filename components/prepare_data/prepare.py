@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import math
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,6 @@ import numpy as np
 from components.common import records, storage
 from components.common.dataset import (
     MANIFEST_NAME,
-    SPLITS,
     Manifest,
     ShardInfo,
     SplitInfo,
@@ -42,7 +40,6 @@ from components.prepare_data.sources import RawDataset, check_classes_present, r
 
 logger = logging.getLogger(__name__)
 
-SHARD_NAME = re.compile(r"^(train|validation|eval)/\1-[0-9a-f]{12}-\d{5}-of-\d{5}\.tfrecord(\.gz)?$")
 PUBLISH_THREADS = 4
 
 
@@ -229,7 +226,7 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     )
     content = manifest.to_json()
     publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
-    _remove_stale_shards(publisher, manifest)
+    _remove_replaced_shards(publisher, existing, manifest)
     logger.info(
         "published %s: %s; manifest %s",
         config.output,
@@ -239,10 +236,18 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     return PrepareResult(config.output, manifest, manifest_digest(content), reused=False)
 
 
-def _remove_stale_shards(publisher: storage.Publisher, manifest: Manifest) -> None:
-    current = {shard.path for split in manifest.splits.values() for shard in split.shards}
-    for split in SPLITS:
-        for name in publisher.list(f"{split}/"):
-            if SHARD_NAME.match(name) and name not in current:
-                logger.info("removing stale shard %s", publisher.uri(name))
-                publisher.withdraw(name)
+def _shard_paths(manifest: Manifest | None) -> set[str]:
+    return set() if manifest is None else {shard.path for split in manifest.splits.values() for shard in split.shards}
+
+
+def _remove_replaced_shards(publisher: storage.Publisher, replaced: Manifest | None, published: Manifest) -> None:
+    """Remove the shards of the manifest this run replaced that the new one does not list. Never a shard this run
+    does not know to be garbage: another run may have just written shards for the manifest it is about to
+    publish, and whatever manifest is published when the removal starts keeps all of its shards."""
+    garbage = _shard_paths(replaced) - _shard_paths(published)
+    if not garbage:
+        return
+    current, _content, _version = _published_manifest(publisher)
+    for name in sorted(garbage - _shard_paths(current)):
+        logger.info("removing replaced shard %s", publisher.uri(name))
+        publisher.withdraw(name)
