@@ -225,7 +225,11 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
         splits=split_infos,
     )
     content = manifest.to_json()
-    publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
+    try:
+        publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
+    except storage.PublishConflictError:
+        _remove_unpublished_shards(publisher, manifest)
+        raise
     _remove_replaced_shards(publisher, existing, manifest)
     logger.info(
         "published %s: %s; manifest %s",
@@ -238,6 +242,15 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
 
 def _shard_paths(manifest: Manifest | None) -> set[str]:
     return set() if manifest is None else {shard.path for split in manifest.splits.values() for shard in split.shards}
+
+
+def _remove_unpublished_shards(publisher: storage.Publisher, lost: Manifest) -> None:
+    """After losing the race on the manifest: remove the shards this run wrote that the winner's manifest does not
+    list, so a lost run leaves nothing behind."""
+    current, _content, _version = _published_manifest(publisher)
+    for name in sorted(_shard_paths(lost) - _shard_paths(current)):
+        logger.info("removing unpublished shard %s", publisher.uri(name))
+        publisher.withdraw(name)
 
 
 def _remove_replaced_shards(publisher: storage.Publisher, replaced: Manifest | None, published: Manifest) -> None:
