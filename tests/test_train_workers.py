@@ -198,3 +198,51 @@ def test_two_local_workers_train_into_and_resume_from_an_s3_model_directory(synt
     assert re.search(r"resum\w+ .*step 4", completed.stderr), completed.stderr[-3000:]
     summary = json.loads(storage.read_bytes(f"{model_dir}/train_metrics.json"))
     assert summary["step"] == 6 and summary["checkpoint"] == f"{model_dir}/ckpt-6"
+
+
+def test_a_model_directory_has_one_writer_and_a_dead_writers_claim_is_taken_over(synthetic_data, tmp_path):
+    from components.train import loop
+    from components.train.checkpoints import CheckpointError
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom components.train.checkpoints import ModelDirectory\n"
+         f"directory = ModelDirectory({str(model_dir)!r})\ndirectory.claim_writer()\nprint('claimed', flush=True)\n"
+         "sys.stdin.read()"],
+        cwd=REPOSITORY, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        started = time.monotonic()
+        with pytest.raises(CheckpointError, match=rf"is being written by pid {holder.pid} on .*one writer at a time"):
+            loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=2))
+        assert time.monotonic() - started < 10 and not list(model_dir.glob("ckpt-*"))
+    finally:
+        holder.kill()  # kill -9: the claim dies with its process
+        holder.wait()
+    assert loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=2)).step == 2
+
+
+def test_workers_end_when_their_launcher_is_killed(synthetic_data, tmp_path):
+    config = tiny_train_config(
+        synthetic_data, tmp_path / "model", workers=2, train_steps=100_000, log_every_steps=1, checkpoint_every_steps=50
+    )
+    launcher = LiveProcess(config)
+    pids = [int(launcher.wait_for(rf"started worker-{index} \(pid (\d+)\)").group(1)) for index in range(2)]
+    launcher.wait_for(r"\[worker-0\].*step 2/")
+    launcher.process.kill()  # kill -9: the launcher cannot pass anything on
+    launcher.process.wait()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.5)
+    assert not any(_alive(pid) for pid in pids), "workers kept running without their launcher"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as handle:  # a zombie has ended; only its parent's wait is missing
+        return handle.read().split(")")[-1].split()[0] != "Z"

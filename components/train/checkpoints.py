@@ -10,9 +10,13 @@ pointed at an emulator, and TensorFlow 2 has no S3 file system): `pull` before r
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
+import os
 import re
+import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +28,8 @@ from components.common.model_directory import CHECKPOINT_PREFIX, CheckpointError
 from components.train.model import variable_name
 
 logger = logging.getLogger(__name__)
+
+WRITER_LOCK = ".writer.lock"
 
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -41,6 +47,33 @@ class ModelDirectory:
             self.local = Path(uri)
         self.local.mkdir(parents=True, exist_ok=True)
         self._pushed: dict[str, tuple[int, int]] = {}
+
+    def claim_writer(self) -> None:
+        """Be the only writer of this model directory while this process lives: an exclusive lock on
+        `.writer.lock` in the local folder (or mirror), which the kernel releases when the process ends, however
+        it ends, so a claim left by a dead process is simply taken over. A second writer fails at once."""
+        path = self.local / WRITER_LOCK
+        handle = open(path, "a+")  # noqa: SIM115 (held open for the life of the process)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise CheckpointError(
+                f"model_dir: {self.uri} is being written by {holder}; a model directory has one writer at a time "
+                "(wait for it to end, stop it, or give another --model-dir)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        handle.flush()
+        self._writer_lock = handle
+
+    def release_writer(self) -> None:
+        if getattr(self, "_writer_lock", None) is not None:
+            self._writer_lock.close()
+            self._writer_lock = None
 
     def pull(self) -> None:
         """Bring the remote directory's files down (resume needs its checkpoints)."""
@@ -69,7 +102,7 @@ class ModelDirectory:
         changed = [
             path
             for path in sorted(self.local.rglob("*"))
-            if path.is_file() and self._pushed.get(str(path)) != self._signature(path)
+            if path.is_file() and not path.name.startswith(".") and self._pushed.get(str(path)) != self._signature(path)
         ]
         changed.sort(key=lambda path: path.name == "checkpoint")  # the index that names the latest, last
         for path in changed:

@@ -27,6 +27,26 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.2
 
 
+LAUNCHER_PID = "CIFAR10_PIPELINE_LAUNCHER_PID"
+
+
+def die_with_launcher() -> None:
+    """In a worker started by this launcher: receive SIGTERM (checkpoint, exit 143) when the launcher dies, however
+    it dies, so no worker goes on writing the model directory without it (Linux prctl PR_SET_PDEATHSIG)."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if not launcher:
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        logger.warning("cannot ask to be stopped with the launcher on this system")
+    if os.getppid() != int(launcher):  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def free_ports(count: int) -> list[int]:
     """Ports free on 127.0.0.1 right now (held open together so that they differ)."""
     sockets = []
@@ -72,7 +92,12 @@ def launch_local(config: TrainConfig) -> int:
     processes: list[subprocess.Popen] = []
     streams = []
     for index in range(config.workers):
-        environment = {**os.environ, "TF_CONFIG": tf_config(ports, index), "PYTHONUNBUFFERED": "1"}
+        environment = {
+            **os.environ,
+            "TF_CONFIG": tf_config(ports, index),
+            "PYTHONUNBUFFERED": "1",
+            LAUNCHER_PID: str(os.getpid()),  # the worker ends when this process dies, even by kill -9
+        }
         process = subprocess.Popen(
             command,
             env=environment,

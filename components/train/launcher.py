@@ -40,6 +40,10 @@ def run(config: TrainConfig) -> int:
             return EXIT_FAILED
         except Cancelled:
             return EXIT_PREEMPTED
+    if launcher == "worker":
+        from components.train.launch_local import die_with_launcher
+
+        die_with_launcher()
     from components.train.loop import NumericsError, train
 
     try:

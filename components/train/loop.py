@@ -113,15 +113,24 @@ class Trainer:
         keras.utils.set_random_seed(config.seed)
         _set_precision(config.precision)
         self.cluster = distribution.cluster_from_environment(config.workers)
-        self.strategy = distribution.create_strategy(self.cluster)
         self.chief = self.cluster is None or self.cluster.is_chief
+        self.model_directory = checkpoints.ModelDirectory(config.model_dir, config.cache_dir)
+        if self.chief:
+            self.model_directory.claim_writer()  # before anything else: a second writer fails at once
+        try:
+            self._set_up(config)
+        except BaseException:
+            self.model_directory.release_writer()
+            raise
+
+    def _set_up(self, config: TrainConfig) -> None:
+        self.strategy = distribution.create_strategy(self.cluster)
         self.dataset = open_dataset(config.data, splits=("train",), cache_dir=config.cache_dir)
         manifest = self.dataset.manifest
         self.num_classes = manifest.num_classes
         self.train_examples = manifest.splits["train"].num_examples
         self.steps_per_epoch = self.train_examples / config.batch_size
         self.total_steps = config.total_steps(self.train_examples)
-        self.model_directory = checkpoints.ModelDirectory(config.model_dir, config.cache_dir)
         self.model_directory.pull()
         self.write_dir = (
             self.model_directory.local if self.chief else Path(tempfile.mkdtemp(prefix=f"{self.cluster.name}-"))
@@ -600,4 +609,8 @@ class _Summaries:
 
 def train(config: TrainConfig) -> TrainResult:
     """Train one worker's part (or all of it, on one worker) to the planned step."""
-    return Trainer(config).run()
+    trainer = Trainer(config)
+    try:
+        return trainer.run()
+    finally:
+        trainer.model_directory.release_writer()  # also when training failed: the claim ends with the attempt
