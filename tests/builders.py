@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+REPOSITORY = Path(__file__).resolve().parents[1]
 LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 BATCH_NAMES = [f"data_batch_{index}" for index in range(1, 6)] + ["test_batch"]
 
@@ -66,11 +67,11 @@ def python_meta_bytes(label_names=LABEL_NAMES) -> bytes:
 
 
 def write_python_archive(
-    path: Path, official: OfficialData, overrides: dict[str, bytes] | None = None, extra=()
+    path: Path, official: OfficialData, overrides: dict[str, bytes] | None = None, extra=(), mode: str = "w:gz"
 ) -> Path:
     """An archive in the official "python version" layout; `overrides` replaces a member's bytes."""
     overrides = overrides or {}
-    with tarfile.open(path, "w:gz") as archive:
+    with tarfile.open(path, mode) as archive:
         members = {name: python_batch_bytes(official.data[name], official.labels[name]) for name in BATCH_NAMES}
         members["batches.meta"] = python_meta_bytes()
         members.update(overrides)
@@ -137,3 +138,74 @@ def read_records(files: list[str], compression: str = "NONE") -> dict[str, tuple
         image = tf.io.decode_raw(parsed[records.FEATURE_IMAGE], tf.uint8).numpy().reshape(shape)
         result[parsed[records.FEATURE_ID].numpy().decode()] = (image, int(parsed[records.FEATURE_LABEL]))
     return result
+
+
+# -- hostile sources: small files that would take far more memory than their size ------------------------------
+
+
+def _tar_header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type, info.mtime, info.mode = size, kind, 1577836800, 0o644
+    return info.tobuf(format=tarfile.GNU_FORMAT)
+
+
+def write_gzip_bomb(path: Path, unpacked_bytes: int, name: str = "cifar-10-batches-py/data_batch_1") -> Path:
+    """A .tar.gz of one member of `unpacked_bytes` zeros: about a thousandth of that on disk."""
+    import zlib
+
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = bytes(1 << 24)
+    with open(path, "wb") as out:
+        out.write(compressor.compress(_tar_header(name, unpacked_bytes)))
+        for start in range(0, unpacked_bytes, len(chunk)):
+            out.write(compressor.compress(chunk[: min(len(chunk), unpacked_bytes - start)]))
+        out.write(compressor.compress(bytes(1024)))  # the end-of-archive blocks
+        out.write(compressor.flush())
+    return path
+
+
+def write_sparse_tar(path: Path, apparent_bytes: int, name: str = "cifar-10-batches-py/data_batch_1") -> Path:
+    """A few-KB tar whose one member is a GNU sparse file (PAX format 1.0) of `apparent_bytes`, nearly all hole."""
+    sparse_map = b"1\n%d\n1\n" % (apparent_bytes - 1)  # one data region: the last byte
+    sparse_map += bytes(-len(sparse_map) % 512)
+    stored = sparse_map + b"x" + bytes(511)
+    info = tarfile.TarInfo("GNUSparseFile.0/data")
+    info.size, info.mtime, info.mode = len(sparse_map) + 1, 1577836800, 0o644
+    info.pax_headers = {
+        "GNU.sparse.major": "1",
+        "GNU.sparse.minor": "0",
+        "GNU.sparse.name": name,
+        "GNU.sparse.realsize": str(apparent_bytes),
+    }
+    header = info.tobuf(format=tarfile.PAX_FORMAT)
+    path.write_bytes(header + stored + bytes(1024))
+    return path
+
+
+def png_bomb(width: int, height: int) -> bytes:
+    """A valid grayscale PNG of `width` x `height` zeros: a few hundred KB that decode to width*height bytes."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    compressor = zlib.compressobj(9)
+    row = bytes(width + 1)  # filter byte, then the pixels
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+def jpeg_claiming_size(width: int, height: int) -> bytes:
+    """A real 32x32 JPEG whose frame header claims `width` x `height`."""
+    import struct
+
+    import tensorflow as tf
+
+    content = bytearray(tf.io.encode_jpeg(np.zeros((32, 32, 3), np.uint8)).numpy())
+    offset = 2
+    while content[offset + 1] not in (0xC0, 0xC1, 0xC2):
+        offset += 2 + struct.unpack(">H", content[offset + 2 : offset + 4])[0]
+    content[offset + 5 : offset + 9] = struct.pack(">HH", height, width)
+    return bytes(content)

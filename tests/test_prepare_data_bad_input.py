@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 import socket
 import tarfile
 
@@ -255,3 +256,102 @@ def test_bad_options_name_the_field():
         PrepareDataConfig(output="x", validation_fraction=1.5)
     with pytest.raises(ValueError, match=r"examples_per_shard: 0 must be at least 1"):
         PrepareDataConfig(output="x", examples_per_shard=0)
+
+
+# -- bounds: no source takes more memory than its format allows ---------------------------------------------------
+
+MEMORY_BUDGET_MB = 700  # the interpreter, numpy and TensorFlow's decoders take about 400 MB before any data
+
+
+def run_prepare_data(source, output, *options) -> tuple[int, str, int]:
+    """Run the stage's CLI as a user would: (exit code, stderr, peak resident memory in MB)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "components.prepare_data", "--source", str(source), "--output", str(output)]
+    process = subprocess.Popen([*command, *options], cwd=builders.REPOSITORY, stderr=subprocess.PIPE, text=True)
+    stderr = process.stderr.read()
+    _pid, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, stderr, usage.ru_maxrss // 1024
+
+
+def assert_refused_within_budget(tmp_path, source, match, *options):
+    code, stderr, peak_mb = run_prepare_data(source, tmp_path / "out", *options)
+    errors = [line for line in stderr.splitlines() if " ERROR " in line]
+    assert code == 2 and len(errors) == 1 and re.search(match, errors[0]), stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert peak_mb < MEMORY_BUDGET_MB, f"took {peak_mb} MB to refuse it"
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_decompression_bomb_is_refused_without_unpacking_it(tmp_path):
+    bomb = builders.write_gzip_bomb(tmp_path / "cifar.tar.gz", unpacked_bytes=1200 << 20)
+    assert bomb.stat().st_size < 2 << 20
+    assert_refused_within_budget(tmp_path, bomb, r"cifar\.tar\.gz: unpacks to more than 20 times its .* bytes")
+    limited = r"cifar\.tar\.gz: unpacks to more than 50 MB, the limit \(raise --max-source-megabytes"
+    assert_refused_within_budget(tmp_path, bomb, limited, "--max-source-megabytes", "50")
+
+
+def test_a_source_larger_than_the_limit_is_refused_naming_the_option(tmp_path, official):
+    padding = _member("cifar-10-batches-py/padding", bytes(3 << 20))
+    plain = builders.write_python_archive(tmp_path / "plain.tar", official, extra=[padding], mode="w")
+    assert_rejected(tmp_path, plain, r"plain\.tar: 3 MB is more than the limit of 2 MB .*--max-source-megabytes",
+                    max_source_megabytes=2)  # fmt: skip
+
+
+def test_a_sparse_archive_member_is_refused_before_it_is_read(tmp_path):
+    sparse = builders.write_sparse_tar(tmp_path / "cifar.tar", apparent_bytes=8 << 30)
+    assert sparse.stat().st_size < 10_000
+    assert_refused_within_budget(tmp_path, sparse, r"cifar\.tar: refusing sparse archive member .*data_batch_1")
+
+
+def test_a_batch_larger_than_its_format_allows_is_not_read(tmp_path, official):
+    big = pickle.dumps({b"data": np.zeros((22_000, 3072), np.uint8), b"labels": [0] * 22_000}, protocol=4)
+    archive = builders.write_python_archive(tmp_path / "cifar.tar", official, {"data_batch_4": big}, mode="w")
+    assert_rejected(tmp_path, archive, r"data_batch_4: 67,[\d,]+ bytes is more than a CIFAR-10 batch can be")
+
+
+def test_a_pickle_asking_for_a_huge_memo_is_refused_before_loading(tmp_path, official):
+    # BINUNICODE "x", LONG_BINPUT 2**28 (the C unpickler would grow its memo table to 2**29 entries), STOP
+    evil = b"\x80\x02X\x01\x00\x00\x00xr" + (1 << 28).to_bytes(4, "little") + b"."
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, {"data_batch_1": evil})
+    assert_refused_within_budget(tmp_path, archive, r"data_batch_1: pickle stores into memo entry 268435456")
+
+
+def test_an_image_is_refused_from_its_header_before_it_is_decoded(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    (tmp_path / "images" / "train" / "cat" / "huge.png").write_bytes(builders.png_bomb(20_000, 20_000))
+    assert_refused_within_budget(tmp_path, tmp_path / "images", r"train/cat/huge\.png: image is 20000x20000, expected")
+    (tmp_path / "images" / "train" / "cat" / "huge.png").unlink()
+    (tmp_path / "images" / "train" / "dog" / "huge.jpg").write_bytes(builders.jpeg_claiming_size(30_000, 20_000))
+    assert_refused_within_budget(tmp_path, tmp_path / "images", r"train/dog/huge\.jpg: image is 30000x20000, expected")
+
+
+def test_an_image_file_larger_than_a_small_image_can_be_is_not_read(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    padded = builders.encode_png(np.zeros((32, 32, 3), np.uint8)) + bytes(2 << 20)
+    (tmp_path / "images" / "test" / "frog" / "padded.png").write_bytes(padded)
+    assert_rejected(tmp_path, tmp_path / "images", r"test/frog/padded\.png: [\d,]+ bytes is more than a 32x32 image")
+
+
+def test_a_fifo_in_a_class_folder_is_refused_naming_it(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    os.mkfifo(tmp_path / "images" / "train" / "cat" / "pipe.png")
+    assert_rejected(tmp_path, tmp_path / "images", r"train/cat/pipe\.png: not a regular file \(a FIFO\)")
+
+
+def test_grayscale_and_rgba_images_are_converted_and_said_so(tmp_path, caplog):
+    import tensorflow as tf
+
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    gray = np.full((32, 32, 1), 77, np.uint8)
+    rgba = np.concatenate([np.full((32, 32, 3), 9, np.uint8), np.zeros((32, 32, 1), np.uint8)], axis=-1)
+    (tmp_path / "images" / "train" / "cat" / "gray.png").write_bytes(tf.io.encode_png(gray).numpy())
+    (tmp_path / "images" / "train" / "dog" / "clear.png").write_bytes(tf.io.encode_png(rgba).numpy())
+    with caplog.at_level("WARNING"):
+        result = prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), source=str(tmp_path / "images")))
+    assert sum(result.manifest.splits[name].num_examples for name in ("train", "validation")) == 8
+    logged = caplog.text
+    assert re.search(r"1 grayscale image\(s\) converted to RGB \(the gray value copied .*train/cat/gray\.png", logged)
+    assert re.search(r"1 RGBA image\(s\) converted to RGB \(transparency dropped\), e\.g\. .*clear\.png", logged)

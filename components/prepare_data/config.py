@@ -54,6 +54,13 @@ class PrepareDataConfig:
     )
     synthetic_classes: int = field(default=10, metadata={"help": "with source 'synthetic': number of classes"})
     force: bool = field(default=False, metadata={"help": "rewrite even when the published dataset already matches"})
+    max_source_megabytes: int = field(
+        default=1024,
+        metadata={
+            "help": "the most a source may hold, unpacked, in MB (CIFAR-10 is 180 MB); bounds the memory a source "
+            "can take"
+        },
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -70,10 +77,16 @@ class PrepareDataConfig:
         for name in ("synthetic_train_per_class", "synthetic_eval_per_class"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        if self.max_source_megabytes < 1:
+            raise ValueError(f"max_source_megabytes: {self.max_source_megabytes} must be at least 1")
         if not 2 <= self.synthetic_classes <= 100:
             raise ValueError(f"synthetic_classes: {self.synthetic_classes} must be between 2 and 100")
         if self.source_sha256 is not None and len(self.source_sha256) != 64:
             raise ValueError(f"source_sha256: {self.source_sha256!r} is not a 64-digit hex SHA-256")
+
+    @property
+    def max_source_bytes(self) -> int:
+        return self.max_source_megabytes << 20
 
     def output_parameters(self) -> dict:
         """The options that determine the output's bytes (recorded in the manifest; a rerun compares them)."""

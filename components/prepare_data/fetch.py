@@ -44,8 +44,15 @@ def _check_sha256(path: Path, digest: str, expected: str | None, source: str) ->
         )
 
 
-def download_url(url: str, cache_dir: Path, expected_sha256: str | None) -> tuple[Path, str]:
-    """Download `url` into the cache (once), verify its SHA-256, and return (path, sha256)."""
+def _too_large(source: str, size: int, max_bytes: int) -> SourceError:
+    return SourceError(
+        f"{source}: {size:,} bytes or more, above the limit of {max_bytes:,} (raise --max-source-megabytes if the "
+        "source really is that large)"
+    )
+
+
+def download_url(url: str, cache_dir: Path, expected_sha256: str | None, max_bytes: int) -> tuple[Path, str]:
+    """Download `url` into the cache (once, at most `max_bytes`), verify its SHA-256, and return (path, sha256)."""
     target = _cache_path(cache_dir, url)
     if target.exists():
         digest = storage.sha256_file(target)
@@ -60,8 +67,14 @@ def download_url(url: str, cache_dir: Path, expected_sha256: str | None) -> tupl
     try:
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response, open(partial, "wb") as out:
             total = int(response.headers.get("Content-Length") or 0)
+            if total > max_bytes:
+                raise _too_large(url, total, max_bytes)
             progress = Progress(f"download {Path(url).name}", total, unit="bytes", logger=logger)
+            written = 0
             while chunk := response.read(_CHUNK_BYTES):
+                written += len(chunk)
+                if written > max_bytes:
+                    raise _too_large(url, written, max_bytes)
                 out.write(chunk)
                 digest.update(chunk)
                 progress.advance(len(chunk))
@@ -75,13 +88,15 @@ def download_url(url: str, cache_dir: Path, expected_sha256: str | None) -> tupl
     return target, digest.hexdigest()
 
 
-def download_object(uri: str, cache_dir: Path, expected_sha256: str | None) -> tuple[Path, str]:
+def download_object(uri: str, cache_dir: Path, expected_sha256: str | None, max_bytes: int) -> tuple[Path, str]:
     """Copy a gs:// or s3:// object into the cache (reused while its size and CRC32C match) and verify it."""
     parent, name = storage.parent_and_name(uri)
     publisher = storage.publisher_for(parent)
     checksum = publisher.checksum(name)
     if checksum is None:
         raise SourceError(f"{uri}: object does not exist")
+    if checksum[0] > max_bytes:
+        raise _too_large(uri, checksum[0], max_bytes)
     target = _cache_path(cache_dir, uri)
     if target.exists():
         content = target.read_bytes()

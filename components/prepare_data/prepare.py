@@ -35,7 +35,7 @@ from components.common.dataset import (
 from components.common.progress import Progress
 from components.prepare_data import fetch, splits, synthetic
 from components.prepare_data.config import OFFICIAL_SHA256, OFFICIAL_URL, PrepareDataConfig
-from components.prepare_data.safe_io import DirTree, FileTree, SourceError, TarTree
+from components.prepare_data.safe_io import DirTree, FileTree, SourceError, TarTree, check_source_size
 from components.prepare_data.sources import RawDataset, check_classes_present, read_tree
 
 logger = logging.getLogger(__name__)
@@ -58,9 +58,10 @@ class ResolvedSource:
     path: Path | None = None  # None for synthetic data
     content: bytes | None = None  # an archive's bytes, already read for its digest
     folder: DirTree | None = None  # a folder source, already walked (and hashed) for its digest
+    max_bytes: int = 0  # the most the source may unpack to
 
     def tree(self) -> FileTree:
-        return self.folder if self.folder is not None else TarTree(self.path, self.content)
+        return self.folder if self.folder is not None else TarTree(self.path, self.max_bytes, self.content)
 
 
 def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
@@ -74,9 +75,9 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
     expected = config.source_sha256 or (OFFICIAL_SHA256 if source == OFFICIAL_URL else None)
     cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     if fetch.is_url(source):
-        path, _digest = fetch.download_url(source, cache_dir, expected)
+        path, _digest = fetch.download_url(source, cache_dir, expected, config.max_source_bytes)
     elif storage.is_remote(source):
-        path, _digest = fetch.download_object(source, cache_dir, expected)
+        path, _digest = fetch.download_object(source, cache_dir, expected, config.max_source_bytes)
     else:
         path = Path(source)
         if not path.exists():
@@ -87,13 +88,14 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
     if path.is_dir():
         if expected is not None:
             raise SourceError(f"{source}: --source-sha256 applies to an archive file, not to a folder")
-        folder = DirTree(path)
-        return ResolvedSource(source, folder.sha256(), path, folder=folder)
+        folder = DirTree(path, config.max_source_bytes)
+        return ResolvedSource(source, folder.sha256(), path, folder=folder, max_bytes=config.max_source_bytes)
+    check_source_size(path, config.max_source_bytes)
     content = path.read_bytes()
     digest = hashlib.sha256(content).hexdigest()
     if expected is not None and digest != expected.lower():
         raise SourceError(f"{source}: SHA-256 is {digest}, expected {expected.lower()}; the file is damaged")
-    return ResolvedSource(source, digest, path, content)
+    return ResolvedSource(source, digest, path, content, max_bytes=config.max_source_bytes)
 
 
 def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDataset:
@@ -102,7 +104,13 @@ def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDatas
             config.synthetic_classes, config.synthetic_train_per_class, config.synthetic_eval_per_class, config.seed
         )
     else:
-        raw = read_tree(resolved.tree(), config.source_format)
+        try:
+            raw = read_tree(resolved.tree(), config.source_format)
+        except MemoryError as error:  # every read is bounded, but the machine may have less than the bound
+            raise SourceError(
+                f"{resolved.uri}: ran out of memory reading the source; give the step more memory or lower "
+                f"--max-source-megabytes (now {config.max_source_megabytes})"
+            ) from error
     raw.source.update(uri=resolved.uri, sha256=resolved.sha256)
     return raw
 

@@ -4,19 +4,26 @@ pickles that may only rebuild numpy arrays.
 Archives are decompressed in memory and their members read directly; nothing is ever written to disk
 from an archive, and every member is first checked with the standard library's `data` extraction
 filter, so absolute paths, `..`, links leaving the archive and device files are refused.
+
+Nothing is read without a bound: a source may unpack to at most `max_bytes` (and a compressed one to at most
+`MAX_EXPANSION` times its size, past a small floor: image data barely compresses, decompression bombs expand a
+thousandfold), sparse members (holes that would be filled with zeros) are refused, every file is read with the
+largest size its format allows, and pickles are scanned before they are loaded.
 """
 
 from __future__ import annotations
 
 import bz2
 import functools
-import gzip
 import hashlib
 import importlib
 import io
 import logging
 import lzma
+import os
 import pickle
+import pickletools
+import stat
 import tarfile
 import zlib
 from collections.abc import Iterator
@@ -25,6 +32,12 @@ from pathlib import Path, PureWindowsPath
 logger = logging.getLogger(__name__)
 
 _VIRTUAL_ROOT = "/nonexistent-archive-root"
+
+MEGABYTE = 1 << 20
+_CHUNK_BYTES = 16 * MEGABYTE
+_GZIP_INPUT_BYTES = 128 * 1024
+MAX_EXPANSION = 20  # CIFAR batches and image files unpack to about 1.1x; a decompression bomb to 1000x
+EXPANSION_FLOOR = 64 * MEGABYTE  # below this, any ratio is harmless
 
 
 class SourceError(ValueError):
@@ -46,36 +59,102 @@ class FileTree:
     def directories(self) -> set[str]:
         raise NotImplementedError
 
-    def read(self, name: str) -> bytes:
-        raise NotImplementedError
-
-    def sha256(self) -> str:
+    def read(self, name: str, max_bytes: int, what: str = "a file") -> bytes:
+        """The file's bytes; refused, before reading, when they are more than `what` can hold (`max_bytes`)."""
         raise NotImplementedError
 
     def describe(self, name: str) -> str:
         return f"{self.origin}:{name}"
 
+    def _too_large(self, name: str, size: int, max_bytes: int, what: str) -> SourceError:
+        return SourceError(
+            f"{self.describe(name)}: {size:,} bytes is more than {what} can be ({max_bytes:,} bytes); not read"
+        )
 
-def _gzip_decompress(content: bytes) -> bytes:
-    """gzip through ISA-L when installed (about 3x faster than zlib on CIFAR-10), else the standard library."""
+
+def _too_large_source(origin: str, max_bytes: int) -> SourceError:
+    return SourceError(
+        f"{origin}: unpacks to more than {max_bytes // MEGABYTE:,} MB, the limit (raise --max-source-megabytes "
+        "if the source really is that large)"
+    )
+
+
+def _gzip_pieces(content: bytes) -> Iterator[bytes]:
+    """gzip (every member, as `gzip` does) decompressed in pieces, through ISA-L when installed (about 3x faster
+    than zlib on CIFAR-10). The input goes in 128 KB at a time, so one piece is at most 132 MB (deflate expands
+    at most 1032x) and the caller's bound is checked between pieces."""
     try:
-        from isal import igzip
+        from isal import isal_zlib as zlib_module
     except ImportError:
-        return gzip.decompress(content)
-    return igzip.decompress(content)
+        zlib_module = zlib
+    remaining = memoryview(content)
+    while remaining:
+        decompressor = zlib_module.decompressobj(wbits=31)
+        position = 0
+        while not decompressor.eof and position < len(remaining):
+            piece_in = remaining[position : position + _GZIP_INPUT_BYTES]
+            position += len(piece_in)
+            try:
+                piece = decompressor.decompress(piece_in)
+            except zlib_module.error as error:
+                raise OSError(f"not valid gzip data: {error}") from error
+            if piece:
+                yield piece
+        if not decompressor.eof:
+            raise EOFError("compressed data ended before the end-of-stream marker was reached")
+        rest = decompressor.unused_data + bytes(remaining[position:])
+        remaining = memoryview(rest if rest.strip(b"\0") else b"")  # another member, or the end (zero padding)
 
 
-def _decompress(content: bytes, origin: str) -> bytes:
+def _stream_pieces(stream: io.BufferedIOBase) -> Iterator[bytes]:
+    with stream:
+        while piece := stream.read(_CHUNK_BYTES):
+            yield piece
+
+
+def _decompressed_pieces(content: bytes) -> Iterator[bytes] | None:
+    """`content` decompressed (gzip, bzip2 or xz) piece by piece, or None when it is not compressed."""
+    if content[:2] == b"\x1f\x8b":
+        return _gzip_pieces(content)
+    if content[:3] == b"BZh":
+        return _stream_pieces(bz2.BZ2File(io.BytesIO(content)))
+    if content[:6] == b"\xfd7zXZ\x00":
+        return _stream_pieces(lzma.LZMAFile(io.BytesIO(content)))
+    return None
+
+
+def _decompress(content: bytes, origin: str, max_bytes: int) -> bytes:
+    """`content` decompressed, stopping as soon as it grows past a bound."""
+    pieces = _decompressed_pieces(content)
+    if pieces is None:
+        return content
+    chunks, produced = [], 0
     try:
-        if content[:2] == b"\x1f\x8b":
-            return _gzip_decompress(content)
-        if content[:3] == b"BZh":
-            return bz2.decompress(content)
-        if content[:6] == b"\xfd7zXZ\x00":
-            return lzma.decompress(content)
+        for piece in pieces:
+            produced += len(piece)
+            if produced > max_bytes:
+                raise _too_large_source(origin, max_bytes)
+            if produced > EXPANSION_FLOOR and produced > MAX_EXPANSION * len(content):
+                raise SourceError(
+                    f"{origin}: unpacks to more than {MAX_EXPANSION} times its {len(content):,} bytes; refusing "
+                    "a likely decompression bomb (image data barely compresses)"
+                )
+            chunks.append(piece)
+    except SourceError:
+        raise
     except (EOFError, OSError, zlib.error, lzma.LZMAError, ValueError) as error:
         raise SourceError(f"{origin}: archive is truncated or corrupt ({error})") from error
-    return content
+    return b"".join(chunks)
+
+
+def check_source_size(path: Path, max_bytes: int) -> None:
+    """Refuse a source file larger than the limit before reading it."""
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise SourceError(
+            f"{path}: {size // MEGABYTE:,} MB is more than the limit of {max_bytes // MEGABYTE:,} MB (raise "
+            "--max-source-megabytes if the source really is that large)"
+        )
 
 
 def _normalized(member_name: str) -> str:
@@ -96,21 +175,30 @@ def check_member(member: tarfile.TarInfo, origin: str) -> None:
 class TarTree(FileTree):
     """The regular files of a tar archive (optionally gzip/bzip2/xz compressed), decompressed in memory.
 
-    Every member is checked before any is read; links are followed only inside the archive.
+    Every member is checked before any is read; links are followed only inside the archive. The archive
+    unpacks to at most `max_bytes`, and no member is sparse, so no read can take more memory than that.
     """
 
-    def __init__(self, path: str | Path, content: bytes | None = None):
+    def __init__(self, path: str | Path, max_bytes: int, content: bytes | None = None):
         self.origin = str(path)
-        raw = Path(path).read_bytes() if content is None else content
-        self._raw = raw
-        self._sha256: str | None = None
+        if content is None:
+            check_source_size(Path(path), max_bytes)
+            content = Path(path).read_bytes()
+        unpacked = _decompress(content, self.origin, max_bytes)
+        if len(unpacked) > max_bytes:
+            raise _too_large_source(self.origin, max_bytes)
         try:
-            self._archive = tarfile.open(fileobj=io.BytesIO(_decompress(raw, self.origin)), mode="r:")  # noqa: SIM115 (in memory; lives as long as the tree)
+            self._archive = tarfile.open(fileobj=io.BytesIO(unpacked), mode="r:")  # noqa: SIM115 (in memory; lives as long as the tree)
             members = self._archive.getmembers()
         except (tarfile.TarError, EOFError) as error:
             raise SourceError(f"{self.origin}: not a readable tar archive, or truncated ({error})") from error
         for member in members:
             check_member(member, self.origin)
+            if member.issparse():
+                raise SourceError(
+                    f"{self.origin}: refusing sparse archive member {member.name!r} ({member.size:,} bytes, mostly "
+                    "holes); an image dataset has no sparse files"
+                )
         self._members = {_normalized(m.name): m for m in members if m.isfile() or m.islnk() or m.issym()}
         self._order = [_normalized(m.name) for m in members if m.isfile() or m.islnk() or m.issym()]
         self._directories = {_normalized(member.name) for member in members if member.isdir()}
@@ -124,10 +212,12 @@ class TarTree(FileTree):
     def directories(self) -> set[str]:
         return self._directories
 
-    def read(self, name: str) -> bytes:
+    def read(self, name: str, max_bytes: int, what: str = "a file") -> bytes:
         member = self._members.get(name)
         if member is None:
             raise SourceError(f"{self.origin}: archive has no file {name!r}")
+        if member.size > max_bytes:
+            raise self._too_large(name, member.size, max_bytes, what)
         try:
             handle = self._archive.extractfile(member)  # follows links, only to members inside the archive
             if handle is None:
@@ -137,33 +227,40 @@ class TarTree(FileTree):
             raise SourceError(f"{self.origin}: member {name!r} is truncated or unreadable ({error})") from error
         if member.isfile() and len(content) != member.size:
             raise SourceError(f"{self.origin}: member {name!r} is truncated ({len(content)} of {member.size} bytes)")
+        if len(content) > max_bytes:  # a link, whose own size is 0
+            raise self._too_large(name, len(content), max_bytes, what)
         return content
-
-    def sha256(self) -> str:
-        """The archive file's SHA-256, computed when first asked (callers that hashed it already need not)."""
-        if self._sha256 is None:
-            self._sha256 = hashlib.sha256(self._raw).hexdigest()
-        return self._sha256
 
 
 class DirTree(FileTree):
-    """The regular files below a local folder; links that resolve outside it are refused."""
+    """The regular files below a local folder; links that resolve outside it, and anything that is neither a file
+    nor a folder (a FIFO, a socket, a device), are refused. With `max_bytes`, the files may hold that much in all."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, max_bytes: int | None = None):
         self.root = Path(root)
         self.origin = str(root)
         resolved_root = self.root.resolve()
         self._names = []
         self._directories = set()
+        total = 0
         for path in sorted(self.root.rglob("*")):
             relative = path.relative_to(self.root).as_posix()
             resolved = path.resolve()
             if resolved != resolved_root and resolved_root not in resolved.parents:
                 raise SourceError(f"{path}: link leads outside the source folder {self.root} (to {resolved})")
-            if path.is_dir():
+            try:
+                mode = path.stat().st_mode
+            except OSError as error:
+                raise SourceError(f"{path}: cannot be read ({error.strerror}; a broken link?)") from error
+            if stat.S_ISDIR(mode):
                 self._directories.add(relative)
-            elif path.is_file():
+            elif stat.S_ISREG(mode):
                 self._names.append(relative)
+                total += path.stat().st_size
+            else:
+                raise SourceError(f"{path}: not a regular file ({_file_kind(mode)}); a source folder holds only files")
+        if max_bytes is not None and total > max_bytes:
+            raise _too_large_source(self.origin, max_bytes)
         self._sha256: str | None = None
 
     def names(self) -> list[str]:
@@ -172,11 +269,19 @@ class DirTree(FileTree):
     def directories(self) -> set[str]:
         return self._directories
 
-    def read(self, name: str) -> bytes:
+    def read(self, name: str, max_bytes: int, what: str = "a file") -> bytes:
+        path = self.root / name
         try:
-            return (self.root / name).read_bytes()
+            with open(path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size > max_bytes:
+                    raise self._too_large(name, size, max_bytes, what)
+                content = handle.read(max_bytes + 1)  # the file may have grown since
         except FileNotFoundError as error:
-            raise SourceError(f"{self.root / name}: file does not exist") from error
+            raise SourceError(f"{path}: file does not exist") from error
+        if len(content) > max_bytes:
+            raise self._too_large(name, len(content), max_bytes, what)
+        return content
 
     def describe(self, name: str) -> str:
         return str(self.root / name)
@@ -186,9 +291,15 @@ class DirTree(FileTree):
         if self._sha256 is None:
             digest = hashlib.sha256()
             for name in self._names:
-                digest.update(name.encode() + b"\0" + hashlib.sha256(self.read(name)).digest())
+                with open(self.root / name, "rb") as handle:
+                    digest.update(name.encode() + b"\0" + hashlib.file_digest(handle, "sha256").digest())
             self._sha256 = digest.hexdigest()
         return self._sha256
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device"}
+    return next((kind for test, kind in kinds.items() if test(mode)), "a device or other special file")
 
 
 def _numpy_reconstruct():
@@ -237,51 +348,126 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
     (uninitialised memory of any size) is refused, and so are dtypes other than the integer ones a batch holds.
     Besides these, one stand-in is allowed: Python 3 writes `bytes` in protocol 2 as
     `_codecs.encode(text, "latin1")`, which maps to a function that only does that.
+
+    Nothing `find_class` hands out refers back to the unpickler: a cycle through its memo would keep every
+    intermediate object of a batch (about 80 MB) alive until the garbage collector happened to run.
     """
 
     def __init__(self, file, origin: str):
         super().__init__(file, encoding="bytes")
         self.origin = origin
-        self._array_type = _ArrayType(origin)
+        array_type = _ArrayType(origin)
+        self._allowed = {
+            ("numpy.core.multiarray", "_reconstruct"): functools.partial(
+                _reconstruct_empty, array_type=array_type, origin=origin
+            ),
+            ("numpy._core.multiarray", "_reconstruct"): functools.partial(
+                _reconstruct_empty, array_type=array_type, origin=origin
+            ),
+            ("numpy", "ndarray"): array_type,
+            ("numpy", "dtype"): functools.partial(_integer_dtype, origin=origin),
+            ("_codecs", "encode"): functools.partial(_latin1_bytes, origin=origin),
+        }
 
     def find_class(self, module: str, name: str):
-        if name == "_reconstruct" and module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-            return self._reconstruct_empty
-        if (module, name) == ("numpy", "ndarray"):
-            return self._array_type
-        if (module, name) == ("numpy", "dtype"):
-            return self._integer_dtype
-        if (module, name) == ("_codecs", "encode"):
-            return functools.partial(_latin1_bytes, origin=self.origin)
+        allowed = self._allowed.get((module, name))
+        if allowed is None:
+            raise SourceError(
+                f"{self.origin}: pickle references {module}.{name}; only numpy arrays are allowed in a CIFAR batch, "
+                "so the file was not loaded"
+            )
+        return allowed
+
+
+def _reconstruct_empty(subtype, shape, dtype_code, *, array_type: _ArrayType, origin: str):
+    import numpy
+
+    if subtype is not array_type or tuple(shape) != (0,) or dtype_code != b"b":
         raise SourceError(
-            f"{self.origin}: pickle references {module}.{name}; only numpy arrays are allowed in a CIFAR batch, "
-            "so the file was not loaded"
+            f"{origin}: pickle builds an array ({shape!r}) without its data; only arrays whose bytes are in the file "
+            "are allowed"
         )
+    return _numpy_reconstruct()(numpy.ndarray, (0,), b"b")
 
-    def _reconstruct_empty(self, subtype, shape, dtype_code):
-        import numpy
 
-        if subtype is not self._array_type or tuple(shape) != (0,) or dtype_code != b"b":
-            raise SourceError(
-                f"{self.origin}: pickle builds an array ({shape!r}) without its data; only arrays whose bytes are "
-                "in the file are allowed"
-            )
-        return _numpy_reconstruct()(numpy.ndarray, (0,), b"b")
+def _integer_dtype(spec, align=False, copy=True, *, origin: str):
+    import numpy
 
-    def _integer_dtype(self, spec, align=False, copy=True):
-        import numpy
+    text = spec.decode("latin-1") if isinstance(spec, bytes) else spec
+    if not isinstance(text, str) or text not in ALLOWED_DTYPES:
+        raise SourceError(f"{origin}: pickle asks for an array of dtype {spec!r}; a CIFAR batch holds integers only")
+    return numpy.dtype(text, False, True)  # a copy: the pickle's state is then set on it, never on numpy's own
 
-        text = spec.decode("latin-1") if isinstance(spec, bytes) else spec
-        if not isinstance(text, str) or text not in ALLOWED_DTYPES:
-            raise SourceError(
-                f"{self.origin}: pickle asks for an array of dtype {spec!r}; a CIFAR batch holds integers only"
-            )
-        return numpy.dtype(text)
+
+_FIXED, _LINES, _COUNTED, _END = range(4)
+
+
+def _argument_layout_table() -> list[tuple[int, int]]:
+    """Per opcode byte, how its argument is laid out: (_FIXED, n bytes), (_LINES, k lines), (_COUNTED, width of
+    the length that precedes it), or (_END, 0) for STOP and bytes that are no opcode."""
+    counted_widths = {pickletools.TAKEN_FROM_ARGUMENT1: 1, pickletools.TAKEN_FROM_ARGUMENT4: 4,
+                      pickletools.TAKEN_FROM_ARGUMENT4U: 4, pickletools.TAKEN_FROM_ARGUMENT8U: 8}  # fmt: skip
+    table = [(_END, 0)] * 256
+    for opcode in pickletools.opcodes:
+        argument = opcode.arg
+        if opcode.name == "STOP":
+            continue
+        if argument is None:
+            table[ord(opcode.code)] = (_FIXED, 0)
+        elif argument.n >= 0:
+            table[ord(opcode.code)] = (_FIXED, argument.n)
+        elif argument.n == pickletools.UP_TO_NEWLINE:
+            table[ord(opcode.code)] = (_LINES, 2 if argument.name.endswith("_pair") else 1)
+        else:
+            table[ord(opcode.code)] = (_COUNTED, counted_widths[argument.n])
+    return table
+
+
+_ARGUMENT_LAYOUT_TABLE = _argument_layout_table()
+_MEMO_STORES = (ord(b"p"), ord(b"r"))  # PUT, LONG_BINPUT (BINPUT's one-byte index cannot ask for much)
+
+
+def _check_memo(content: bytes, origin: str) -> None:
+    """Scan the pickle's opcodes before loading it: the C unpickler grows its memo table to whatever index a PUT
+    names, so a few bytes asking for entry 2**30 would take gigabytes. Indexes are given out in order, one per
+    stored object, so none can exceed the number of opcodes before it. The scan skips over arguments without
+    decoding them (a batch's pixels are one 30 MB argument); a malformed pickle is left to the unpickler."""
+    layouts, find, end = _ARGUMENT_LAYOUT_TABLE, content.find, len(content)
+    position, count = 0, 0
+    while position < end:
+        code = content[position]
+        kind, size = layouts[code]
+        start = position + 1
+        if kind == _FIXED:
+            position = start + size
+        elif kind == _COUNTED:
+            position = start + size + int.from_bytes(content[start : start + size], "little")
+        elif kind == _LINES:
+            position = find(b"\n", start) + 1
+            if size == 2 and position:
+                position = find(b"\n", position) + 1
+            if not position:
+                return
+        else:  # STOP, or an unknown opcode, which the unpickler reports
+            return
+        if code in _MEMO_STORES:
+            index = _memo_index(code, content[start:position])
+            if index > count:
+                raise SourceError(f"{origin}: pickle stores into memo entry {index} after {count} opcodes; not loaded")
+        count += 1
+
+
+def _memo_index(code: int, argument: bytes) -> int:
+    if code == _MEMO_STORES[0]:  # PUT: a decimal line
+        text = argument.strip()
+        return int(text) if text.isdigit() else 0
+    return int.from_bytes(argument, "little")
 
 
 def load_numpy_pickle(content: bytes, origin: str):
     """Unpickle a CIFAR "python version" batch, allowing nothing but numpy array reconstruction."""
     try:
+        _check_memo(content, origin)
         return _NumpyOnlyUnpickler(io.BytesIO(content), origin).load()
     except SourceError:
         raise

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from components.prepare_data.safe_io import FileTree, SourceError, load_numpy_pickle
+from components.prepare_data.safe_io import MEGABYTE, FileTree, SourceError, load_numpy_pickle
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,10 @@ CIFAR_PIXELS = 32 * 32 * 3
 BINARY_RECORD_BYTES = 1 + CIFAR_PIXELS
 TRAIN_BATCHES = tuple(f"data_batch_{index}" for index in range(1, 6))
 HOLDOUT_BATCH = "data_batch_5"
+# The most a file of each kind may hold; nothing larger is read. An official batch holds 10,000 images.
+MAX_BATCH_BYTES = 64 * MEGABYTE  # 31 MB in the official archives
+MAX_META_BYTES = MEGABYTE  # a few hundred bytes of class names
+MAX_IMAGE_BYTES = MEGABYTE  # a 32x32 image is a few KB, even uncompressed with metadata
 SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validation", "test": "eval", "eval": "eval"}
 
 
@@ -136,7 +141,7 @@ def _collect_layout(tree: FileTree, wanted: tuple[str, ...], read) -> tuple[str,
 
 def read_python_batch(tree: FileTree, name: str) -> RawSplit:
     origin = tree.describe(name)
-    content = load_numpy_pickle(tree.read(name), origin)
+    content = load_numpy_pickle(tree.read(name, MAX_BATCH_BYTES, "a CIFAR-10 batch"), origin)
     if not isinstance(content, dict) or b"data" not in content or b"labels" not in content:
         raise SourceError(f"{origin}: expected a dict with b'data' and b'labels' (a CIFAR-10 python batch)")
     data, labels = content[b"data"], content[b"labels"]
@@ -159,7 +164,7 @@ def read_python_batch(tree: FileTree, name: str) -> RawSplit:
 
 
 def _python_label_names(tree: FileTree, name: str) -> list[str]:
-    meta = load_numpy_pickle(tree.read(name), tree.describe(name))
+    meta = load_numpy_pickle(tree.read(name, MAX_META_BYTES, "a list of class names"), tree.describe(name))
     if not isinstance(meta, dict) or not isinstance(meta.get(b"label_names"), list):
         raise SourceError(f"{tree.describe(name)}: expected a dict with b'label_names' (a list of class names)")
     return [label.decode() if isinstance(label, bytes) else str(label) for label in meta[b"label_names"]]
@@ -198,7 +203,7 @@ def _official_dataset(
 
 def read_binary_batch(tree: FileTree, name: str) -> RawSplit:
     origin = tree.describe(name)
-    content = tree.read(name)
+    content = tree.read(name, MAX_BATCH_BYTES, "a CIFAR-10 batch")
     if len(content) == 0 or len(content) % BINARY_RECORD_BYTES:
         raise SourceError(
             f"{origin}: {len(content)} bytes is not a whole number of {BINARY_RECORD_BYTES}-byte records "
@@ -212,7 +217,8 @@ def read_binary_batch(tree: FileTree, name: str) -> RawSplit:
 
 
 def _binary_label_names(tree: FileTree, name: str) -> list[str]:
-    label_names = [line.strip() for line in tree.read(name).decode(errors="replace").splitlines() if line.strip()]
+    text = tree.read(name, MAX_META_BYTES, "a list of class names").decode(errors="replace")
+    label_names = [line.strip() for line in text.splitlines() if line.strip()]
     if not label_names:
         raise SourceError(f"{tree.describe(name)}: no class names")
     return label_names
@@ -231,29 +237,96 @@ def read_binary_layout(tree: FileTree) -> RawDataset:
 # -- images in class folders ------------------------------------------------------------------------------
 
 
-def _image_kind(content: bytes) -> str | None:
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_COLOR_TYPES = {0: "grayscale", 2: "RGB", 3: "palette", 4: "grayscale with alpha", 6: "RGBA"}
+JPEG_COMPONENTS = {1: "grayscale", 3: "RGB", 4: "CMYK"}
+# Start-of-frame markers, which carry the size: C0-CF except C4 (Huffman tables), C8 (reserved), CC (arithmetic).
+JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+JPEG_STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD9)})
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image file says of itself before any pixel is decoded."""
+
+    kind: str  # "png" or "jpeg"
+    width: int
+    height: int
+    color: str  # "RGB", "grayscale", "RGBA", ...
+
+
+def _png_header(content: bytes, origin: str) -> ImageHeader:
+    if len(content) < 33 or content[12:16] != b"IHDR":
+        raise SourceError(f"{origin}: PNG has no image header (IHDR); the file is truncated or corrupt")
+    width, height, _depth, color_type = struct.unpack(">IIBB", content[16:26])
+    return ImageHeader("png", width, height, PNG_COLOR_TYPES.get(color_type, f"color type {color_type}"))
+
+
+def _jpeg_header(content: bytes, origin: str) -> ImageHeader:
+    """Walk the JPEG's marker segments to its frame header (SOFn), which gives the size."""
+    offset = 2
+    while offset + 4 <= len(content):
+        if content[offset] != 0xFF:
+            break
+        marker = content[offset + 1]
+        if marker == 0xFF:  # fill byte
+            offset += 1
+            continue
+        if marker in JPEG_STANDALONE_MARKERS:
+            offset += 2
+            continue
+        (length,) = struct.unpack(">H", content[offset + 2 : offset + 4])
+        if marker in JPEG_FRAME_MARKERS and offset + 10 <= len(content):
+            height, width, components = struct.unpack(">HHB", content[offset + 5 : offset + 10])
+            return ImageHeader("jpeg", width, height, JPEG_COMPONENTS.get(components, f"{components} components"))
+        if marker == 0xDA or length < 2:  # start of scan before any frame header, or a broken segment
+            break
+        offset += 2 + length
+    raise SourceError(f"{origin}: JPEG has no readable frame header; the file is truncated or corrupt")
+
+
+def read_image_header(content: bytes, origin: str) -> ImageHeader:
+    """The image's kind, size and colors from its header; anything but a JPEG or PNG is an error."""
+    if content[:8] == PNG_SIGNATURE:
+        return _png_header(content, origin)
     if content[:3] == b"\xff\xd8\xff":
-        return "jpeg"
-    if content[:8] == b"\x89PNG\r\n\x1a\n":
-        return "png"
-    return None
+        return _jpeg_header(content, origin)
+    raise SourceError(f"{origin}: not a JPEG or PNG image")
 
 
-def decode_image(content: bytes, origin: str) -> np.ndarray:
-    """Decode one JPEG or PNG to uint8 [32, 32, 3]; any other content or size is an error naming `origin`."""
+def decode_image(content: bytes, origin: str) -> tuple[np.ndarray, str]:
+    """Decode one JPEG or PNG to uint8 [32, 32, 3], and say what colors it had. The size is checked from the
+    header before decoding, so no image larger than 32x32 is ever decoded."""
     import tensorflow as tf
 
-    kind = _image_kind(content)
-    if kind is None:
-        raise SourceError(f"{origin}: not a JPEG or PNG image")
+    header = read_image_header(content, origin)
+    if (header.height, header.width) != CIFAR_SHAPE[:2]:
+        raise SourceError(f"{origin}: image is {header.width}x{header.height}, expected 32x32")
     try:
-        decoder = tf.io.decode_jpeg if kind == "jpeg" else tf.io.decode_png
+        decoder = tf.io.decode_jpeg if header.kind == "jpeg" else tf.io.decode_png
         image = decoder(content, channels=3).numpy()
     except tf.errors.OpError as error:
-        raise SourceError(f"{origin}: could not decode the {kind.upper()} image ({error.message})") from error
+        raise SourceError(f"{origin}: could not decode the {header.kind.upper()} image ({error.message})") from error
     if image.shape != CIFAR_SHAPE:
         raise SourceError(f"{origin}: image is {image.shape[1]}x{image.shape[0]}, expected 32x32")
-    return image
+    return image, header.color
+
+
+COLOR_CONVERSIONS = {
+    "grayscale": "the gray value copied into R, G and B",
+    "grayscale with alpha": "the gray value copied into R, G and B, transparency dropped",
+    "RGBA": "transparency dropped",
+    "palette": "the palette looked up, any transparency dropped",
+    "CMYK": "converted by the JPEG decoder",
+}
+
+
+def _log_conversions(colors: dict[str, list[str]]) -> None:
+    """Say which images were not RGB, how many, and what their conversion did."""
+    for color, origins in sorted(colors.items()):
+        if color != "RGB":
+            how = COLOR_CONVERSIONS.get(color, "converted by the decoder")
+            logger.warning("%d %s image(s) converted to RGB (%s), e.g. %s", len(origins), color, how, origins[0])
 
 
 def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[str]]]]:
@@ -304,11 +377,17 @@ def read_class_folders(tree: FileTree) -> RawDataset:
         if unknown:
             raise SourceError(f"{tree.origin}: {split} classes {unknown} have no train/ folder")
     splits: dict[str, RawSplit] = {}
+    colors: dict[str, list[str]] = defaultdict(list)
     for split, classes in groups.items():
         names = [(name, label) for label, class_name in enumerate(label_names) for name in classes.get(class_name, [])]
-        images = np.stack([decode_image(tree.read(name), tree.describe(name)) for name, _ in names])
+        images = np.empty((len(names), *CIFAR_SHAPE), np.uint8)
+        for index, (name, _label) in enumerate(names):
+            origin = tree.describe(name)
+            images[index], color = decode_image(tree.read(name, MAX_IMAGE_BYTES, "a 32x32 image"), origin)
+            colors[color].append(origin)
         labels = np.array([label for _, label in names], dtype=np.int64)
         splits[split] = RawSplit.from_array(images, labels, [name for name, _ in names])
+    _log_conversions(colors)
     pool = [splits["train"]]
     holdout = None
     if "validation" in splits:
@@ -348,6 +427,4 @@ READERS = {"python": read_python_layout, "binary": read_binary_layout, "folders"
 def read_tree(tree: FileTree, source_format: str = "auto") -> RawDataset:
     layout = detect_format(tree) if source_format == "auto" else source_format
     logger.info("reading %s as the %s layout", tree.origin, layout)
-    raw = READERS[layout](tree)
-    tree.names()  # waits for the whole source to be read and checked: a bad member anywhere stops publication
-    return raw
+    return READERS[layout](tree)
