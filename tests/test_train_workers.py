@@ -246,3 +246,66 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as handle:  # a zombie has ended; only its parent's wait is missing
         return handle.read().split(")")[-1].split()[0] != "Z"
+
+
+def _worker_environment(addresses: list[str], index: int) -> dict[str, str]:
+    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+    return {**_environment(), "TF_CONFIG": json.dumps(tf_config)}
+
+
+def test_a_worker_whose_peers_never_come_gives_up_naming_them(synthetic_data, tmp_path):
+    from components.train.launch_local import free_ports
+
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    config = tiny_train_config(synthetic_data, tmp_path / "model", workers=3, batch_size=30, peer_timeout_seconds=4)
+    started = time.monotonic()
+    completed = subprocess.run(
+        train_command(config), cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+        env=_worker_environment(addresses, 0),
+    )  # fmt: skip
+    errors = [line for line in completed.stderr.splitlines() if " ERROR " in line]
+    assert completed.returncode == 1, completed.stderr[-3000:]
+    assert len(errors) == 1 and re.search(
+        rf"worker-0: gave up after 4 s waiting for worker-1 \({addresses[1]}\), worker-2 \({addresses[2]}\) to start",
+        errors[0],
+    ), completed.stderr[-3000:]
+    assert time.monotonic() - started < 60
+
+
+def test_sigterm_while_a_worker_waits_for_its_peers_exits_143_at_once(synthetic_data, tmp_path):
+    from components.train.launch_local import free_ports
+
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    config = tiny_train_config(synthetic_data, tmp_path / "model", workers=2)
+    process = subprocess.Popen(
+        train_command(config), cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=_worker_environment(addresses, 1),
+    )  # fmt: skip
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "waiting for worker-0" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    lines.append(process.communicate(timeout=60)[0])
+    assert process.returncode == 143, "".join(lines)[-3000:]
+    assert time.monotonic() - started < 10
+    assert re.search(r"SIGTERM during start-up \(waiting for peers\)", "".join(lines))
+
+
+@pytest.mark.parametrize("moment", ["cluster formed", "first step"])
+def test_sigterm_during_start_up_ends_every_worker_with_143(synthetic_data, tmp_path, moment):
+    """The window the outside test found: after the strategy exists (TensorFlow's own handler is installed) and
+    before or at the first step. Every worker gets the signal, as when a TFJob is deleted."""
+    config = tiny_train_config(synthetic_data, tmp_path / "model", workers=2, train_steps=100_000, log_every_steps=1)
+    launcher = LiveProcess(config)
+    pids = [int(launcher.wait_for(rf"started worker-{index} \(pid (\d+)\)").group(1)) for index in range(2)]
+    launcher.wait_for(r"MultiWorkerMirroredStrategy: worker-0" if moment == "cluster formed" else r"step 1/")
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    code, output = launcher.finish(timeout=120)
+    assert code == 143, output[-3000:]
+    assert "step 100000/" not in output
+    steps = [int(step) for step in re.findall(r"step (\d+)/100000", output)]
+    assert max(steps, default=0) < 20, output[-3000:]

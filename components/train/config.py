@@ -154,6 +154,10 @@ class TrainConfig:
     worker_failure_timeout_seconds: float = field(
         default=30.0, metadata={"help": "local launcher: after one worker fails, how long others get to exit"}
     )
+    peer_timeout_seconds: float = field(
+        default=600.0,
+        metadata={"help": "how long a worker waits for the other workers to start before failing, naming them"},
+    )
     tfjob_namespace: str | None = field(
         default=None, metadata={"help": "namespace of the TFJob (default: this pod's own, e.g. the KFP profile's)"}
     )
@@ -205,7 +209,10 @@ class TrainConfig:
             )
         if list(self.boundary_epochs) != sorted(self.boundary_epochs):
             raise ValueError(f"boundary_epochs: {self.boundary_epochs} must increase")
-        for name in ("clip_global_norm", "clip_norm", "clip_value", "ema_decay"):
+        for name in (
+            "clip_global_norm", "clip_norm", "clip_value", "ema_decay",
+            "peer_timeout_seconds", "worker_failure_timeout_seconds", "tfjob_timeout_seconds",
+        ):  # fmt: skip
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name}: {value} must be positive")

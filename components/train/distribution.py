@@ -8,9 +8,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -42,6 +47,19 @@ class Cluster:
     @property
     def name(self) -> str:
         return f"{self.task_type}-{self.task_index}"
+
+    @property
+    def address(self) -> str:
+        return self.tasks[self.task_type][self.task_index]
+
+    def peers(self) -> dict[str, str]:
+        """The other training tasks: name -> host:port."""
+        return {
+            f"{task_type}-{index}": address
+            for task_type in ("chief", "worker")
+            for index, address in enumerate(self.tasks.get(task_type, []))
+            if (task_type, index) != (self.task_type, self.task_index)
+        }
 
 
 def parse_tf_config(text: str | None, expected_workers: int) -> Cluster | None:
@@ -93,6 +111,73 @@ def parse_tf_config(text: str | None, expected_workers: int) -> Cluster | None:
 
 def cluster_from_environment(expected_workers: int) -> Cluster | None:
     return parse_tf_config(os.environ.get(TF_CONFIG), expected_workers)
+
+
+class PeersMissingError(RuntimeError):
+    """Some workers of the cluster did not start within the allowed time."""
+
+
+def _serve_presence(listener: socket.socket, stop: threading.Event) -> None:
+    """Accept probes on our own address until told to stop; the prober closes first, so that the port is left
+    with no connection in TIME_WAIT on our side when TensorFlow binds it."""
+    listener.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            connection, _ = listener.accept()
+        except (TimeoutError, OSError):
+            continue
+        with connection:
+            connection.settimeout(5)
+            with contextlib.suppress(OSError):
+                connection.recv(1)
+
+
+def _reachable(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except OSError:  # refused, unreachable, or a name that does not resolve yet
+        return False
+
+
+def wait_for_peers(cluster: Cluster, timeout_seconds: float, between_attempts: Callable[[], None]) -> None:
+    """Before TensorFlow forms the cluster (which waits for the peers without a bound, holding the GIL): make
+    sure every peer has started, or fail after `timeout_seconds` naming the ones that did not.
+
+    Each worker listens on its own address until it has reached every peer there (a peer that already went on
+    answers through TensorFlow's server on the same port). `between_attempts` runs between probes (it raises to
+    stop waiting, e.g. on SIGTERM)."""
+    peers = cluster.peers()
+    _host, port = cluster.address.rsplit(":", 1)
+    stop = threading.Event()
+    try:
+        listener = socket.create_server(("", int(port)))
+    except OSError as error:
+        raise ClusterError(f"{cluster.name}: cannot listen on {cluster.address} ({error.strerror})") from error
+    server = threading.Thread(target=_serve_presence, args=(listener, stop), name="presence", daemon=True)
+    server.start()
+    missing = dict(peers)
+    deadline = time.monotonic() + timeout_seconds
+    logger.info("%s: waiting for %s", cluster.name, ", ".join(sorted(peers)))
+    try:
+        while missing:
+            missing = {name: address for name, address in missing.items() if not _reachable(address)}
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                described = ", ".join(f"{name} ({address})" for name, address in sorted(missing.items()))
+                raise PeersMissingError(
+                    f"{cluster.name}: gave up after {timeout_seconds:g} s waiting for {described} to start; check "
+                    "that those workers were scheduled and are running (or raise --peer-timeout-seconds)"
+                )
+            between_attempts()
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        server.join()
+        listener.close()
+    logger.info("%s: all %d workers have started", cluster.name, len(peers) + 1)
 
 
 def create_strategy(cluster: Cluster | None):

@@ -40,15 +40,22 @@ def run(config: TrainConfig) -> int:
             return EXIT_FAILED
         except Cancelled:
             return EXIT_PREEMPTED
+    from components.train import termination
+
+    termination.block_for_this_process()  # before TensorFlow starts a thread: see termination.py
     if launcher == "worker":
         from components.train.launch_local import die_with_launcher
 
         die_with_launcher()
+    from components.train.distribution import PeersMissingError
     from components.train.loop import NumericsError, train
 
     try:
         result = train(config)
-    except NumericsError as error:
+    except termination.Terminated as stopped:
+        logger.warning("%s: exiting with %d so that a retry resumes", stopped, EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
+    except (NumericsError, PeersMissingError) as error:
         logger.error("%s", error)
         return EXIT_FAILED
     return EXIT_PREEMPTED if result.preempted else 0

@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import shutil
-import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from components.common.progress import format_duration
 from components.train import checkpoints, data, distribution, optimization
 from components.train.config import TrainConfig, parse_assignments
 from components.train.model import ModelSpec, build_model, is_kernel, variable_name
+from components.train.termination import Termination
 
 logger = logging.getLogger(__name__)
 
@@ -70,29 +70,6 @@ def cross_entropy(labels: tf.Tensor, logits: tf.Tensor, num_classes: int, label_
     return tf.nn.softmax_cross_entropy_with_logits(targets, tf.cast(logits, tf.float32))
 
 
-class _SigtermFlag:
-    """Records SIGTERM; the loop turns it into an agreed checkpoint-and-exit at the next step."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: leave signals alone
-            self._previous = None
-        return self
-
-    def _handle(self, _signal_number, _frame):
-        logger.warning("SIGTERM received: saving a checkpoint at the next step, then exiting")
-        self.requested = True
-
-    def __exit__(self, *_exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-
-
 def _weights_sha256(model) -> str:
     digest = hashlib.sha256()
     for variable in sorted(model.variables, key=variable_name):
@@ -110,6 +87,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig):
         self.config = config
+        self.termination = Termination().install()  # from here on, a SIGTERM is never lost
         keras.utils.set_random_seed(config.seed)
         _set_precision(config.precision)
         self.cluster = distribution.cluster_from_environment(config.workers)
@@ -120,22 +98,34 @@ class Trainer:
         try:
             self._set_up(config)
         except BaseException:
-            self.model_directory.release_writer()
+            self.close()
             raise
 
     def _set_up(self, config: TrainConfig) -> None:
-        self.strategy = distribution.create_strategy(self.cluster)
+        check = self.termination.check
+        if self.cluster is not None and self.cluster.size > 1:
+            distribution.wait_for_peers(self.cluster, config.peer_timeout_seconds, lambda: check("waiting for peers"))
+        with self.termination.held():  # TensorFlow installs its own SIGTERM handler here
+            self.strategy = distribution.create_strategy(self.cluster)
+        check("after forming the cluster")
         self.dataset = open_dataset(config.data, splits=("train",), cache_dir=config.cache_dir)
         manifest = self.dataset.manifest
         self.num_classes = manifest.num_classes
         self.train_examples = manifest.splits["train"].num_examples
         self.steps_per_epoch = self.train_examples / config.batch_size
         self.total_steps = config.total_steps(self.train_examples)
+        check("after opening the dataset")
         self.model_directory.pull()
         self.write_dir = (
             self.model_directory.local if self.chief else Path(tempfile.mkdtemp(prefix=f"{self.cluster.name}-"))
         )
         self._build()
+        check("after building the model")
+
+    def close(self) -> None:
+        """End this attempt's claims: the model directory's writer lock, the SIGTERM handler."""
+        self.model_directory.release_writer()
+        self.termination.uninstall()
 
     # -- construction ---------------------------------------------------------------------------------------
 
@@ -421,59 +411,60 @@ class Trainer:
         step, last_save_time, window_start, window_step = start_step, time.monotonic(), time.monotonic(), start_step
         host: dict = {}
         preempted = False
-        with _SigtermFlag() as sigterm:
-            while step < self.total_steps:
-                due_by_time = (
-                    config.checkpoint_every_seconds is not None
-                    and time.monotonic() - last_save_time >= config.checkpoint_every_seconds
+        self.termination.check("before the first step")
+        termination = self.termination
+        while step < self.total_steps:
+            due_by_time = (
+                config.checkpoint_every_seconds is not None
+                and time.monotonic() - last_save_time >= config.checkpoint_every_seconds
+            )
+            summaries.maybe_profile(step)
+            outputs, batch = step_function(iterator, tf.constant([int(termination.requested), int(due_by_time)]))
+            host = {key: value.numpy() for key, value in outputs.items()}
+            gradients_failed = not host["gradients_finite"] and config.precision != "mixed_float16"
+            if not host["loss_finite"] or gradients_failed or not host["state_finite"]:
+                what = (
+                    "the loss"
+                    if not host["loss_finite"]
+                    else "a gradient"
+                    if gradients_failed
+                    else "the model's state after the update (weights, batch-norm statistics or their average)"
                 )
-                summaries.maybe_profile(step)
-                outputs, batch = step_function(iterator, tf.constant([int(sigterm.requested), int(due_by_time)]))
-                host = {key: value.numpy() for key, value in outputs.items()}
-                gradients_failed = not host["gradients_finite"] and config.precision != "mixed_float16"
-                if not host["loss_finite"] or gradients_failed or not host["state_finite"]:
-                    what = (
-                        "the loss"
-                        if not host["loss_finite"]
-                        else "a gradient"
-                        if gradients_failed
-                        else "the model's state after the update (weights, batch-norm statistics or their average)"
-                    )
-                    raise NumericsError(
-                        f"step {step + 1}: {what} is NaN or Inf (loss {host['loss']}); training stopped and this "
-                        "step's state was not checkpointed. Lower the learning rate or enable gradient clipping."
-                    )
-                step += 1
-                if step == start_step + 1:
-                    summaries.images(batch, self.strategy, config.image_summaries, step)
-                stop_agreed, save_agreed = host["flags"][0] > 0, host["flags"][1] > 0
-                if step % config.log_every_steps == 0 or step == self.total_steps:
-                    now = time.monotonic()
-                    rate = (step - window_step) * config.batch_size / max(now - window_start, 1e-9)
-                    remaining = (self.total_steps - step) * config.batch_size / max(rate, 1e-9)
-                    logger.info(
-                        "step %d/%d loss %.4f accuracy %.3f lr %.5f %.0f examples/s ETA %s",
-                        step,
-                        self.total_steps,
-                        host["loss"],
-                        host["accuracy"],
-                        host["learning_rate"],
-                        rate,
-                        format_duration(remaining),
-                    )
-                    host["examples_per_second"] = rate
-                    window_start, window_step = now, step
-                if step % config.summary_every_steps == 0:
-                    summaries.scalars(host, step)
-                if config.histogram_every_steps and step % config.histogram_every_steps == 0:
-                    summaries.histograms(self.model, step)
-                by_steps = config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
-                if stop_agreed or by_steps or save_agreed:
-                    self._save(step)
-                    last_save_time = time.monotonic()
-                if stop_agreed:
-                    preempted = True
-                    break
+                raise NumericsError(
+                    f"step {step + 1}: {what} is NaN or Inf (loss {host['loss']}); training stopped and this "
+                    "step's state was not checkpointed. Lower the learning rate or enable gradient clipping."
+                )
+            step += 1
+            if step == start_step + 1:
+                summaries.images(batch, self.strategy, config.image_summaries, step)
+            stop_agreed, save_agreed = host["flags"][0] > 0, host["flags"][1] > 0
+            if step % config.log_every_steps == 0 or step == self.total_steps:
+                now = time.monotonic()
+                rate = (step - window_step) * config.batch_size / max(now - window_start, 1e-9)
+                remaining = (self.total_steps - step) * config.batch_size / max(rate, 1e-9)
+                logger.info(
+                    "step %d/%d loss %.4f accuracy %.3f lr %.5f %.0f examples/s ETA %s",
+                    step,
+                    self.total_steps,
+                    host["loss"],
+                    host["accuracy"],
+                    host["learning_rate"],
+                    rate,
+                    format_duration(remaining),
+                )
+                host["examples_per_second"] = rate
+                window_start, window_step = now, step
+            if step % config.summary_every_steps == 0:
+                summaries.scalars(host, step)
+            if config.histogram_every_steps and step % config.histogram_every_steps == 0:
+                summaries.histograms(self.model, step)
+            by_steps = config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
+            if stop_agreed or by_steps or save_agreed:
+                self._save(step)
+                last_save_time = time.monotonic()
+            if stop_agreed:
+                preempted = True
+                break
         if not preempted and (
             not self.manager.latest_checkpoint or not self.manager.latest_checkpoint.endswith(f"-{step}")
         ):
@@ -613,4 +604,4 @@ def train(config: TrainConfig) -> TrainResult:
     try:
         return trainer.run()
     finally:
-        trainer.model_directory.release_writer()  # also when training failed: the claim ends with the attempt
+        trainer.close()  # also when training failed: the claim ends with the attempt
