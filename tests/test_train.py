@@ -407,6 +407,7 @@ def test_a_refused_run_changes_nothing_in_the_model_directory(synthetic_data, tm
 
     model_dir = tmp_path / "model"
     loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=2))
+
     def model_files():  # the writer's lock records who last held it; nothing else may change
         return {path.name: path.read_bytes() for path in model_dir.iterdir() if path.is_file()} | {".writer.lock": ""}
 
