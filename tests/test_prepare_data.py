@@ -315,3 +315,23 @@ def test_clean_up_never_removes_shards_another_run_is_about_to_publish(tmp_path,
     assert set(outcomes) == {"a", "b"}, "both runs succeed"
     verified = open_dataset(str(output))  # every shard the published manifest names is there and intact
     assert verified.manifest_sha256 == outcomes["b"].manifest_sha256
+
+
+def test_what_a_killed_run_left_half_written_is_removed_by_the_next(tmp_path):
+    import subprocess
+
+    from components.common import storage
+
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", builders.official_data(per_batch=10))
+    output = tmp_path / "out"
+    prepare_data(PrepareDataConfig(output=str(output), source=str(archive)))
+    finished = subprocess.Popen(["true"])
+    finished.wait()  # a process that has ended: what a kill -9 leaves behind
+    shard = next(output.glob("train/*.tfrecord"))
+    left = storage.temporary_path(shard).name.replace(f".{os.getpid()}.", f".{finished.pid}.")
+    (shard.parent / left).write_bytes(b"half a shard")
+    live = storage.temporary_path(shard)  # a writer that is still at work
+    live.write_bytes(b"being written")
+    prepare_data(PrepareDataConfig(output=str(output), source=str(archive), force=True))
+    assert not (shard.parent / left).exists()
+    assert live.exists()

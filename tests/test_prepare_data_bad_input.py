@@ -263,17 +263,28 @@ def test_bad_options_name_the_field():
 MEMORY_BUDGET_MB = 700  # the interpreter, numpy and TensorFlow's decoders take about 400 MB before any data
 
 
+# Runs the stage's CLI, and at exit prints the process's own peak resident memory (VmHWM: of this program
+# alone; a child's ru_maxrss would include the pytest process it was forked from).
+_MEASURED = """
+import atexit, re, runpy, sys
+def report():
+    peak = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)
+    print(f"peak-memory-kb {peak}", file=sys.stderr)
+atexit.register(report)
+sys.argv = ["python -m components.prepare_data", *sys.argv[1:]]
+runpy.run_module("components.prepare_data", run_name="__main__")
+"""
+
+
 def run_prepare_data(source, output, *options) -> tuple[int, str, int]:
     """Run the stage's CLI as a user would: (exit code, stderr, peak resident memory in MB)."""
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "components.prepare_data", "--source", str(source), "--output", str(output)]
-    process = subprocess.Popen([*command, *options], cwd=builders.REPOSITORY, stderr=subprocess.PIPE, text=True)
-    stderr = process.stderr.read()
-    _pid, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, stderr, usage.ru_maxrss // 1024
+    command = [sys.executable, "-c", _MEASURED, "--source", str(source), "--output", str(output), *options]
+    completed = subprocess.run(command, cwd=builders.REPOSITORY, capture_output=True, text=True, timeout=300)
+    peak_kb = int(re.search(r"peak-memory-kb (\d+)", completed.stderr).group(1))
+    return completed.returncode, completed.stderr, peak_kb // 1024
 
 
 def assert_refused_within_budget(tmp_path, source, match, *options):

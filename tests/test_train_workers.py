@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -40,14 +41,14 @@ def _environment() -> dict[str, str]:
 class LiveProcess:
     """A training process whose merged output is read line by line while it runs."""
 
-    def __init__(self, config):
+    def __init__(self, config, **environment):
         self.process = subprocess.Popen(
             train_command(config),
             cwd=REPOSITORY,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_environment(),
+            env={**_environment(), **environment},
         )
         self.lines: list[str] = []
 
@@ -122,7 +123,9 @@ def test_a_killed_worker_fails_the_job_quickly_with_a_clear_message(synthetic_da
         log_every_steps=10,
         worker_failure_timeout_seconds=5,
     )
-    live = LiveProcess(config)
+    scratch = tmp_path / "tmp"  # the workers' temporary directory, to see what they leave there
+    scratch.mkdir()
+    live = LiveProcess(config, TMPDIR=str(scratch))
     pid = int(live.wait_for(r"started worker-1 \(pid (\d+)\)").group(1))
     live.wait_for(r"\[worker-1\].*step 10/")
     os.kill(pid, signal.SIGKILL)
@@ -131,6 +134,12 @@ def test_a_killed_worker_fails_the_job_quickly_with_a_clear_message(synthetic_da
     assert code != 0
     assert time.monotonic() - killed_at < 60
     assert "worker-1 was killed by signal 9 (SIGKILL); stopping the other workers" in output
+    # The killed worker could not remove its scratch copy; the next run on this machine does.
+    rerun = LiveProcess(
+        dataclasses.replace(config, model_dir=str(tmp_path / "other"), train_steps=2), TMPDIR=str(scratch)
+    )
+    assert rerun.finish(timeout=180)[0] == 0
+    assert sorted(path.name for path in scratch.iterdir() if not path.name.startswith("__autograph_generated")) == []
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_with_a_retryable_code(synthetic_data, tmp_path):

@@ -172,6 +172,8 @@ def open_dataset(
     manifest, digest = read_manifest(dataset_uri)
     wanted = splits or tuple(manifest.splits)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    if storage.is_remote(dataset_uri):
+        storage.remove_stale_temporaries(cache / "shards")
     files: dict[str, list[str]] = {}
     for split_name in wanted:
         split = manifest.split(split_name)

@@ -28,7 +28,11 @@ import functools
 import hashlib
 import logging
 import os
+import re
+import shutil
+import socket
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Protocol
@@ -173,12 +177,82 @@ def read_bytes(uri: str) -> bytes:
     return Path(uri).read_bytes()
 
 
+# -- temporary files: named after their writer, so that what a killed writer left is found and removed ---------
+
+_TEMPORARY = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[0-9a-f]{12}\.tmp$")
+STALE_TEMPORARY_SECONDS = 24 * 3600  # a temporary of another host is removed only when this old
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
+
+def temporary_path(destination: Path) -> Path:
+    """Where to write `destination` before renaming it into place: a hidden name recording host and process."""
+    return destination.with_name(f".{destination.name}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Remove the temporaries below `folder` whose writer is gone (a process of this host that no longer runs,
+    or another host's, a day old): what a killed run left behind. Returns what was removed."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    host, now = _host(), time.time()
+    for path in folder.rglob(".*.tmp"):
+        match = _TEMPORARY.match(path.name)
+        if not match or not path.is_file():
+            continue
+        if match["host"] == host:
+            stale = not _process_alive(int(match["pid"]))
+        else:
+            stale = now - path.stat().st_mtime > STALE_TEMPORARY_SECONDS
+        if stale:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        logger.info("removed %d temporary file(s) left by killed runs in %s", len(removed), folder)
+    return removed
+
+
+_SCRATCH_PREFIX = "cifar10-pipeline."
+_SCRATCH = re.compile(r"^cifar10-pipeline\.[a-z0-9-]+\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.")
+
+
+def scratch_directory(purpose: str) -> Path:
+    """A private folder in the system's temporary directory, named after this host and process, so that one left
+    by a killed process is found and removed by the next (see `remove_stale_scratch`)."""
+    remove_stale_scratch()
+    return Path(tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{purpose}.{_host()}.{os.getpid()}."))
+
+
+def remove_stale_scratch() -> None:
+    """Remove this host's scratch folders whose process no longer runs."""
+    host = _host()
+    for path in Path(tempfile.gettempdir()).glob(f"{_SCRATCH_PREFIX}*"):
+        match = _SCRATCH.match(path.name)
+        if match and match["host"] == host and not _process_alive(int(match["pid"])) and path.is_dir():
+            logger.info("removing %s, left by a killed process", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def download_file(uri: str, destination: str | Path) -> None:
     """Copy a remote object to a local file atomically (temporary name, then rename)."""
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     parent, name = parent_and_name(uri)
-    temporary = destination.with_name(f".{destination.name}.{uuid.uuid4().hex}.part")
+    temporary = temporary_path(destination)
     try:
         publisher_for(parent).download(name, temporary)
         os.replace(temporary, destination)
@@ -190,16 +264,16 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write a local file so that readers see the old content or the new, never a partial one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temporary = temporary_path(path)
     try:
-        with os.fdopen(descriptor, "wb") as handle:
+        with open(temporary, "xb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
 
 

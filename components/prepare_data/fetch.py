@@ -7,7 +7,6 @@ import logging
 import os
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 from components.common import storage
@@ -61,7 +60,7 @@ def download_url(url: str, cache_dir: Path, expected_sha256: str | None, max_byt
             return target, digest
         logger.warning("cached %s does not match the expected SHA-256; downloading again", target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
+    partial = storage.temporary_path(target)
     digest = hashlib.sha256()
     logger.info("downloading %s", url)
     try:

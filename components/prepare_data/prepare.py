@@ -182,6 +182,8 @@ def _published_manifest(publisher: storage.Publisher) -> tuple[Manifest | None, 
 
 def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     publisher = storage.publisher_for(config.output)
+    if not storage.is_remote(config.output):
+        storage.remove_stale_temporaries(config.output)  # what a killed run left half-written
     resolved = resolve_source(config)
     parameters = config.output_parameters()
     existing, existing_bytes, existing_version = _published_manifest(publisher)

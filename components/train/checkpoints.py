@@ -69,6 +69,7 @@ class ModelDirectory:
         handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         handle.flush()
         self._writer_lock = handle
+        storage.remove_stale_temporaries(self.local)  # the only writer now: what a killed one left is garbage
 
     def release_writer(self) -> None:
         if getattr(self, "_writer_lock", None) is not None:

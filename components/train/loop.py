@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +92,7 @@ class Trainer:
         self.cluster = distribution.cluster_from_environment(config.workers)
         self.chief = self.cluster is None or self.cluster.is_chief
         self.model_directory = checkpoints.ModelDirectory(config.model_dir, config.cache_dir)
+        self.write_dir: Path | None = None  # where this worker writes: the model directory, or scratch
         if self.chief:
             self.model_directory.claim_writer()  # before anything else: a second writer fails at once
         try:
@@ -116,15 +116,15 @@ class Trainer:
         self.total_steps = config.total_steps(self.train_examples)
         check("after opening the dataset")
         self.model_directory.pull()
-        self.write_dir = (
-            self.model_directory.local if self.chief else Path(tempfile.mkdtemp(prefix=f"{self.cluster.name}-"))
-        )
+        self.write_dir = self.model_directory.local if self.chief else storage.scratch_directory(self.cluster.name)
         self._build()
         check("after building the model")
 
     def close(self) -> None:
-        """End this attempt's claims: the model directory's writer lock, the SIGTERM handler."""
+        """End this attempt: the model directory's writer lock, a worker's scratch copy, the SIGTERM handler."""
         self.model_directory.release_writer()
+        if self.write_dir is not None and self.write_dir != self.model_directory.local:
+            shutil.rmtree(self.write_dir, ignore_errors=True)
         self.termination.uninstall()
 
     # -- construction ---------------------------------------------------------------------------------------
@@ -487,13 +487,12 @@ class Trainer:
         )
         logger.info("weights sha256 %s (%s) at step %d", result.weights_sha256, self._worker_name(), step)
         if self.chief:
-            (self.model_directory.local / TRAIN_METRICS).write_text(
-                json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True)
+            storage.atomic_write_bytes(
+                self.model_directory.local / TRAIN_METRICS,
+                json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True).encode(),
             )
         if self.chief:
             self.model_directory.push(remove_deleted_checkpoints=True)
-        else:
-            shutil.rmtree(self.write_dir, ignore_errors=True)
         return result
 
     def _worker_name(self) -> str:
@@ -527,7 +526,7 @@ class _Summaries:
         self.config = config
         self.directory = directory
         self.publish = publish
-        self.staging = Path(tempfile.mkdtemp(prefix="summaries-")) if enabled and publish else directory
+        self.staging = storage.scratch_directory("summaries") if enabled and publish else directory
         self.writer = tf.summary.create_file_writer(str(self.staging)) if enabled else None
         self.profiling = False
 
