@@ -3,6 +3,7 @@ clear one-line errors when an object store cannot be reached."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -85,5 +86,40 @@ def test_missing_s3_credentials_are_one_clear_line(tmp_path, s3_server, monkeypa
     try:
         with pytest.raises(storage.StorageError, match=r"s3://bucket/x: no S3 credentials: set AWS_ACCESS_KEY_ID"):
             storage.read_bytes("s3://bucket/x")
+    finally:
+        storage.reset_clients()
+
+
+def test_an_unreachable_cloud_storage_endpoint_is_one_clear_line_in_seconds(tmp_path):
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "components.prepare_data", "--source", "synthetic", "--output", "gs://bucket/data"],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9",
+             "XDG_CACHE_HOME": str(tmp_path)},
+    )  # fmt: skip
+    errors = [line for line in completed.stderr.splitlines() if " ERROR " in line]
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert len(errors) == 1 and re.search(
+        r"gs://bucket/data/manifest\.json: cannot reach Cloud Storage at http://127\.0\.0\.1:9", errors[0]
+    ), completed.stderr[-2000:]
+    assert "Traceback" not in completed.stderr and time.monotonic() - started < 60
+
+
+def test_unusable_cloud_storage_credentials_are_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing-key.json"))
+    monkeypatch.setattr(storage, "_reachable", lambda endpoint: True)  # no network here: only the credentials fail
+    storage.reset_clients()
+    try:
+        with pytest.raises(
+            storage.StorageError,
+            match=r"gs://bucket/x: no usable Google Cloud credentials \(.*missing-key\.json.*\): set "
+            r"GOOGLE_APPLICATION_CREDENTIALS",
+        ):
+            storage.read_bytes("gs://bucket/x")
     finally:
         storage.reset_clients()

@@ -57,6 +57,14 @@ class StorageError(ValueError):
     """An object store cannot be reached or refuses the credentials: a configuration problem, not a bug."""
 
 
+class _ClientUnavailableError(StorageError):
+    """No client could be made for a store; `reason` says why, for a message that names the object."""
+
+    def __init__(self, scheme: str, reason: str):
+        super().__init__(f"{scheme}: {reason}")
+        self.reason = reason
+
+
 def normalize_uri(uri: str) -> str:
     """`minio://bucket/key` (how KFP names artifacts in its default store) -> `s3://bucket/key`; others unchanged."""
     uri = str(uri)
@@ -112,11 +120,51 @@ def parent_and_name(uri: str) -> tuple[str, str]:
     return str(path.parent), path.name
 
 
+GCS_ENDPOINT = "https://storage.googleapis.com"
+_PROBE_ATTEMPTS, _PROBE_TIMEOUT_SECONDS = 3, 5.0
+
+
+def gcs_endpoint() -> str:
+    return os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT
+
+
+def _reachable(endpoint: str) -> bool:
+    """Whether a TCP connection to the endpoint opens, tried a few times (the client library would instead retry
+    silently for two minutes before failing with a traceback)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    for attempt in range(_PROBE_ATTEMPTS):
+        try:
+            with socket.create_connection((parts.hostname, port), timeout=_PROBE_TIMEOUT_SECONDS):
+                return True
+        except OSError:
+            if attempt + 1 < _PROBE_ATTEMPTS:
+                time.sleep(1.0)
+    return False
+
+
 @functools.lru_cache(maxsize=1)
 def gcs_client():
+    """A Cloud Storage client (the emulator's when `STORAGE_EMULATOR_HOST` is set); StorageError, in seconds, when
+    the endpoint cannot be reached (checked directly unless a proxy is configured) or no credentials are found."""
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage
 
-    return storage.Client()
+    endpoint = gcs_endpoint()
+    proxied = any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+    if (endpoint != GCS_ENDPOINT or not proxied) and not _reachable(endpoint):
+        reason = f"cannot reach Cloud Storage at {endpoint} (no connection); check the network"
+        raise _ClientUnavailableError(GCS_SCHEME, reason)
+    try:
+        return storage.Client()
+    except DefaultCredentialsError as error:
+        raise _ClientUnavailableError(
+            GCS_SCHEME,
+            f"no usable Google Cloud credentials ({str(error).splitlines()[0][:200]}): set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run under Workload Identity",
+        ) from error
 
 
 def s3_endpoint() -> str | None:
@@ -383,18 +431,20 @@ class GcsPublisher:
 
     def read_versioned(self, name: str) -> tuple[bytes | None, str]:
         """The content and generation of an object, read together (the download is pinned to the generation)."""
+        from google.api_core import exceptions
+
         blob = self._get(name)
         if blob is None:
             return None, ABSENT
-        from google.api_core import exceptions
-
         try:
-            return blob.download_as_bytes(if_generation_match=blob.generation), str(blob.generation)
+            with _gcs_errors(self.uri(name)):
+                return blob.download_as_bytes(if_generation_match=blob.generation), str(blob.generation)
         except (exceptions.NotFound, exceptions.PreconditionFailed):
             return self.read_versioned(name)  # replaced between the two calls: read the new version
 
     def _get(self, name: str):
-        return self._bucket().get_blob(self._object_name(name))
+        with _gcs_errors(self.uri(name)):
+            return self._bucket().get_blob(self._object_name(name))
 
     def version(self, name: str) -> str:
         blob = self._get(name)
@@ -408,7 +458,8 @@ class GcsPublisher:
         from google.api_core import exceptions
 
         try:
-            self._bucket().blob(self._object_name(name)).download_to_filename(str(destination))
+            with _gcs_errors(self.uri(name)):
+                self._bucket().blob(self._object_name(name)).download_to_filename(str(destination))
         except exceptions.NotFound as error:
             raise FileNotFoundError(f"{self.uri(name)} does not exist") from error
 
@@ -425,9 +476,10 @@ class GcsPublisher:
         else:
             generation = 0 if expected_version == ABSENT else int(expected_version)
         try:
-            self._bucket().blob(self._object_name(name)).upload_from_string(
-                data, if_generation_match=generation, checksum="crc32c"
-            )
+            with _gcs_errors(self.uri(name)):
+                self._bucket().blob(self._object_name(name)).upload_from_string(
+                    data, if_generation_match=generation, checksum="crc32c"
+                )
         except exceptions.PreconditionFailed:
             if self.checksum(name) == wanted:
                 return  # another writer published the same bytes
@@ -440,13 +492,15 @@ class GcsPublisher:
         if blob is None:
             return
         try:
-            blob.delete(if_generation_match=blob.generation)
+            with _gcs_errors(self.uri(name)):
+                blob.delete(if_generation_match=blob.generation)
         except (exceptions.NotFound, exceptions.PreconditionFailed):
             logger.info("%s was already removed or replaced by another writer", self.uri(name))
 
     def list(self, prefix: str = "") -> list[str]:
         start = f"{self.prefix}/" if self.prefix else ""
-        blobs = gcs_client().list_blobs(self.bucket_name, prefix=start + prefix)
+        with _gcs_errors(self.root):
+            blobs = list(gcs_client().list_blobs(self.bucket_name, prefix=start + prefix))
         names = (blob.name[len(start) :] for blob in blobs)
         return sorted(name for name in names if name and not name.rsplit("/", 1)[-1].startswith("."))
 
@@ -601,6 +655,35 @@ class _s3_errors:  # noqa: N801 (used as a context manager, like contextlib's)
                 ) from error
             if code == "NoSuchBucket":
                 raise StorageError(f"{self.uri}: the bucket does not exist at {endpoint}") from error
+        return False
+
+
+class _gcs_errors:  # noqa: N801 (used as a context manager, like contextlib's)
+    """Turn refused credentials and a lost connection into one clear StorageError naming the object."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, _traceback) -> bool:
+        if isinstance(error, _ClientUnavailableError):
+            raise StorageError(f"{self.uri}: {error.reason}") from error
+        if error is None or isinstance(error, StorageError):
+            return False
+        import requests
+        from google.api_core import exceptions
+        from google.auth.exceptions import RefreshError, TransportError
+
+        endpoint = gcs_endpoint()
+        if isinstance(error, RefreshError | exceptions.Unauthorized | exceptions.Forbidden):
+            raise StorageError(
+                f"{self.uri}: Cloud Storage at {endpoint} refused the credentials ({type(error).__name__}: "
+                f"{str(error).splitlines()[0][:200]}); check GOOGLE_APPLICATION_CREDENTIALS or the service account"
+            ) from error
+        if isinstance(error, requests.ConnectionError | TransportError | exceptions.RetryError):
+            raise StorageError(f"{self.uri}: lost the connection to Cloud Storage at {endpoint} ({error})") from error
         return False
 
 
