@@ -257,6 +257,16 @@ class TestVerification:
         with pytest.raises(DatasetError, match=r"holds 20 records, manifest says 19"):
             open_dataset(str(output), splits=("eval",))
 
+    def test_per_class_counts_differ_from_the_records_with_the_same_sum(self, output):
+        manifest = json.loads((output / "manifest.json").read_text())
+        counts = manifest["splits"]["train"]["class_counts"]
+        counts[0], counts[1] = counts[0] + 1, counts[1] - 1  # the sum still matches
+        (output / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(
+            DatasetError, match=r"split 'train' holds other per-class counts than its manifest says: airplane \d+"
+        ):
+            open_dataset(str(output), splits=("train",))
+
     def test_missing_shard_and_missing_manifest(self, output):
         shard = only_shard(output, "validation")
         shard.unlink()

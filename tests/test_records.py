@@ -77,3 +77,23 @@ def test_wrong_image_size_is_refused():
     encoder = records.ExampleEncoder(32, 32, 3)
     with pytest.raises(ValueError, match=r"example 'x': image has 5 bytes, expected 3072"):
         encoder.encode(b"12345", 0, "x")
+
+
+def test_labels_are_read_from_our_records_and_from_any_example():
+    import tensorflow as tf
+
+    encoder = records.ExampleEncoder(32, 32, 3)
+    for label in (0, 9, 127, 128, 99_999):
+        assert records.example_label(encoder.encode(bytes(3072), label, "batch/0001")) == label
+    foreign = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[4])),
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\n\x05label" * 40])),
+            }
+        )
+    )
+    assert records.example_label(foreign.SerializeToString()) == 4
+    unlabeled = tf.train.Example(features=tf.train.Features(feature={}))
+    with pytest.raises(ValueError, match="no single int64 label"):
+        records.example_label(unlabeled.SerializeToString())

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from components.common import records, storage
 
 logger = logging.getLogger(__name__)
@@ -123,19 +125,24 @@ def default_cache_dir() -> Path:
     return Path(base, "cifar10-pipeline")
 
 
-def verify_shard(content: bytes, shard: ShardInfo, compression: str, origin: str) -> None:
-    """Check one shard's bytes against its manifest entry: size, SHA-256, and the record count."""
+def verify_shard(content: bytes, shard: ShardInfo, compression: str, origin: str, num_classes: int) -> np.ndarray:
+    """Check one shard's bytes against its manifest entry (size, SHA-256, record count, every label a class);
+    return how many records each class has."""
     if len(content) != shard.size_bytes:
         raise DatasetError(f"{origin}: has {len(content)} bytes, manifest says {shard.size_bytes} (truncated?)")
     digest = hashlib.sha256(content).hexdigest()
     if digest != shard.sha256:
         raise DatasetError(f"{origin}: SHA-256 {digest} does not match the manifest's {shard.sha256}")
     try:
-        count = sum(1 for _ in records.iterate_records(content, compression, origin))
+        labels = [records.example_label(record) for record in records.iterate_records(content, compression, origin)]
     except ValueError as error:
-        raise DatasetError(str(error)) from error
-    if count != shard.num_records:
-        raise DatasetError(f"{origin}: holds {count} records, manifest says {shard.num_records}")
+        raise DatasetError(f"{origin}: {error}") from error
+    if len(labels) != shard.num_records:
+        raise DatasetError(f"{origin}: holds {len(labels)} records, manifest says {shard.num_records}")
+    outside = sorted({label for label in labels if not 0 <= label < num_classes})
+    if outside:
+        raise DatasetError(f"{origin}: labels {outside[:5]} are not classes of this dataset (0..{num_classes - 1})")
+    return np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes)
 
 
 @dataclass(frozen=True)
@@ -179,11 +186,27 @@ def open_dataset(
         split = manifest.split(split_name)
         if sum(shard.num_records for shard in split.shards) != split.num_examples:
             raise DatasetError(f"{dataset_uri}: split {split_name!r} shard record counts do not add up")
-        if sum(split.class_counts) != split.num_examples:
-            raise DatasetError(f"{dataset_uri}: split {split_name!r} class counts do not add up")
-        files[split_name] = [
-            _verified_local_copy(dataset_uri, shard, manifest.compression, cache) for shard in split.shards
-        ]
+        if len(split.class_counts) != manifest.num_classes:
+            raise DatasetError(
+                f"{dataset_uri}: split {split_name!r} has {len(split.class_counts)} class counts for "
+                f"{manifest.num_classes} classes"
+            )
+        counts = np.zeros(manifest.num_classes, dtype=np.int64)
+        files[split_name] = []
+        for shard in split.shards:
+            path, shard_counts = _verified_local_copy(dataset_uri, shard, manifest, cache)
+            files[split_name].append(path)
+            counts += shard_counts
+        if counts.tolist() != list(split.class_counts):
+            differing = [
+                f"{manifest.label_names[index]} {counted} (manifest {listed})"
+                for index, (counted, listed) in enumerate(zip(counts.tolist(), split.class_counts, strict=True))
+                if counted != listed
+            ]
+            raise DatasetError(
+                f"{dataset_uri}: split {split_name!r} holds other per-class counts than its manifest says: "
+                + ", ".join(differing[:5])
+            )
     logger.info(
         "verified dataset %s (%s): %s",
         dataset_uri,
@@ -193,23 +216,24 @@ def open_dataset(
     return VerifiedDataset(uri=dataset_uri, manifest=manifest, manifest_sha256=digest, files=files)
 
 
-def _verified_local_copy(dataset_uri: str, shard: ShardInfo, compression: str, cache: Path) -> str:
+def _verified_local_copy(dataset_uri: str, shard: ShardInfo, manifest: Manifest, cache: Path) -> tuple[str, np.ndarray]:
+    """A local path of the verified shard (the shard itself, or a cached copy of a remote one), and its counts."""
     uri = storage.join(dataset_uri, shard.path)
+    compression, num_classes = manifest.compression, manifest.num_classes
     if not storage.is_remote(dataset_uri):
         try:
             content = Path(uri).read_bytes()
         except FileNotFoundError as error:
             raise DatasetError(f"{uri}: shard listed in the manifest is missing") from error
-        verify_shard(content, shard, compression, uri)
-        return uri
+        return uri, verify_shard(content, shard, compression, uri, num_classes)
     local = cache / "shards" / f"{shard.sha256}{''.join(Path(shard.path).suffixes)}"
     if local.exists():
-        verify_shard(local.read_bytes(), shard, compression, f"{local} (cached copy of {uri})")
-        return str(local)
+        origin = f"{local} (cached copy of {uri})"
+        return str(local), verify_shard(local.read_bytes(), shard, compression, origin, num_classes)
     try:
         content = storage.read_bytes(uri)
     except FileNotFoundError as error:
         raise DatasetError(f"{uri}: shard listed in the manifest is missing") from error
-    verify_shard(content, shard, compression, uri)
+    counts = verify_shard(content, shard, compression, uri, num_classes)
     storage.atomic_write_bytes(local, content)
-    return str(local)
+    return str(local), counts

@@ -206,6 +206,82 @@ def iterate_records(content: bytes, compression: str = COMPRESSION_NONE, name: s
         offset, index = end, index + 1
 
 
+def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if offset >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[offset]
+        value |= (byte & 0x7F) << shift
+        offset += 1
+        if not byte & 0x80:
+            return value, offset
+        shift += 7
+
+
+def _length_delimited_fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(field number, start, end) of each length-delimited field in data[start:end]; other wire types skipped."""
+    offset = start
+    while offset < end:
+        tag, offset = _read_varint(data, offset)
+        wire_type = tag & 7
+        if wire_type == 2:
+            length, offset = _read_varint(data, offset)
+            if offset + length > end:
+                raise ValueError("field runs past its message")
+            yield tag >> 3, offset, offset + length
+            offset += length
+        elif wire_type == 0:
+            _, offset = _read_varint(data, offset)
+        elif wire_type in (1, 5):
+            offset += 8 if wire_type == 1 else 4
+        else:
+            raise ValueError(f"unsupported wire type {wire_type}")
+
+
+_LABEL_KEY = FEATURE_LABEL.encode()
+# How ExampleEncoder ends every record when label and width are below 128: the label entry, then the width entry,
+# 16 bytes each, of which only the last byte (the value) varies.
+_LABEL_ENTRY_PREFIX = _feature_entry(FEATURE_LABEL, int64_feature(0))[:-1]
+_WIDTH_ENTRY_PREFIX = _feature_entry(FEATURE_WIDTH, int64_feature(0))[:-1]
+
+
+def example_label(record: bytes) -> int:
+    """The `label` of one serialized Example. Records laid out as `ExampleEncoder` writes them are read from their
+    last 32 bytes; any other is read by walking its wire format (no protobuf objects): Example.features (1) ->
+    Features.feature entries (1) -> key (1) == "label", value (2) -> Feature.int64_list (3) -> Int64List.value
+    (1, packed or not). ValueError when the record has no single int64 label."""
+    if record[-32:-17] == _LABEL_ENTRY_PREFIX and record[-16:-1] == _WIDTH_ENTRY_PREFIX:
+        return record[-17]
+    for field, start, end in _length_delimited_fields(record, 0, len(record)):
+        if field != 1:
+            continue
+        for entry_field, entry_start, entry_end in _length_delimited_fields(record, start, end):
+            if entry_field != 1:
+                continue
+            key, value = None, None
+            for part, part_start, part_end in _length_delimited_fields(record, entry_start, entry_end):
+                if part == 1:
+                    key = record[part_start:part_end]
+                elif part == 2:
+                    value = (part_start, part_end)
+            if key != _LABEL_KEY or value is None:
+                continue
+            for kind, list_start, list_end in _length_delimited_fields(record, *value):
+                if kind != 3:
+                    continue
+                values = [
+                    _read_varint(record, value_start)[0]
+                    for number, value_start, value_end in _length_delimited_fields(record, list_start, list_end)
+                    if number == 1 and value_end > value_start
+                ]
+                if len(values) == 1:
+                    label = values[0]
+                    return label - (1 << 64) if label >= 1 << 63 else label
+            break
+    raise ValueError("record has no single int64 label")
+
+
 def feature_spec():
     import tensorflow as tf
 

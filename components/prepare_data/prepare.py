@@ -158,7 +158,7 @@ def _matches(existing: Manifest | None, source_sha256: str, parameters: dict) ->
     )
 
 
-def _shards_intact(publisher: storage.Publisher, manifest: Manifest) -> list[str]:
+def _damaged_shards(publisher: storage.Publisher, manifest: Manifest) -> list[str]:
     """Names of the manifest's shards that are missing or differ from it (by size and CRC32C)."""
     return [
         shard.path
@@ -188,7 +188,7 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     parameters = config.output_parameters()
     existing, existing_bytes, existing_version = _published_manifest(publisher)
     if not config.force and _matches(existing, resolved.sha256, parameters):
-        damaged = _shards_intact(publisher, existing)
+        damaged = _damaged_shards(publisher, existing)
         if not damaged:
             logger.info("%s already holds this dataset (source %s); nothing to do", config.output, resolved.sha256[:12])
             return PrepareResult(config.output, existing, manifest_digest(existing_bytes), reused=True)
