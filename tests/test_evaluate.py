@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -318,3 +319,28 @@ class TestNeverBlessedOnError:
         )
         assert code == 2
         assert not (tmp_path / "p" / "current.json").exists()
+
+
+def test_a_missing_model_directory_is_one_clear_line_and_is_not_created(synthetic_data, tmp_path, capfd):
+    from components.evaluate.__main__ import main
+
+    missing = tmp_path / "no-such-model"
+    assert main(["--data", synthetic_data, "--model-dir", str(missing)]) == 2
+    assert f"model_dir: {missing} is not a directory" in capfd.readouterr().err
+    assert not missing.exists()
+
+
+def test_a_torn_training_summary_is_named_in_one_clear_line(synthetic_data, trained, tmp_path, capfd):
+    import shutil
+
+    from components.evaluate.__main__ import main
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained, model_dir)
+    summary = (model_dir / "train_metrics.json").read_text()
+    (model_dir / "train_metrics.json").write_text(summary[: len(summary) // 2])  # a writer killed mid-write
+    code = main(
+        ["--data", synthetic_data, "--model-dir", str(model_dir), "--mode", "continuous", "--timeout-seconds", "5"]
+    )
+    assert code == 2
+    assert re.search(r"train_metrics\.json: not a readable training summary \(JSONDecodeError", capfd.readouterr().err)

@@ -366,3 +366,10 @@ def test_grayscale_and_rgba_images_are_converted_and_said_so(tmp_path, caplog):
     logged = caplog.text
     assert re.search(r"1 grayscale image\(s\) converted to RGB \(the gray value copied .*train/cat/gray\.png", logged)
     assert re.search(r"1 RGBA image\(s\) converted to RGB \(transparency dropped\), e\.g\. .*clear\.png", logged)
+
+
+def test_an_empty_train_split_is_refused_naming_it(tmp_path, official):
+    for name in builders.BATCH_NAMES[:5]:
+        official.data[name], official.labels[name] = official.data[name][:0], official.labels[name][:0]
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official)
+    assert_rejected(tmp_path, archive, r"cifar\.tar\.gz: the train split is empty \(no training images")

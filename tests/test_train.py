@@ -437,3 +437,9 @@ def test_resuming_on_another_dataset_is_refused_unless_asked_and_then_recorded(s
     original = json.loads(config_before)["resolved"]["dataset_manifest_sha256"]
     assert recorded["dataset_history"] == [original] and recorded["dataset_manifest_sha256"] != original
     assert first.step == 2
+
+
+def test_a_train_split_smaller_than_one_batch_is_refused_before_training(synthetic_data, tmp_path):
+    with pytest.raises(ValueError, match=r"training examples, fewer than one batch \(4096\)"):
+        loop.train(tiny_train_config(synthetic_data, tmp_path / "model", batch_size=4096))
+    assert not list((tmp_path / "model").glob("ckpt-*"))

@@ -18,6 +18,7 @@ import tensorflow as tf
 from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
+from components.common.model_directory import TRAIN_METRICS
 from components.common.progress import Progress
 from components.evaluate import gate, metrics, promote, report
 from components.evaluate.config import EvaluateConfig
@@ -31,7 +32,6 @@ from components.evaluate.restore import (
 )
 from components.train.checkpoints import ModelDirectory
 from components.train.data import normalize
-from components.train.loop import TRAIN_METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Evaluator:
         manifest = self.dataset.manifest
         if manifest.splits[config.split].num_examples == 0:
             raise EvaluationError(f"{config.data}: split {config.split!r} is empty")
-        self.directory = ModelDirectory(config.model_dir, config.cache_dir)
+        self.directory = ModelDirectory(config.model_dir, config.cache_dir, create=False)
         self.directory.pull()
         self.train_config = read_train_config(self.directory.local, config.model_dir)
         trained_on = self.train_config.get("resolved", {})
@@ -206,8 +206,14 @@ class Evaluator:
         path = self.directory.local / TRAIN_METRICS
         if not path.exists():
             return None
-        summary = json.loads(path.read_text())
-        return None if summary.get("preempted") else int(summary["step"])
+        try:
+            summary = json.loads(path.read_text())
+            return None if summary.get("preempted") else int(summary["step"])
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise EvaluationError(
+                f"{path}: not a readable training summary ({type(error).__name__}: {error}); it was cut short or "
+                "edited. Train again to the planned step (it resumes) to rewrite it"
+            ) from error
 
     # -- the run --------------------------------------------------------------------------------------------
 

@@ -196,6 +196,12 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
 
     raw = read_source(resolved, config)
     named_splits = splits.assign_splits(raw, config.validation_fraction, config.seed, config.shuffle)
+    for split_name in ("train", "eval"):
+        if not len(named_splits[split_name]):
+            given = {name: len(split) for name, split in named_splits.items()}
+            raise SourceError(
+                f"{resolved.uri}: the {split_name} split is empty (split sizes {given}); nothing to publish"
+            )
     check_classes_present(raw.label_names, named_splits["train"].labels, f"{resolved.uri} (train split)")
     total = sum(len(split) for split in named_splits.values())
     progress = Progress("encode and publish", total, unit="images", logger=logger)

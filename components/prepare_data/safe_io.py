@@ -346,8 +346,8 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
     state then brings the shape, an integer dtype and the raw bytes, which numpy checks against the shape. So an
     array's bytes are always in the file: calling `ndarray(shape, dtype)` or `_reconstruct` with another shape
     (uninitialised memory of any size) is refused, and so are dtypes other than the integer ones a batch holds.
-    Besides these, one stand-in is allowed: Python 3 writes `bytes` in protocol 2 as
-    `_codecs.encode(text, "latin1")`, which maps to a function that only does that.
+    Besides these, two stand-ins are allowed: Python 3 writes `bytes` in protocol 2 as
+    `_codecs.encode(text, "latin1")`, which maps to a function that only does that, and `b""` as `bytes()`.
 
     Nothing `find_class` hands out refers back to the unpickler: a cycle through its memo would keep every
     intermediate object of a batch (about 80 MB) alive until the garbage collector happened to run.
@@ -367,6 +367,8 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
             ("numpy", "ndarray"): array_type,
             ("numpy", "dtype"): functools.partial(_integer_dtype, origin=origin),
             ("_codecs", "encode"): functools.partial(_latin1_bytes, origin=origin),
+            ("__builtin__", "bytes"): functools.partial(_empty_bytes, origin=origin),  # how b"" is pickled
+            ("builtins", "bytes"): functools.partial(_empty_bytes, origin=origin),
         }
 
     def find_class(self, module: str, name: str):
@@ -377,6 +379,13 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
                 "so the file was not loaded"
             )
         return allowed
+
+
+def _empty_bytes(*arguments, origin: str) -> bytes:
+    """Protocol 2 writes b"" as `bytes()`: allowed with no arguments, and nothing else."""
+    if arguments:
+        raise SourceError(f"{origin}: pickle calls bytes{arguments!r}; only bytes() (empty) is allowed")
+    return b""
 
 
 def _reconstruct_empty(subtype, shape, dtype_code, *, array_type: _ArrayType, origin: str):

@@ -104,6 +104,8 @@ def _check_labels(labels: np.ndarray, num_classes: int, origin: str) -> None:
 
 
 def check_classes_present(label_names: list[str], labels: np.ndarray, origin: str) -> None:
+    if not len(labels):
+        raise SourceError(f"{origin}: the train split is empty (no training images at all)")
     counts = np.bincount(labels, minlength=len(label_names))
     empty = [label_names[index] for index in np.flatnonzero(counts == 0)]
     if empty:

@@ -37,7 +37,8 @@ VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 class ModelDirectory:
     """The model directory as a local path TensorFlow writes to, mirrored to gs:// or s3:// when it is remote."""
 
-    def __init__(self, uri: str, cache_dir: str | Path | None = None):
+    def __init__(self, uri: str, cache_dir: str | Path | None = None, create: bool = True):
+        """`create=False` (for readers): a local directory must already exist."""
         self.uri = storage.normalize_uri(uri).rstrip("/")
         self.remote = storage.is_remote(uri)
         if self.remote:
@@ -45,6 +46,8 @@ class ModelDirectory:
             self.local = Path(cache_dir or default_cache_dir()) / "model_dirs" / key
         else:
             self.local = Path(uri)
+            if not create and not self.local.is_dir():
+                raise CheckpointError(f"model_dir: {uri} is not a directory (nothing was trained there)")
         self.local.mkdir(parents=True, exist_ok=True)
         self._pushed: dict[str, tuple[int, int]] = {}
 

@@ -29,6 +29,7 @@ import tensorflow as tf
 from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
+from components.common.model_directory import RESOLVED_CONFIG, TRAIN_METRICS
 from components.common.progress import format_duration
 from components.train import checkpoints, data, distribution, optimization
 from components.train.config import TrainConfig, parse_assignments
@@ -37,10 +38,8 @@ from components.train.termination import Termination
 
 logger = logging.getLogger(__name__)
 
-RESOLVED_CONFIG = "config.json"
 # What makes a checkpoint another model: resuming with a different value cannot restore it.
 ARCHITECTURE_FIELDS = ("model", "depth", "width_multiplier", "num_classes")
-TRAIN_METRICS = "train_metrics.json"
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH_STEPS = 2000
 
@@ -112,6 +111,11 @@ class Trainer:
         manifest = self.dataset.manifest
         self.num_classes = manifest.num_classes
         self.train_examples = manifest.splits["train"].num_examples
+        if self.train_examples < config.batch_size:
+            raise ValueError(
+                f"data: {config.data} has {self.train_examples} training examples, fewer than one batch "
+                f"({config.batch_size}); prepare more data or lower --batch-size"
+            )
         self.steps_per_epoch = self.train_examples / config.batch_size
         self.total_steps = config.total_steps(self.train_examples)
         check("after opening the dataset")
