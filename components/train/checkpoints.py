@@ -26,6 +26,7 @@ from components.common import storage
 from components.common.dataset import default_cache_dir
 from components.common.model_directory import CHECKPOINT_PREFIX, CheckpointError
 from components.train.model import variable_name
+from components.train.writer_lease import WriterLease
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +51,14 @@ class ModelDirectory:
                 raise CheckpointError(f"model_dir: {uri} is not a directory (nothing was trained there)")
         self.local.mkdir(parents=True, exist_ok=True)
         self._pushed: dict[str, tuple[int, int]] = {}
+        self._writer_lock = None  # the open lock file while this process is the writer
+        self._lease: WriterLease | None = None  # and, for a remote directory, the lease in the store
 
     def claim_writer(self) -> None:
         """Be the only writer of this model directory while this process lives: an exclusive lock on
         `.writer.lock` in the local folder (or mirror), which the kernel releases when the process ends, however
-        it ends, so a claim left by a dead process is simply taken over. A second writer fails at once."""
+        it ends, so a claim left by a dead process is simply taken over. A second writer fails at once. A remote
+        directory is also claimed across machines, by a lease in the store (see writer_lease.py)."""
         path = self.local / WRITER_LOCK
         handle = open(path, "a+")  # noqa: SIM115 (held open for the life of the process)
         try:
@@ -67,15 +71,27 @@ class ModelDirectory:
                 f"model_dir: {self.uri} is being written by {holder}; a model directory has one writer at a time "
                 "(wait for it to end, stop it, or give another --model-dir)"
             ) from None
+        holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
         handle.seek(0)
         handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        handle.write(holder + "\n")
         handle.flush()
         self._writer_lock = handle
+        if self.remote:
+            lease = WriterLease(self.uri, holder)
+            try:
+                lease.acquire()
+            except BaseException:
+                self.release_writer()
+                raise
+            self._lease = lease
         storage.remove_stale_temporaries(self.local)  # the only writer now: what a killed one left is garbage
 
     def release_writer(self) -> None:
-        if getattr(self, "_writer_lock", None) is not None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+        if self._writer_lock is not None:
             self._writer_lock.close()
             self._writer_lock = None
 
@@ -102,6 +118,8 @@ class ModelDirectory:
         """
         if not self.remote:
             return
+        if self._lease is not None:
+            self._lease.check()
         publisher = storage.publisher_for(self.uri)
         changed = [
             path
