@@ -1,4 +1,4 @@
-"""Benchmark: prepare_data on the full 60,000 CIFAR-10 images against the seed's converter, in one run.
+"""Benchmark: prepare_data on all 60,000 CIFAR-10 images against the estimator example's converter, in one run.
 
 The baseline is the TF1 CIFAR-10 estimator example's `generate_cifar10_tfrecords.py`: `tarfile.extractall`,
 unpickle each batch, one `tf.train.Example` built and serialized per image in a Python loop, one file
@@ -56,12 +56,12 @@ def official_archive(given: str | None) -> Path:
     return archive
 
 
-def seed_converter(archive: Path, work: Path) -> None:
-    """The seed's converter, as it was (TF2 spellings of the same calls)."""
+def example_converter(archive: Path, work: Path) -> None:
+    """The estimator example's converter, as it was (TF2 spellings of the same calls)."""
     import tensorflow as tf
 
     with tarfile.open(archive, "r:gz") as tar:
-        tar.extractall(work)  # the seed extracted without any filter
+        tar.extractall(work)  # the example extracted without any filter
     input_dir = work / "cifar-10-batches-py"
     file_names = {
         "train": [f"data_batch_{index}" for index in range(1, 5)],
@@ -104,26 +104,26 @@ def main() -> None:
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     archive = official_archive(arguments.archive)
-    # The stage's entry point tunes malloc (components/common/memory.py); the seed gets the same process.
+    # The stage's entry point tunes malloc (components/common/memory.py); the example gets the same process.
     print(f"malloc keeps freed memory for reuse (both converters): {reuse_freed_memory()}")
     import tensorflow as tf  # imported before timing, for both
 
     tf.constant(0)
-    seed_times, stage_times, rerun_times = [], [], []
+    example_times, stage_times, rerun_times = [], [], []
     for _round in range(arguments.rounds):
-        with tempfile.TemporaryDirectory(dir=WORK if WORK.exists() else None) as seed_work:
-            seed_times.append(timed(seed_converter, archive, Path(seed_work)))
+        with tempfile.TemporaryDirectory(dir=WORK if WORK.exists() else None) as example_work:
+            example_times.append(timed(example_converter, archive, Path(example_work)))
         with tempfile.TemporaryDirectory(dir=WORK if WORK.exists() else None) as stage_work:
             stage_times.append(timed(this_stage, archive, Path(stage_work)))
             rerun_times.append(timed(this_stage, archive, Path(stage_work), False))
-        print(f"round {_round + 1}: seed {seed_times[-1]:.2f} s, this stage {stage_times[-1]:.2f} s", flush=True)
-    seed, stage, rerun = (statistics.median(times) for times in (seed_times, stage_times, rerun_times))
+        print(f"round {_round + 1}: example {example_times[-1]:.2f} s, this stage {stage_times[-1]:.2f} s", flush=True)
+    example, stage, rerun = (statistics.median(times) for times in (example_times, stage_times, rerun_times))
     print(f"images: 60000 ({archive})")
-    print(f"seed converter (extractall + Example per image):   {seed:6.2f} s  ({60000 / seed:,.0f} images/s)")
+    print(f"estimator example (extractall, Example per image):  {example:6.2f} s  ({60000 / example:,.0f} images/s)")
     print(f"prepare_data (validate, shard, checksum, publish): {stage:6.2f} s  ({60000 / stage:,.0f} images/s)")
     print(f"prepare_data rerun with nothing to do:             {rerun:6.2f} s")
-    paired = statistics.median(o / s for s, o in zip(seed_times, stage_times, strict=True))
-    print(f"ratio prepare_data / seed: {paired:.2f} (median of per-round ratios; target <= 1.0)")
+    paired = statistics.median(o / s for s, o in zip(example_times, stage_times, strict=True))
+    print(f"ratio prepare_data / estimator example: {paired:.2f} (median of per-round ratios; target <= 1.0)")
     shutil.rmtree(WORK / "tmp", ignore_errors=True)
 
 

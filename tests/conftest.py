@@ -19,6 +19,18 @@ def isolated_cache(tmp_path, monkeypatch):
     return cache
 
 
+@pytest.fixture(autouse=True)
+def restored_logging():
+    """A stage's CLI configures the root logger to the stream of its moment (pytest's capture, closed after the
+    test): put the handlers back, so that later tests do not log into a closed stream."""
+    import logging
+
+    handlers, level = logging.root.handlers[:], logging.root.level
+    yield
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+
+
 @pytest.fixture
 def gcs_server():
     """A real fake-gcs-server process (in memory, HTTP), fresh for each test (0.15 s to start). One server for the

@@ -439,7 +439,15 @@ def test_resuming_on_another_dataset_is_refused_unless_asked_and_then_recorded(s
     assert first.step == 2
 
 
-def test_a_train_split_smaller_than_one_batch_is_refused_before_training(synthetic_data, tmp_path):
-    with pytest.raises(ValueError, match=r"training examples, fewer than one batch \(4096\)"):
-        loop.train(tiny_train_config(synthetic_data, tmp_path / "model", batch_size=4096))
+def test_an_empty_train_split_is_refused_before_training(synthetic_data, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    train.update(num_examples=0, shards=[], class_counts=[0] * len(train["class_counts"]))
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"has no training examples \(its train split is empty\)"):
+        loop.train(tiny_train_config(str(data), tmp_path / "model"))
     assert not list((tmp_path / "model").glob("ckpt-*"))

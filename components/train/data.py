@@ -1,7 +1,7 @@
 """Training input: verified TFRecords -> per-worker, shuffled, augmented batches.
 
 Each input pipeline (one per worker) reads its own part of the data: whole shards when the shards divide
-evenly among the pipelines, otherwise every k-th record. Augmentation is the seed's distortion, pad to
+evenly among the pipelines, otherwise every k-th record. Augmentation is the estimator example's distortion, pad to
 40x40 and take a random 32x32 crop, then a random horizontal flip, drawn independently per image but
 computed on whole batches (one gather), so it costs a few vectorized ops per batch.
 """

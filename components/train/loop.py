@@ -111,11 +111,8 @@ class Trainer:
         manifest = self.dataset.manifest
         self.num_classes = manifest.num_classes
         self.train_examples = manifest.splits["train"].num_examples
-        if self.train_examples < config.batch_size:
-            raise ValueError(
-                f"data: {config.data} has {self.train_examples} training examples, fewer than one batch "
-                f"({config.batch_size}); prepare more data or lower --batch-size"
-            )
+        if not self.train_examples:
+            raise ValueError(f"data: {config.data} has no training examples (its train split is empty)")
         self.steps_per_epoch = self.train_examples / config.batch_size
         self.total_steps = config.total_steps(self.train_examples)
         check("after opening the dataset")

@@ -1,4 +1,4 @@
-"""Learning-rate schedules, optimizers, and the gradient processing of the seed's `create_train_op`.
+"""Learning-rate schedules, optimizers, and the gradient processing of TF-Slim's `create_train_op`.
 
 Gradient processing acts on the all-reduced (global) gradient, in this order: multipliers by variable
 name, clipping by value, by each variable's norm, by the global norm. Which variables train at all is
