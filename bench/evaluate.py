@@ -45,10 +45,7 @@ def main() -> None:
         evaluator = Evaluator(EvaluateConfig(data=arguments.dataset, model_dir=model_dir, batch_size=BATCH))
         evaluator.evaluate_checkpoint(str(Path(model_dir) / "ckpt-1"))  # restores weights, warms up
         images = len(evaluator.labels)
-        batches = [
-            tf.cast(tf.constant(evaluator.images[start : start + BATCH]), tf.float32) / 127.5 - 1.0
-            for start in range(0, images, BATCH)
-        ]
+        batches = [tf.constant(evaluator.images[start : start + BATCH]) for start in range(0, images, BATCH)]
         bare_call = tf.function(lambda batch: evaluator.model(batch, training=False))
         for batch in batches[:2]:
             bare_call(batch)

@@ -78,7 +78,8 @@ def bare_seconds_per_step(steps: int) -> float:
 
     model = build_resnet(ModelSpec(depth=DEPTH))
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-    images = tf.random.uniform([BATCH, 32, 32, 3], -1.0, 1.0)
+    images = tf.random.uniform([BATCH, 32, 32, 3], 0, 256, dtype=tf.int32)
+    images = tf.cast(images, tf.uint8)
     labels = tf.random.uniform([BATCH], 0, 10, dtype=tf.int64)
 
     @tf.function

@@ -12,15 +12,17 @@ import logging
 import shutil
 import subprocess
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from components.common import exit_codes
 from components.common.logs import setup_logging
 
 logger = logging.getLogger("pipeline")
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-COMPILED = REPOSITORY / "pipeline" / "pipeline.yaml"
+# The compiled pipeline is package data (pyproject.toml), found beside this module however it was installed.
+COMPILED = Path(str(resources.files("pipeline").joinpath("pipeline.yaml")))
 DEFAULT_EXPERIMENT = "cifar10"
 
 
@@ -275,7 +277,7 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     compile_parser.add_argument("--output", type=Path, default=COMPILED)
     local = commands.add_parser("local-run", help="the whole pipeline on this machine (kfp.local)")
     local.add_argument("--runner", choices=("subprocess", "docker"), default="subprocess")
-    local.add_argument("--output-root", type=Path, default=REPOSITORY / "outputs")
+    local.add_argument("--output-root", type=Path, default=Path("outputs"))
     add_parameter_options(local, pipeline)
     run = commands.add_parser("run", help="compile and submit a run to the KFP endpoint")
     run.add_argument("--host", required=True)
@@ -328,5 +330,5 @@ def main(pipeline, argv: list[str] | None = None) -> int:
             return serve(arguments.logdir, arguments.port, arguments.refresh_seconds)
     except (CommandError, ValueError) as error:
         logger.error("%s", error)
-        return 2
-    return 0
+        return exit_codes.BAD_INPUT
+    return exit_codes.SUCCESS

@@ -150,3 +150,20 @@ def test_kfp_options_cannot_override_the_steps_named_parameters():
     model = SimpleNamespace(uri="/m", path="/m", name="model", metadata={})
     with pytest.raises(ValueError, match=r"options: \['depth'\] are parameters of the step"):
         train_config(dataset, model, "auto", model_dir="", depth=20, options={"depth": 56}, run_id="")
+
+
+def test_evaluate_imports_nothing_from_train_but_the_model_definition():
+    """The stages stand side by side over common/: evaluate reads a model directory through
+    components/common/model_directory.py and builds the model from its definition, nothing else of train."""
+    import ast
+
+    imported = set()
+    for path in (REPOSITORY / "components" / "evaluate").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("components.train"):
+                imported.add((path.name, node.module))
+            if isinstance(node, ast.Import):
+                imported.update(
+                    (path.name, alias.name) for alias in node.names if alias.name.startswith("components.train")
+                )
+    assert {module for _, module in imported} <= {"components.train.model"}, sorted(imported)

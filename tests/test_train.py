@@ -99,14 +99,16 @@ def test_every_checkpoint_damaged_fails_loudly_instead_of_starting_over(syntheti
 
 def test_nan_loss_stops_with_the_step_and_that_state_is_never_checkpointed(synthetic_data, tmp_path, monkeypatch):
     calls = tf.Variable(0, dtype=tf.int64)
-    original = loop.cross_entropy
+    from components.train import step as step_module
+
+    original = step_module.cross_entropy
 
     def poisoned(labels, logits, num_classes, label_smoothing):
         calls.assign_add(1)
         values = original(labels, logits, num_classes, label_smoothing)
         return values * tf.where(calls >= 4, float("nan"), 1.0)  # from the 4th step on
 
-    monkeypatch.setattr(loop, "cross_entropy", poisoned)
+    monkeypatch.setattr(step_module, "cross_entropy", poisoned)
     model_dir = tmp_path / "model"
     with pytest.raises(loop.NumericsError, match=r"step 4: the loss is NaN or Inf"):
         loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=10, checkpoint_every_steps=1))

@@ -155,7 +155,7 @@ def test_resnet_has_6n_plus_2_weighted_layers_and_classifies(depth):
         layer for layer in model.layers if layer.name.endswith(("conv", "conv1", "conv2")) or layer.name == "head"
     ]
     assert len(weighted) == depth
-    logits = model(tf.zeros([2, 32, 32, 3]), training=False)
+    logits = model(tf.zeros([2, 32, 32, 3], tf.uint8), training=False)
     assert logits.shape == (2, 7) and logits.dtype == tf.float32
     batch_norm = model.get_layer("stem_bn")
     assert batch_norm.momentum == 0.997 and batch_norm.epsilon == 1e-5
@@ -166,3 +166,26 @@ def test_resnet20_parameter_count_and_width_multiplier():
     assert build_resnet(ModelSpec(depth=20)).count_params() == pytest.approx(272_000, rel=0.01)
     half = build_resnet(ModelSpec(depth=20, width_multiplier=0.5))
     assert half.get_layer("stage3_block1_conv1").filters == 32
+
+
+def test_the_step_alone_fits_a_batch_and_reports_the_workers_flags():
+    """The distributed step without a model directory: model, batch, step."""
+    from components.train.config import TrainConfig
+    from components.train.step import TrainStep
+
+    config = TrainConfig(data="unused", model_dir="unused", depth=8, width_multiplier=0.25, batch_size=16,
+                         learning_rate=0.05, schedule="constant", train_steps=30)  # fmt: skip
+    tf.keras.utils.set_random_seed(0)
+    strategy = tf.distribute.get_strategy()
+    model = build_resnet(ModelSpec(depth=8, width_multiplier=0.25, num_classes=4))
+    step = TrainStep(config, strategy, model, num_classes=4, steps_per_epoch=1.0, total_steps=30)
+    images = tf.constant(np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3)), tf.uint8)
+    labels = tf.constant(np.arange(16) % 4, tf.int64)
+    batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors((images, labels)).repeat()))
+    losses = []
+    for _ in range(30):
+        outputs, _batch = step(batches, tf.constant([0, 1]))
+        losses.append(float(outputs["loss"]))
+    assert int(step.step.numpy()) == 30
+    assert losses[-1] < 0.8 * losses[0], losses  # it learns the batch
+    assert bool(outputs["state_finite"]) and outputs["flags"].numpy().tolist() == [0.0, 1.0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -39,7 +41,10 @@ def _environment() -> dict[str, str]:
 
 
 class LiveProcess:
-    """A training process whose merged output is read line by line while it runs."""
+    """A training process whose merged output is read line by line while it runs. It runs in a session of its
+    own, so that a failing test can stop it and every worker it started (`stop_left_over_processes`)."""
+
+    started: ClassVar[list[LiveProcess]] = []
 
     def __init__(self, config, **environment):
         self.process = subprocess.Popen(
@@ -49,8 +54,10 @@ class LiveProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env={**_environment(), **environment},
+            start_new_session=True,
         )
         self.lines: list[str] = []
+        LiveProcess.started.append(self)
 
     def wait_for(self, pattern: str, timeout: float = 180) -> re.Match:
         deadline = time.monotonic() + timeout
@@ -67,6 +74,16 @@ class LiveProcess:
         rest, _ = self.process.communicate(timeout=timeout)
         self.lines.append(rest)
         return self.process.returncode, "".join(self.lines)
+
+
+@pytest.fixture(autouse=True)
+def stop_left_over_processes():
+    yield
+    while LiveProcess.started:
+        live = LiveProcess.started.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(live.process.pid, signal.SIGKILL)
+        live.process.wait()
 
 
 def checkpoint_weights(path) -> dict[str, np.ndarray]:
@@ -216,7 +233,7 @@ def test_a_model_directory_has_one_writer_and_a_dead_writers_claim_is_taken_over
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys\nfrom components.train.checkpoints import ModelDirectory\n"
+        [sys.executable, "-c", "import sys\nfrom components.common.model_directory import ModelDirectory\n"
          f"directory = ModelDirectory({str(model_dir)!r})\ndirectory.claim_writer()\nprint('claimed', flush=True)\n"
          "sys.stdin.read()"],
         cwd=REPOSITORY, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -9,10 +9,9 @@ import time
 
 import pytest
 
+from components.common import model_directory as writer_lease
 from components.common import storage
-from components.common.model_directory import CheckpointError
-from components.train import writer_lease
-from components.train.checkpoints import ModelDirectory
+from components.common.model_directory import CheckpointError, ModelDirectory
 
 
 @pytest.fixture(autouse=True)

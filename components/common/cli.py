@@ -6,10 +6,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from components.common import exit_codes
 from components.common.config import parse_config
 from components.common.logs import setup_logging
-
-EXIT_BAD_INPUT = 2
 
 
 def run_stage(
@@ -29,11 +28,11 @@ def run_stage(
     except ValueError as error:
         setup_logging("INFO")
         logging.getLogger(program).error("%s", error)
-        return EXIT_BAD_INPUT
+        return exit_codes.BAD_INPUT
     setup_logging(namespace.log_level)
     try:
         outcome = run(config)
     except expected_errors as error:
         logging.getLogger(program).error("%s", error)
-        return EXIT_BAD_INPUT
+        return exit_codes.BAD_INPUT
     return outcome if isinstance(outcome, int) and not isinstance(outcome, bool) else 0

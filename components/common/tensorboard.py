@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from components.common import storage
+from components.common import exit_codes, storage
 from components.common.dataset import default_cache_dir
 from components.common.logs import setup_logging
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(arguments.logdir, arguments.port, arguments.refresh_seconds)
     except (ValueError, OSError) as error:
         logger.error("%s", error)
-        return 2
+        return exit_codes.BAD_INPUT
 
 
 if __name__ == "__main__":

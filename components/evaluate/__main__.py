@@ -19,8 +19,8 @@ def run(config: EvaluateConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from components.common.model_directory import CheckpointError
     from components.evaluate.promote import PromotionConflictError
-    from components.train.checkpoints import CheckpointError
 
     return run_stage(
         EvaluateConfig,

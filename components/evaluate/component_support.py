@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 from components.common import storage
+from components.common.model_directory import artifact_location
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import evaluate
 from components.evaluate.promote import promote_checkpoint
-from components.train.component_support import artifact_location
 
 
 def run_evaluate(

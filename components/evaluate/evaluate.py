@@ -18,7 +18,7 @@ import tensorflow as tf
 from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
-from components.common.model_directory import TRAIN_METRICS
+from components.common.model_directory import TRAIN_METRICS, ModelDirectory
 from components.common.progress import Progress
 from components.evaluate import gate, metrics, promote, report
 from components.evaluate.config import EvaluateConfig
@@ -30,8 +30,6 @@ from components.evaluate.restore import (
     read_train_config,
     restore_weights,
 )
-from components.train.checkpoints import ModelDirectory
-from components.train.data import normalize
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +51,6 @@ class EvaluationResult:
     decision: gate.Decision
     label_names: list[str]
     report_html: str
-    output_dir: str
     promotion: promote.Promotion | None = None
     baseline_accuracy: float | None = None
     pointer_version: str = storage.ABSENT  # of the current-model pointer the gate compared with
@@ -108,7 +105,7 @@ class Evaluator:
         self.label_names = manifest.label_names
         self.model = build_from_config(self.train_config)
         self.images, self.labels = self._load_split()
-        self.predict = tf.function(lambda images: tf.nn.softmax(self.model(normalize(images), training=False), -1))
+        self.predict = tf.function(lambda images: tf.nn.softmax(self.model(images, training=False), -1))
         self.summary_writer = tf.summary.create_file_writer(str(self.directory.local / "eval"))
 
     def _load_split(self) -> tuple[np.ndarray, np.ndarray]:
@@ -235,16 +232,7 @@ class Evaluator:
             baseline = float(pointer["metrics"]["accuracy"])
         decision = gate.decide(final.metrics.accuracy, config.accuracy_threshold, baseline, config.baseline_tolerance)
         logger.info("%s", decision.summary())
-        result = EvaluationResult(
-            results=results,
-            decision=decision,
-            label_names=self.label_names,
-            report_html="",
-            output_dir=config.output_dir or storage.join(config.model_dir, "eval"),
-            baseline_accuracy=baseline,
-            pointer_version=pointer_version,
-        )
-        result.record = {
+        record = {  # what a promotion writes into the pointer
             "metrics": final.metrics.scalars(),
             "checkpoint": final.checkpoint.replace(str(self.directory.local), config.model_dir.rstrip("/")),
             "step": final.step,
@@ -253,16 +241,30 @@ class Evaluator:
             "label_names": self.label_names,
             "dataset_manifest_sha256": self.dataset.manifest_sha256,
         }
+        promotion = None
         if decision.blessed and config.promote_to:
-            result.promotion = promote.promote(
-                self.model, self.label_names, config.promote_to, result.record, pointer_version
-            )
-        result.report_html = self._report(result)
+            promotion = promote.promote(self.model, self.label_names, config.promote_to, record, pointer_version)
+        result = EvaluationResult(
+            results=results,
+            decision=decision,
+            label_names=self.label_names,
+            report_html=self._report(results, decision, baseline, promotion),
+            promotion=promotion,
+            baseline_accuracy=baseline,
+            pointer_version=pointer_version,
+            record=record,
+        )
         self._write_outputs(result)
         return result
 
-    def _report(self, result: EvaluationResult) -> str:
-        final = result.final
+    def _report(
+        self,
+        results: list[CheckpointResult],
+        decision: gate.Decision,
+        baseline: float | None,
+        promotion: promote.Promotion | None,
+    ) -> str:
+        final = results[-1]
         probabilities = self.last_probabilities  # the final checkpoint's, kept by evaluate_checkpoint
         predicted = probabilities.argmax(axis=1)
         wrong = np.flatnonzero(predicted != self.labels)[: self.config.misclassified_examples]
@@ -278,27 +280,29 @@ class Evaluator:
             "dataset": f"{self.config.data} ({manifest.dataset}, split {self.config.split}, {len(self.labels)} images)",
             "model": "{model}{depth} x{width_multiplier}".format(**self.train_config),
         }
-        if result.baseline_accuracy is not None:
-            facts["baseline accuracy"] = f"{result.baseline_accuracy:.4f}"
-        if result.promotion:
-            facts["promoted as"] = f"{result.promotion.version} ({result.promotion.saved_model})"
+        if baseline is not None:
+            facts["baseline accuracy"] = f"{baseline:.4f}"
+        if promotion:
+            facts["promoted as"] = f"{promotion.version} ({promotion.saved_model})"
         warning = "Synthetic data: these numbers say nothing about CIFAR-10." if manifest.synthetic else None
         return report.render(
             f"Evaluation of {Path(self.config.model_dir).name or self.config.model_dir} at step {final.step}",
             facts,
-            result.decision.blessed,
-            result.decision.reasons,
+            decision.blessed,
+            decision.reasons,
             final.metrics.scalars(),
             self.label_names,
             final.metrics.to_dict(),
             grid,
-            [(r.step, r.metrics.accuracy) for r in result.results],
+            [(r.step, r.metrics.accuracy) for r in results],
             warning,
         )
 
     def _write_outputs(self, result: EvaluationResult) -> None:
         summary = {**result.summary(), "config": config_to_dict(self.config)}
-        (self.directory.local / METRICS_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True))
+        storage.atomic_write_bytes(
+            self.directory.local / METRICS_FILE, json.dumps(summary, indent=2, sort_keys=True).encode()
+        )
         self.summary_writer.close()
         if self.config.output_dir:
             publisher = storage.publisher_for(self.config.output_dir)

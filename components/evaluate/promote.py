@@ -28,7 +28,6 @@ from pathlib import Path
 import tensorflow as tf
 
 from components.common import storage
-from components.train.data import normalize
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class ServingModule(tf.Module):
         )
 
     def _serve(self, images):
-        probabilities = tf.nn.softmax(self.model(normalize(images), training=False), axis=-1)
+        probabilities = tf.nn.softmax(self.model(images, training=False), axis=-1)
         top = tf.argmax(probabilities, axis=-1)
         return {"probabilities": probabilities, "classes": top, "class_names": tf.gather(self.label_names, top)}
 
@@ -74,8 +73,8 @@ def promote_checkpoint(
     cache_dir: str | None = None,
 ) -> Promotion:
     """Promote a checkpoint that an earlier evaluation blessed (the pipeline's promote step)."""
+    from components.common.model_directory import ModelDirectory
     from components.evaluate.restore import build_from_config, checkpoint_step, read_train_config, restore_weights
-    from components.train.checkpoints import ModelDirectory
 
     directory = ModelDirectory(model_dir, cache_dir)
     directory.pull()

@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from components.common.model_directory import RESOLVED_CONFIG
-from components.train.checkpoints import VALUE_SUFFIX
+from components.common.model_directory import RESOLVED_CONFIG, VALUE_SUFFIX
 from components.train.model import ModelSpec, build_model, variable_name
 
 logger = logging.getLogger(__name__)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
-from components.common.cli import run_stage
-from components.common.model_directory import CheckpointError
-from components.train.config import TrainConfig
-from components.train.launcher import run
+# Before anything can start a thread: every thread then inherits SIGTERM blocked (components/train/termination.py).
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+from components.common.cli import run_stage  # noqa: E402 (after the signal block above)
+from components.common.model_directory import CheckpointError  # noqa: E402
+from components.train.config import TrainConfig  # noqa: E402
+from components.train.launcher import run  # noqa: E402
 
 DESCRIPTION = "Train a ResNet on a prepared CIFAR-10 dataset, on one worker or many (synchronous all-reduce)."
 

@@ -10,13 +10,9 @@ pointed at an emulator, and TensorFlow 2 has no S3 file system): `pull` before r
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
-import os
 import re
-import socket
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,129 +20,10 @@ import tensorflow as tf
 
 from components.common import storage
 from components.common.dataset import default_cache_dir
-from components.common.model_directory import CHECKPOINT_PREFIX, CheckpointError
+from components.common.model_directory import CHECKPOINT_PREFIX, VALUE_SUFFIX, CheckpointError
 from components.train.model import variable_name
-from components.train.writer_lease import WriterLease
 
 logger = logging.getLogger(__name__)
-
-WRITER_LOCK = ".writer.lock"
-
-VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-
-
-class ModelDirectory:
-    """The model directory as a local path TensorFlow writes to, mirrored to gs:// or s3:// when it is remote."""
-
-    def __init__(self, uri: str, cache_dir: str | Path | None = None, create: bool = True):
-        """`create=False` (for readers): a local directory must already exist."""
-        self.uri = storage.normalize_uri(uri).rstrip("/")
-        self.remote = storage.is_remote(uri)
-        if self.remote:
-            key = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
-            self.local = Path(cache_dir or default_cache_dir()) / "model_dirs" / key
-        else:
-            self.local = Path(uri)
-            if not create and not self.local.is_dir():
-                raise CheckpointError(f"model_dir: {uri} is not a directory (nothing was trained there)")
-        self.local.mkdir(parents=True, exist_ok=True)
-        self._pushed: dict[str, tuple[int, int]] = {}
-        self._writer_lock = None  # the open lock file while this process is the writer
-        self._lease: WriterLease | None = None  # and, for a remote directory, the lease in the store
-
-    def claim_writer(self) -> None:
-        """Be the only writer of this model directory while this process lives: an exclusive lock on
-        `.writer.lock` in the local folder (or mirror), which the kernel releases when the process ends, however
-        it ends, so a claim left by a dead process is simply taken over. A second writer fails at once. A remote
-        directory is also claimed across machines, by a lease in the store (see writer_lease.py)."""
-        path = self.local / WRITER_LOCK
-        handle = open(path, "a+")  # noqa: SIM115 (held open for the life of the process)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise CheckpointError(
-                f"model_dir: {self.uri} is being written by {holder}; a model directory has one writer at a time "
-                "(wait for it to end, stop it, or give another --model-dir)"
-            ) from None
-        holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
-        handle.seek(0)
-        handle.truncate()
-        handle.write(holder + "\n")
-        handle.flush()
-        self._writer_lock = handle
-        if self.remote:
-            lease = WriterLease(self.uri, holder)
-            try:
-                lease.acquire()
-            except BaseException:
-                self.release_writer()
-                raise
-            self._lease = lease
-        storage.remove_stale_temporaries(self.local)  # the only writer now: what a killed one left is garbage
-
-    def release_writer(self) -> None:
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
-        if self._writer_lock is not None:
-            self._writer_lock.close()
-            self._writer_lock = None
-
-    def pull(self) -> None:
-        """Bring the remote directory's files down (resume needs its checkpoints)."""
-        if not self.remote:
-            return
-        publisher = storage.publisher_for(self.uri)
-        names = publisher.list()
-        for name in names:
-            target = self.local / name
-            checksum = publisher.checksum(name)
-            if target.exists() and checksum == (target.stat().st_size, storage.crc32c_base64(target.read_bytes())):
-                continue
-            storage.download_file(publisher.uri(name), target)
-        logger.info("pulled %d file(s) of %s into %s", len(names), self.uri, self.local)
-        self._remember_all()
-
-    def push(self, remove_deleted_checkpoints: bool = False) -> None:
-        """Upload files that are new or changed since the last push; the checkpoint index goes last.
-
-        `remove_deleted_checkpoints` (the trainer's max_to_keep) also removes remote checkpoints that are
-        gone locally; a reader such as the evaluator never does, or it could remove ones it has not pulled.
-        """
-        if not self.remote:
-            return
-        if self._lease is not None:
-            self._lease.check()
-        publisher = storage.publisher_for(self.uri)
-        changed = [
-            path
-            for path in sorted(self.local.rglob("*"))
-            if path.is_file() and not path.name.startswith(".") and self._pushed.get(str(path)) != self._signature(path)
-        ]
-        changed.sort(key=lambda path: path.name == "checkpoint")  # the index that names the latest, last
-        for path in changed:
-            publisher.publish(path.relative_to(self.local).as_posix(), path.read_bytes())
-            self._pushed[str(path)] = self._signature(path)
-        if not remove_deleted_checkpoints:
-            return
-        remote_files = set(publisher.list())
-        local_files = {path.relative_to(self.local).as_posix() for path in self.local.rglob("*") if path.is_file()}
-        for stale in sorted(remote_files - local_files):
-            if stale.startswith(f"{CHECKPOINT_PREFIX}-"):  # removed locally by max_to_keep
-                publisher.withdraw(stale)
-
-    @staticmethod
-    def _signature(path: Path) -> tuple[int, int]:
-        status = path.stat()
-        return status.st_size, status.st_mtime_ns
-
-    def _remember_all(self) -> None:
-        for path in self.local.rglob("*"):
-            if path.is_file():
-                self._pushed[str(path)] = self._signature(path)
 
 
 @dataclass

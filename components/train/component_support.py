@@ -7,10 +7,10 @@ import logging
 import sys
 from typing import Any
 
-from components.common import storage
+from components.common import exit_codes, storage
 from components.common.config import config_from_mapping
 from components.common.model_directory import TRAIN_METRICS, artifact_location, pipeline_model_directory
-from components.train.config import EXIT_PREEMPTED, TrainConfig
+from components.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ def run_train(dataset: Any, model: Any, ui_metadata: Any, launcher: str, **param
     from components.train.launcher import run
 
     code = run(config)
-    if code == EXIT_PREEMPTED:
-        sys.exit(EXIT_PREEMPTED)  # retryable: the step's retry resumes from the saved checkpoint
+    if code == exit_codes.PREEMPTED:
+        sys.exit(exit_codes.PREEMPTED)  # retryable: the step's retry resumes from the saved checkpoint
     if code != 0:
         raise RuntimeError(f"training failed with exit code {code}; see the log above")
     summary = json.loads(storage.read_bytes(storage.join(config.model_dir, TRAIN_METRICS)))

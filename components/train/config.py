@@ -13,7 +13,6 @@ SCHEDULES = ("piecewise", "cosine", "constant")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 LAUNCHERS = ("auto", "inprocess", "local", "tfjob", "worker")
 MODELS = ("resnet",)
-EXIT_PREEMPTED = 143  # 128 + SIGTERM: retryable for Kubernetes and the TFJob ExitCode restart policy
 
 
 def parse_assignments(entries: tuple[str, ...], field_name: str) -> list[tuple[str, str]]:

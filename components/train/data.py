@@ -20,11 +20,6 @@ logger = logging.getLogger(__name__)
 PAD = 4
 
 
-def normalize(images: tf.Tensor) -> tf.Tensor:
-    """uint8 [0, 255] -> float32 [-1, 1]."""
-    return tf.cast(images, tf.float32) / 127.5 - 1.0
-
-
 def augment_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """Random pad-4-and-crop and horizontal flip of each image in a uint8 batch [B, H, W, C].
 

@@ -19,8 +19,9 @@ import threading
 import time
 from dataclasses import replace
 
+from components.common import exit_codes
 from components.common.config import config_to_dict
-from components.train.config import EXIT_PREEMPTED, TrainConfig
+from components.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -136,10 +137,10 @@ def _wait(processes: list[subprocess.Popen], failure_timeout: float) -> int:
         failed = [(index, code) for index, code in enumerate(codes) if code not in (None, 0)]
         if failed:
             index, code = failed[0]
-            if code == EXIT_PREEMPTED:  # the others checkpoint at the same agreed step: let them finish
+            if code == exit_codes.PREEMPTED:  # the others checkpoint at the same agreed step: let them finish
                 logger.warning("worker-%d was preempted (exit %d); waiting for the others to checkpoint", index, code)
                 _stop(processes, failure_timeout)
-                return EXIT_PREEMPTED
+                return exit_codes.PREEMPTED
             logger.error("worker-%d %s; stopping the other workers", index, _describe_exit(code))
             _stop(processes, failure_timeout)
             return code if code > 0 else 128 - code

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
-from components.train.config import EXIT_PREEMPTED, TrainConfig
+from components.common import exit_codes
+from components.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
-
-EXIT_FAILED = 1  # final for the TFJob ExitCode policy: a NaN or a failed job is not retried
 
 
 def choose_launcher(config: TrainConfig) -> str:
@@ -26,6 +26,10 @@ def choose_launcher(config: TrainConfig) -> str:
 def run(config: TrainConfig) -> int:
     """Train as `config` says; the exit code (0 done, 1 failed for good, 143 preempted: a retry resumes)."""
     launcher = choose_launcher(config)
+    if launcher in ("local", "tfjob"):
+        # These launch and watch; their own SIGTERM handlers pass the signal on or delete the job. (The block
+        # `python -m components.train` starts with is for the processes that train; see termination.py.)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if launcher == "local":
         from components.train.launch_local import launch_local
 
@@ -37,9 +41,9 @@ def run(config: TrainConfig) -> int:
             return launch_tfjob(config)
         except TFJobError as error:
             logger.error("%s", error)
-            return EXIT_FAILED
+            return exit_codes.FAILED
         except Cancelled:
-            return EXIT_PREEMPTED
+            return exit_codes.PREEMPTED
     from components.train import termination
 
     termination.block_for_this_process()  # before TensorFlow starts a thread: see termination.py
@@ -53,9 +57,9 @@ def run(config: TrainConfig) -> int:
     try:
         result = train(config)
     except termination.Terminated as stopped:
-        logger.warning("%s: exiting with %d so that a retry resumes", stopped, EXIT_PREEMPTED)
-        return EXIT_PREEMPTED
+        logger.warning("%s: exiting with %d so that a retry resumes", stopped, exit_codes.PREEMPTED)
+        return exit_codes.PREEMPTED
     except (NumericsError, PeersMissingError) as error:
         logger.error("%s", error)
-        return EXIT_FAILED
-    return EXIT_PREEMPTED if result.preempted else 0
+        return exit_codes.FAILED
+    return exit_codes.PREEMPTED if result.preempted else exit_codes.SUCCESS

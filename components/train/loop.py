@@ -29,19 +29,19 @@ import tensorflow as tf
 from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
-from components.common.model_directory import RESOLVED_CONFIG, TRAIN_METRICS
+from components.common.model_directory import RESOLVED_CONFIG, TRAIN_METRICS, ModelDirectory
 from components.common.progress import format_duration
-from components.train import checkpoints, data, distribution, optimization
+from components.train import checkpoints, data, distribution
 from components.train.config import TrainConfig, parse_assignments
-from components.train.model import ModelSpec, build_model, is_kernel, variable_name
+from components.train.model import ModelSpec, build_model, variable_name
+from components.train.step import TrainStep
+from components.train.summaries import Summaries
 from components.train.termination import Termination
 
 logger = logging.getLogger(__name__)
 
 # What makes a checkpoint another model: resuming with a different value cannot restore it.
 ARCHITECTURE_FIELDS = ("model", "depth", "width_multiplier", "num_classes")
-INITIAL_LOSS_SCALE = 2.0**15
-LOSS_SCALE_GROWTH_STEPS = 2000
 
 
 class NumericsError(RuntimeError):
@@ -60,12 +60,29 @@ class TrainResult:
     chief: bool = True
 
 
-def cross_entropy(labels: tf.Tensor, logits: tf.Tensor, num_classes: int, label_smoothing: float) -> tf.Tensor:
-    """Per-example softmax cross-entropy, with optional label smoothing."""
-    targets = tf.one_hot(labels, num_classes)
-    if label_smoothing:
-        targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
-    return tf.nn.softmax_cross_entropy_with_logits(targets, tf.cast(logits, tf.float32))
+def every(step: int, period: int | None, last: int | None = None) -> bool:
+    """The one test for "every N steps" decisions: step is a multiple of `period` (never when it is None or 0),
+    or the `last` step."""
+    return (bool(period) and step % period == 0) or step == last
+
+
+def _check_numerics(host: dict, step: int, precision: str) -> None:
+    """Stop when the loss, a gradient (unless float16 loss scaling skips the step) or the state after the update
+    is not finite; this step's state is then never checkpointed."""
+    gradients_failed = not host["gradients_finite"] and precision != "mixed_float16"
+    if host["loss_finite"] and not gradients_failed and host["state_finite"]:
+        return
+    what = (
+        "the loss"
+        if not host["loss_finite"]
+        else "a gradient"
+        if gradients_failed
+        else "the model's state after the update (weights, batch-norm statistics or their average)"
+    )
+    raise NumericsError(
+        f"step {step}: {what} is NaN or Inf (loss {host['loss']}); training stopped and this step's state was not "
+        "checkpointed. Lower the learning rate or enable gradient clipping."
+    )
 
 
 def _weights_sha256(model) -> str:
@@ -76,10 +93,6 @@ def _weights_sha256(model) -> str:
     return digest.hexdigest()
 
 
-def _set_precision(precision: str) -> None:
-    keras.mixed_precision.set_global_policy("float32" if precision == "float32" else precision)
-
-
 class Trainer:
     """Builds everything once; `run()` trains to the planned step."""
 
@@ -87,10 +100,10 @@ class Trainer:
         self.config = config
         self.termination = Termination().install()  # from here on, a SIGTERM is never lost
         keras.utils.set_random_seed(config.seed)
-        _set_precision(config.precision)
+        keras.mixed_precision.set_global_policy(config.precision)  # the precision names are Keras policies
         self.cluster = distribution.cluster_from_environment(config.workers)
         self.chief = self.cluster is None or self.cluster.is_chief
-        self.model_directory = checkpoints.ModelDirectory(config.model_dir, config.cache_dir)
+        self.model_directory = ModelDirectory(config.model_dir, config.cache_dir)
         self.write_dir: Path | None = None  # where this worker writes: the model directory, or scratch
         if self.chief:
             self.model_directory.claim_writer()  # before anything else: a second writer fails at once
@@ -104,8 +117,7 @@ class Trainer:
         check = self.termination.check
         if self.cluster is not None and self.cluster.size > 1:
             distribution.wait_for_peers(self.cluster, config.peer_timeout_seconds, lambda: check("waiting for peers"))
-        with self.termination.held():  # TensorFlow installs its own SIGTERM handler here
-            self.strategy = distribution.create_strategy(self.cluster)
+        self.strategy = distribution.create_strategy(self.cluster)  # TensorFlow installs its SIGTERM handler here
         check("after forming the cluster")
         self.dataset = open_dataset(config.data, splits=("train",), cache_dir=config.cache_dir)
         manifest = self.dataset.manifest
@@ -143,34 +155,11 @@ class Trainer:
         )
         with self.strategy.scope():
             self.model = build_model(config.model, spec)
-            self.trained, _frozen = optimization.select_trainable(
-                self.model.trainable_variables, config.trainable, config.frozen
-            )
-            self.optimizer = optimization.make_optimizer(config)
-            self.optimizer.build(self.trained)
-            self.step = tf.Variable(
-                0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA, name="step"
-            )
-            self.loss_scale = tf.Variable(
-                INITIAL_LOSS_SCALE if config.precision == "mixed_float16" else 1.0,
-                trainable=False,
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-                name="loss_scale",
-            )
-            self.finite_steps = tf.Variable(
-                0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
-            )
-            self.ema = {}
-            if config.ema_decay:
-                for variable in self.trained:
-                    self.ema[variable_name(variable)] = tf.Variable(
-                        variable.value, trainable=False, name=f"ema_{variable_name(variable).replace('/', '_')}"
-                    )
-        self.decayed = [variable for variable in self.trained if is_kernel(variable)]
-        self.moving_statistics = list(self.model.non_trainable_variables)
-        self.processing = optimization.GradientProcessing.for_variables(config, self.trained)
-        self.schedule = optimization.make_schedule(config, self.steps_per_epoch, self.total_steps)
-        self.state = checkpoints.TrainingState(self.model, self.optimizer, self.step, self.ema)
+        self.train_step = TrainStep(
+            config, self.strategy, self.model, self.num_classes, self.steps_per_epoch, self.total_steps
+        )
+        self.step, self.ema, self.trained = self.train_step.step, self.train_step.ema, self.train_step.trained
+        self.state = checkpoints.TrainingState(self.model, self.train_step.optimizer, self.step, self.ema)
         self.checkpoint = self.state.checkpoint()
         if self.chief:
             checkpoints.reconcile_state_file(self.model_directory.local)
@@ -181,125 +170,6 @@ class Trainer:
             keep_checkpoint_every_n_hours=config.keep_checkpoint_every_hours,
             checkpoint_name=checkpoints.CHECKPOINT_PREFIX,
         )
-
-    # -- the step -------------------------------------------------------------------------------------------
-
-    def _forward_backward(self, images, labels):
-        """Loss, cross-entropy sum, correct count and gradients of this replica (XLA-compiled on request)."""
-        config = self.config
-        with tf.GradientTape() as tape:
-            logits = self.model(data.normalize(images), training=True)
-            per_example = cross_entropy(labels, logits, self.num_classes, config.label_smoothing)
-            loss = tf.reduce_sum(per_example) / config.batch_size
-            if config.optimizer != "adamw" and config.weight_decay and self.decayed:
-                l2 = tf.add_n([tf.nn.l2_loss(tf.cast(variable, tf.float32)) for variable in self.decayed])
-                loss += config.weight_decay * l2 / self.strategy.num_replicas_in_sync
-            scaled = loss * self.loss_scale
-        gradients = tape.gradient(scaled, self.trained)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
-        return loss, tf.reduce_sum(per_example), correct, gradients
-
-    def _replica_step(self, batch, local_flags):
-        config = self.config
-        images, labels = batch
-        context = tf.distribute.get_replica_context()
-        loss, cross_entropy_total, correct, gradients = self._compute(images, labels)
-        # Batch-norm moving statistics were just updated from this replica's batch; averaging them across
-        # replicas makes every worker hold the update of the averaged batch statistics, as shared variables did.
-        statistics = [tf.cast(tf.identity(variable.value), tf.float32) for variable in self.moving_statistics]
-        summed = context.all_reduce(
-            tf.distribute.ReduceOp.SUM,
-            [tf.cast(gradient, tf.float32) for gradient in gradients]
-            + statistics
-            + [loss, cross_entropy_total, correct, tf.cast(local_flags, tf.float32)],
-        )
-        count = len(gradients)
-        gradients = [gradient / self.loss_scale for gradient in summed[:count]]
-        replicas = float(self.strategy.num_replicas_in_sync)
-        statistics = [total / replicas for total in summed[count : count + len(statistics)]]
-        total_loss, cross_entropy_sum, correct_sum, flags = summed[count + len(statistics) :]
-        gradients_finite = optimization.all_finite(gradients)
-        loss_finite = tf.math.is_finite(total_loss)
-        processed, gradient_norm = self.processing(gradients)
-        rate = self.schedule(self.step)
-        apply = gradients_finite & loss_finite
-        context.merge_call(self._apply, args=(processed, rate, apply, gradients_finite, statistics))
-        # The state after the update, as a checkpoint would hold it: a finite loss and gradient can still make
-        # Inf weights or batch-norm variances (a huge learning rate). Every worker holds the same state.
-        state = [tf.cast(variable.value, tf.float32) for variable in self.model.variables]
-        state += [tf.cast(shadow, tf.float32) for shadow in self.ema.values()]
-        return {
-            "state_finite": optimization.all_finite(state),
-            "loss": total_loss,
-            "cross_entropy": cross_entropy_sum / config.batch_size,
-            "accuracy": correct_sum / config.batch_size,
-            "gradient_norm": gradient_norm,
-            "learning_rate": rate,
-            "loss_finite": loss_finite,
-            "gradients_finite": gradients_finite,
-            "flags": flags,
-            "loss_scale": self.loss_scale.read_value() * 1.0,
-        }
-
-    def _apply(self, strategy, gradients, rate, apply, gradients_finite, statistics):
-        """Cross-replica: apply the (identical) processed gradients to each replica's copy of the variables."""
-        config = self.config
-        for variable, value in zip(self.moving_statistics, statistics, strict=True):
-            strategy.extended.update(
-                variable.value, lambda held, new: held.assign(tf.cast(new, held.dtype)), args=(value,), group=False
-            )
-        skip_allowed = config.precision == "mixed_float16"  # an fp16 overflow skips the step and lowers the scale
-
-        def update(variable, gradient, decoupled_decay):
-            if skip_allowed:
-                return tf.cond(
-                    apply,
-                    lambda: self._update_variable(variable, gradient, rate, decoupled_decay),
-                    lambda: tf.constant(True),
-                )
-            return self._update_variable(variable, gradient, rate, decoupled_decay)
-
-        decoupled = config.optimizer == "adamw" and bool(config.weight_decay)
-        for gradient, variable in zip(gradients, self.trained, strict=True):
-            strategy.extended.update(
-                variable.value, update, args=(gradient, decoupled and is_kernel(variable)), group=False
-            )
-        self.optimizer.iterations.assign_add(1)
-        self.step.assign_add(1)
-        if skip_allowed:  # dynamic loss scaling: halve on overflow, double after a run of finite steps
-            zero = tf.zeros([], tf.int64)
-            streak = tf.where(gradients_finite, self.finite_steps + 1, zero)
-            grow = streak >= LOSS_SCALE_GROWTH_STEPS
-            shrunk = tf.maximum(self.loss_scale / 2.0, 1.0)
-            self.loss_scale.assign(
-                tf.where(gradients_finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale), shrunk)
-            )
-            self.finite_steps.assign(tf.where(grow, zero, streak))
-        if self.ema:
-            decay = config.ema_decay
-            for variable in self.trained:
-                shadow = self.ema[variable_name(variable)]
-                strategy.extended.update(
-                    shadow, lambda s, v: s.assign(decay * s + (1.0 - decay) * v), args=(variable.value,), group=False
-                )
-
-    def _update_variable(self, variable, gradient, rate, decoupled_decay: bool):
-        gradient = tf.cast(gradient, variable.dtype)
-        if decoupled_decay:  # AdamW: weight decay applied to the weights, not through the gradient
-            variable.assign_sub(variable * tf.cast(self.config.weight_decay * rate, variable.dtype))
-        self.optimizer.update_step(gradient, variable, tf.cast(rate, variable.dtype))
-        return tf.constant(True)
-
-    def _make_step_function(self):
-        def step_function(iterator, local_flags):
-            batch = next(iterator)
-            outputs = self.strategy.run(self._replica_step, args=(batch, local_flags))
-            return {key: self.strategy.experimental_local_results(value)[0] for key, value in outputs.items()}, batch
-
-        self._compute = (
-            tf.function(self._forward_backward, jit_compile=True) if self.config.xla else self._forward_backward
-        )
-        return tf.function(step_function)
 
     # -- start: resume or warm start -------------------------------------------------------------------------
 
@@ -389,7 +259,7 @@ class Trainer:
         config = self.config
         self._write_resolved_config(self._check_model_directory_fits())
         start_step = self._start()
-        summaries = _Summaries(
+        summaries = Summaries(
             self.model_directory.local / "train",
             self.chief,
             config,
@@ -408,7 +278,7 @@ class Trainer:
             )
         )
         iterator = iter(distributed)
-        step_function = self._make_step_function()
+        step_function = self.train_step
         step, last_save_time, window_start, window_step = start_step, time.monotonic(), time.monotonic(), start_step
         host: dict = {}
         preempted = False
@@ -422,45 +292,21 @@ class Trainer:
             summaries.maybe_profile(step)
             outputs, batch = step_function(iterator, tf.constant([int(termination.requested), int(due_by_time)]))
             host = {key: value.numpy() for key, value in outputs.items()}
-            gradients_failed = not host["gradients_finite"] and config.precision != "mixed_float16"
-            if not host["loss_finite"] or gradients_failed or not host["state_finite"]:
-                what = (
-                    "the loss"
-                    if not host["loss_finite"]
-                    else "a gradient"
-                    if gradients_failed
-                    else "the model's state after the update (weights, batch-norm statistics or their average)"
-                )
-                raise NumericsError(
-                    f"step {step + 1}: {what} is NaN or Inf (loss {host['loss']}); training stopped and this "
-                    "step's state was not checkpointed. Lower the learning rate or enable gradient clipping."
-                )
+            _check_numerics(host, step + 1, config.precision)
             step += 1
             if step == start_step + 1:
                 summaries.images(batch, self.strategy, config.image_summaries, step)
             stop_agreed, save_agreed = host["flags"][0] > 0, host["flags"][1] > 0
-            if step % config.log_every_steps == 0 or step == self.total_steps:
+            if every(step, config.log_every_steps, last=self.total_steps):
                 now = time.monotonic()
-                rate = (step - window_step) * config.batch_size / max(now - window_start, 1e-9)
-                remaining = (self.total_steps - step) * config.batch_size / max(rate, 1e-9)
-                logger.info(
-                    "step %d/%d loss %.4f accuracy %.3f lr %.5f %.0f examples/s ETA %s",
-                    step,
-                    self.total_steps,
-                    host["loss"],
-                    host["accuracy"],
-                    host["learning_rate"],
-                    rate,
-                    format_duration(remaining),
-                )
-                host["examples_per_second"] = rate
+                host["examples_per_second"] = (step - window_step) * config.batch_size / max(now - window_start, 1e-9)
+                self._log_progress(step, host)
                 window_start, window_step = now, step
-            if step % config.summary_every_steps == 0:
+            if every(step, config.summary_every_steps):
                 summaries.scalars(host, step)
-            if config.histogram_every_steps and step % config.histogram_every_steps == 0:
+            if every(step, config.histogram_every_steps):
                 summaries.histograms(self.model, step)
-            by_steps = config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
-            if stop_agreed or by_steps or save_agreed:
+            if stop_agreed or save_agreed or every(step, config.checkpoint_every_steps):
                 self._save(step)
                 last_save_time = time.monotonic()
             if stop_agreed:
@@ -496,6 +342,20 @@ class Trainer:
             self.model_directory.push(remove_deleted_checkpoints=True)
         return result
 
+    def _log_progress(self, step: int, host: dict) -> None:
+        rate = host["examples_per_second"]
+        remaining = (self.total_steps - step) * self.config.batch_size / max(rate, 1e-9)
+        logger.info(
+            "step %d/%d loss %.4f accuracy %.3f lr %.5f %.0f examples/s ETA %s",
+            step,
+            self.total_steps,
+            host["loss"],
+            host["accuracy"],
+            host["learning_rate"],
+            rate,
+            format_duration(remaining),
+        )
+
     def _worker_name(self) -> str:
         return self.cluster.name if self.cluster else "single worker"
 
@@ -511,91 +371,6 @@ class Trainer:
         if self.chief:
             logger.info("saved checkpoint %s", path)
             self.model_directory.push(remove_deleted_checkpoints=True)
-
-
-class _Summaries:
-    """TensorBoard summaries under the model directory's `train/`; only the chief writes them.
-
-    With a remote model directory (`publish` given), event files are written to a local staging folder and, at
-    every summary interval, the current file is closed, moved into the mirror and published: summaries appear in
-    the object store at least every summary interval, and each event file is uploaded once, whole (objects cannot
-    be appended to). TensorBoard reads the folder's files in order, as one stream.
-    """
-
-    def __init__(self, directory: Path, enabled: bool, config: TrainConfig, publish=None):
-        self.enabled = enabled
-        self.config = config
-        self.directory = directory
-        self.publish = publish
-        self.staging = storage.scratch_directory("summaries") if enabled and publish else directory
-        self.writer = tf.summary.create_file_writer(str(self.staging)) if enabled else None
-        self.profiling = False
-
-    def _rotate(self) -> None:
-        """Close the current event file, move what the staging folder holds into the mirror, publish it."""
-        if self.staging == self.directory or self.profiling:
-            return
-        self.writer.close()
-        for path in sorted(self.staging.rglob("*")):
-            if path.is_file():
-                target = self.directory / path.relative_to(self.staging)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(path), str(target))
-        self.publish()
-        self.writer = tf.summary.create_file_writer(str(self.staging))
-
-    def config_text(self, text: str) -> None:
-        if self.enabled:
-            with self.writer.as_default():
-                tf.summary.text("config", f"```\n{text}\n```", step=0)
-
-    def scalars(self, host: dict, step: int) -> None:
-        if not self.enabled:
-            return
-        with self.writer.as_default(step=step):
-            for key in ("loss", "cross_entropy", "accuracy", "learning_rate", "gradient_norm", "examples_per_second"):
-                if key in host:
-                    tf.summary.scalar(key, float(np.asarray(host[key])))
-            if self.config.precision == "mixed_float16":
-                tf.summary.scalar("loss_scale", float(host["loss_scale"]))
-        self.writer.flush()
-        self._rotate()
-
-    def histograms(self, model, step: int) -> None:
-        if not self.enabled:
-            return
-        with self.writer.as_default(step=step):
-            for variable in model.variables:
-                tf.summary.histogram(variable_name(variable), variable.numpy())
-        self.writer.flush()
-
-    def images(self, batch, strategy, count: int, step: int) -> None:
-        if not self.enabled or count <= 0:
-            return
-        images = strategy.experimental_local_results(batch[0])[0][:count]
-        with self.writer.as_default(step=step):
-            tf.summary.image("augmented_inputs", images, max_outputs=count)
-
-    def maybe_profile(self, step: int) -> None:
-        if not self.enabled or not self.config.profile_steps:
-            return
-        first, last = self.config.profile_steps
-        if step == first and not self.profiling:
-            tf.profiler.experimental.start(str(self.staging))
-            self.profiling = True
-        elif step == last + 1 and self.profiling:
-            tf.profiler.experimental.stop()
-            self.profiling = False
-
-    def close(self) -> None:
-        if self.profiling:
-            tf.profiler.experimental.stop()
-            self.profiling = False
-        if self.writer is not None:
-            self._rotate()
-            self.writer.close()
-            if self.staging != self.directory:
-                shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def train(config: TrainConfig) -> TrainResult:

@@ -85,13 +85,14 @@ def _residual_block(inputs, filters: int, strides: int, spec: ModelSpec, name: s
 
 
 def build_resnet(spec: ModelSpec) -> keras.Model:
-    """ResNet v1 of depth 6n+2; takes float images in [-1, 1] (NHWC), returns logits."""
+    """ResNet v1 of depth 6n+2; takes uint8 images (NHWC), returns logits. Its first layer maps the pixels to
+    [-1, 1], so every caller (training, evaluation, the exported SavedModel) feeds the model the same way."""
     if (spec.depth - 2) % 6:
         raise ValueError(f"depth: {spec.depth} is not of the form 6n+2")
     blocks = (spec.depth - 2) // 6
     widths = [max(1, round(16 * spec.width_multiplier)) * factor for factor in (1, 2, 4)]
-    inputs = keras.Input(shape=spec.image_shape, name="images")
-    x = inputs
+    inputs = keras.Input(shape=spec.image_shape, dtype="uint8", name="images")
+    x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="normalize")(inputs)  # [0, 255] -> [-1, 1]
     if spec.data_format == "channels_first":
         x = keras.layers.Permute((3, 1, 2), name="to_channels_first")(x)
     x = _conv(widths[0], 1, spec, "stem_conv")(x)

@@ -1,11 +1,10 @@
 """SIGTERM at any moment of a training process: never swallowed, always an exit with the retryable code 143.
 
 TensorFlow installs its own SIGTERM handler (its preemption notifier, which only logs) while it creates a
-multi-worker strategy, and holds the GIL while it waits there for the peers, so no Python handler can run then.
-So the signal is blocked from the start of the process, before TensorFlow starts any thread (every thread
-inherits the block); the main thread alone takes it, through `Termination`'s handler, except while TensorFlow
-creates the strategy (`held()`), after which our handler is put back and a signal that came meanwhile is
-delivered. What the signal does then depends on where the process is:
+multi-worker strategy, and holds the GIL while it waits there for the peers, so a Python handler cannot be
+relied on. So the signal is blocked in every thread, from the start of the process (before TensorFlow starts
+any thread; every thread inherits the block): no handler ever runs, the signal stays pending, and one watcher
+thread takes it with `sigtimedwait` and raises the flag. What the flag does depends on where the process is:
 
 - during start-up (no step taken in this attempt): `check()` raises `Terminated` at the next phase boundary,
   and the process exits 143 at once, with nothing to save;
@@ -14,11 +13,9 @@ delivered. What the signal does then depends on where the process is:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -30,30 +27,41 @@ class Terminated(Exception):  # noqa: N818 (a signal, not an error)
 
 
 def block_for_this_process() -> None:
-    """Block SIGTERM in this thread and in every thread started after it (TensorFlow's): call first thing."""
+    """Block SIGTERM in this thread and in every thread started after it (TensorFlow's): call first thing
+    (`python -m components.train` does it before any import)."""
     if threading.current_thread() is threading.main_thread():
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
 
 
 class Termination:
-    """Records SIGTERM in the main thread; `check()` turns it into `Terminated` during start-up."""
+    """Watches for SIGTERM from a thread of its own; `requested` is the flag, `check()` the start-up test."""
 
     def __init__(self):
         self.requested = False
-        self._previous = None
-        self._installed = False
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._previous_mask: set | None = None
+        self._previous_handler = None
 
     def install(self) -> Termination:
         if threading.current_thread() is not threading.main_thread():
-            return self  # signals belong to the main thread: leave them alone
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
-        self._installed = True
+            return self  # signals belong to the main thread's process set-up: leave them alone
+        self._previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # blocked already in a CLI run
+        # A thread started before the block (when training runs inside another program) may still receive it:
+        # record it there too, instead of dying by the default action.
+        self._previous_handler = signal.signal(signal.SIGTERM, lambda _number, _frame: self._record())
+        self._watcher = threading.Thread(target=self._watch, name="sigterm-watcher", daemon=True)
+        self._watcher.start()
         return self
 
-    def _handle(self, _signal_number, _frame) -> None:
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            if signal.sigtimedwait(_SIGNALS, 0.2) is not None:
+                self._record()
+
+    def _record(self) -> None:
         if not self.requested:
-            logger.warning("SIGTERM received: stopping (after a checkpoint if a step was taken), exit code 143")
+            logger.warning("SIGTERM received: stopping (after a checkpoint if a step was taken), exit 143")
         self.requested = True
 
     def check(self, phase: str) -> None:
@@ -61,20 +69,11 @@ class Termination:
         if self.requested:
             raise Terminated(f"SIGTERM during start-up ({phase}); nothing was trained in this attempt")
 
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Around a TensorFlow call that installs its own SIGTERM handler: the signal waits, then reaches ours."""
-        if not self._installed:
-            yield
-            return
-        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGTERM, self._handle)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # a signal that came meanwhile arrives now
-
     def uninstall(self) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
-            self._installed = False
+        """Stop watching and put the thread's signal mask back (in a CLI run: SIGTERM stays blocked to the end)."""
+        if self._watcher is not None:
+            self._stop.set()
+            self._watcher.join()
+            self._watcher = None
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._previous_mask)

@@ -1,0 +1,7 @@
+"""The exit codes of every stage, in one place. Kubernetes, KFP retries and the TFJob `ExitCode` restart policy
+read them: 1-127 are final, 128 and above retryable."""
+
+SUCCESS = 0
+FAILED = 1  # final: a NaN, a failed job, workers that never came; retrying would fail the same way
+BAD_INPUT = 2  # final: the error line says which file, field or value to fix
+PREEMPTED = 143  # 128 + SIGTERM, retryable: the retry resumes from the checkpoint saved before exiting

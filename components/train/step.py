@@ -1,0 +1,185 @@
+"""The distributed training step, on its own: forward, loss, the one all-reduce, gradient processing, the update.
+
+`TrainStep(config, strategy, model, ...)` owns what the update changes (the optimizer, the step counter, the
+loss scale, the moving average of the weights) and is called as `step(iterator, flags)`: it takes one batch per
+replica and returns the step's metrics (from the first local replica; every replica holds the same) and the
+batch. It knows nothing of model directories, checkpoints or summaries (`loop.py` does), so a test can run it
+on a model and a batch alone.
+
+Per replica: forward and backward (XLA-compiled on request), then ONE all-reduce carrying the gradients, the
+batch-norm moving statistics (averaged, so every worker holds the same), the loss, the correct count and the
+workers' flags (stop, save). Gradient processing then acts on the global gradient, and the optimizer's
+per-variable `update_step` runs in a cross-replica `merge_call` (Keras 3's `apply_gradients` would all-reduce
+again and clip per replica). Finiteness of the loss, the gradient and the state after the update is reported.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from components.train import optimization
+from components.train.config import TrainConfig
+from components.train.model import is_kernel, variable_name
+
+INITIAL_LOSS_SCALE = 2.0**15
+LOSS_SCALE_GROWTH_STEPS = 2000
+
+
+def cross_entropy(labels: tf.Tensor, logits: tf.Tensor, num_classes: int, label_smoothing: float) -> tf.Tensor:
+    """Per-example softmax cross-entropy, with optional label smoothing."""
+    targets = tf.one_hot(labels, num_classes)
+    if label_smoothing:
+        targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
+    return tf.nn.softmax_cross_entropy_with_logits(targets, tf.cast(logits, tf.float32))
+
+
+class TrainStep:
+    def __init__(
+        self, config: TrainConfig, strategy, model, num_classes: int, steps_per_epoch: float, total_steps: int
+    ):
+        self.config, self.strategy, self.model, self.num_classes = config, strategy, model, num_classes
+        with strategy.scope():
+            self.trained, _frozen = optimization.select_trainable(
+                model.trainable_variables, config.trainable, config.frozen
+            )
+            self.optimizer = optimization.make_optimizer(config)
+            self.optimizer.build(self.trained)
+            self.step = tf.Variable(
+                0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA, name="step"
+            )
+            self.loss_scale = tf.Variable(
+                INITIAL_LOSS_SCALE if config.precision == "mixed_float16" else 1.0,
+                trainable=False,
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                name="loss_scale",
+            )
+            self.finite_steps = tf.Variable(
+                0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+            )
+            self.ema = {}
+            if config.ema_decay:
+                for variable in self.trained:
+                    self.ema[variable_name(variable)] = tf.Variable(
+                        variable.value, trainable=False, name=f"ema_{variable_name(variable).replace('/', '_')}"
+                    )
+        self.decayed = [variable for variable in self.trained if is_kernel(variable)]
+        self.moving_statistics = list(model.non_trainable_variables)
+        self.processing = optimization.GradientProcessing.for_variables(config, self.trained)
+        self.schedule = optimization.make_schedule(config, steps_per_epoch, total_steps)
+        self._compute = tf.function(self._forward_backward, jit_compile=True) if config.xla else self._forward_backward
+        self._function = tf.function(self._step_function)
+
+    def __call__(self, iterator, local_flags):
+        """One step on the next batch: (metrics, batch). `local_flags` [stop, save] are summed over workers."""
+        return self._function(iterator, local_flags)
+
+    def _forward_backward(self, images, labels):
+        """Loss, cross-entropy sum, correct count and gradients of this replica (XLA-compiled on request)."""
+        config = self.config
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            per_example = cross_entropy(labels, logits, self.num_classes, config.label_smoothing)
+            loss = tf.reduce_sum(per_example) / config.batch_size
+            if config.optimizer != "adamw" and config.weight_decay and self.decayed:
+                l2 = tf.add_n([tf.nn.l2_loss(tf.cast(variable, tf.float32)) for variable in self.decayed])
+                loss += config.weight_decay * l2 / self.strategy.num_replicas_in_sync
+            scaled = loss * self.loss_scale
+        gradients = tape.gradient(scaled, self.trained)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
+        return loss, tf.reduce_sum(per_example), correct, gradients
+
+    def _replica_step(self, batch, local_flags):
+        config = self.config
+        images, labels = batch
+        context = tf.distribute.get_replica_context()
+        loss, cross_entropy_total, correct, gradients = self._compute(images, labels)
+        # Batch-norm moving statistics were just updated from this replica's batch; averaging them across
+        # replicas makes every worker hold the update of the averaged batch statistics, as shared variables did.
+        statistics = [tf.cast(tf.identity(variable.value), tf.float32) for variable in self.moving_statistics]
+        summed = context.all_reduce(
+            tf.distribute.ReduceOp.SUM,
+            [tf.cast(gradient, tf.float32) for gradient in gradients]
+            + statistics
+            + [loss, cross_entropy_total, correct, tf.cast(local_flags, tf.float32)],
+        )
+        count = len(gradients)
+        gradients = [gradient / self.loss_scale for gradient in summed[:count]]
+        replicas = float(self.strategy.num_replicas_in_sync)
+        statistics = [total / replicas for total in summed[count : count + len(statistics)]]
+        total_loss, cross_entropy_sum, correct_sum, flags = summed[count + len(statistics) :]
+        gradients_finite = optimization.all_finite(gradients)
+        loss_finite = tf.math.is_finite(total_loss)
+        processed, gradient_norm = self.processing(gradients)
+        rate = self.schedule(self.step)
+        apply = gradients_finite & loss_finite
+        context.merge_call(self._apply, args=(processed, rate, apply, gradients_finite, statistics))
+        # The state after the update, as a checkpoint would hold it: a finite loss and gradient can still make
+        # Inf weights or batch-norm variances (a huge learning rate). Every worker holds the same state.
+        state = [tf.cast(variable.value, tf.float32) for variable in self.model.variables]
+        state += [tf.cast(shadow, tf.float32) for shadow in self.ema.values()]
+        return {
+            "state_finite": optimization.all_finite(state),
+            "loss": total_loss,
+            "cross_entropy": cross_entropy_sum / config.batch_size,
+            "accuracy": correct_sum / config.batch_size,
+            "gradient_norm": gradient_norm,
+            "learning_rate": rate,
+            "loss_finite": loss_finite,
+            "gradients_finite": gradients_finite,
+            "flags": flags,
+            "loss_scale": self.loss_scale.read_value() * 1.0,
+        }
+
+    def _apply(self, strategy, gradients, rate, apply, gradients_finite, statistics):
+        """Cross-replica: apply the (identical) processed gradients to each replica's copy of the variables."""
+        config = self.config
+        for variable, value in zip(self.moving_statistics, statistics, strict=True):
+            strategy.extended.update(
+                variable.value, lambda held, new: held.assign(tf.cast(new, held.dtype)), args=(value,), group=False
+            )
+        skip_allowed = config.precision == "mixed_float16"  # an fp16 overflow skips the step and lowers the scale
+
+        def update(variable, gradient, decoupled_decay):
+            if skip_allowed:
+                return tf.cond(
+                    apply,
+                    lambda: self._update_variable(variable, gradient, rate, decoupled_decay),
+                    lambda: tf.constant(True),
+                )
+            return self._update_variable(variable, gradient, rate, decoupled_decay)
+
+        decoupled = config.optimizer == "adamw" and bool(config.weight_decay)
+        for gradient, variable in zip(gradients, self.trained, strict=True):
+            strategy.extended.update(
+                variable.value, update, args=(gradient, decoupled and is_kernel(variable)), group=False
+            )
+        self.optimizer.iterations.assign_add(1)
+        self.step.assign_add(1)
+        if skip_allowed:  # dynamic loss scaling: halve on overflow, double after a run of finite steps
+            zero = tf.zeros([], tf.int64)
+            streak = tf.where(gradients_finite, self.finite_steps + 1, zero)
+            grow = streak >= LOSS_SCALE_GROWTH_STEPS
+            shrunk = tf.maximum(self.loss_scale / 2.0, 1.0)
+            self.loss_scale.assign(
+                tf.where(gradients_finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale), shrunk)
+            )
+            self.finite_steps.assign(tf.where(grow, zero, streak))
+        if self.ema:
+            decay = config.ema_decay
+            for variable in self.trained:
+                shadow = self.ema[variable_name(variable)]
+                strategy.extended.update(
+                    shadow, lambda s, v: s.assign(decay * s + (1.0 - decay) * v), args=(variable.value,), group=False
+                )
+
+    def _update_variable(self, variable, gradient, rate, decoupled_decay: bool):
+        gradient = tf.cast(gradient, variable.dtype)
+        if decoupled_decay:  # AdamW: weight decay applied to the weights, not through the gradient
+            variable.assign_sub(variable * tf.cast(self.config.weight_decay * rate, variable.dtype))
+        self.optimizer.update_step(gradient, variable, tf.cast(rate, variable.dtype))
+        return tf.constant(True)
+
+    def _step_function(self, iterator, local_flags):
+        batch = next(iterator)
+        outputs = self.strategy.run(self._replica_step, args=(batch, local_flags))
+        return {key: self.strategy.experimental_local_results(value)[0] for key, value in outputs.items()}, batch
