@@ -62,9 +62,12 @@ def loop_seconds_per_step(data: str, steps: int) -> float:
                 data=data, model_dir=model_dir, depth=DEPTH, batch_size=BATCH, train_steps=count, log_every_steps=10
             )
             trainer = Trainer(config)
-            start = time.perf_counter()
-            trainer.run()
-            return time.perf_counter() - start
+            try:
+                start = time.perf_counter()
+                trainer.run()
+                return time.perf_counter() - start
+            finally:
+                trainer.close()
 
     short, long = run(10), run(10 + steps)
     return (long - short) / steps
