@@ -113,26 +113,3 @@ def synthetic_data(tmp_path_factory):
         )
     )
     return str(output)
-
-
-def tiny_train_config(data: str, model_dir, **overrides):
-    """A ResNet-8 at quarter width that trains a step in milliseconds on a CPU."""
-    from components.train.config import TrainConfig
-
-    values = {
-        "data": data,
-        "model_dir": str(model_dir),
-        "depth": 8,
-        "width_multiplier": 0.25,
-        "batch_size": 32,
-        "train_steps": 10,
-        "learning_rate": 0.05,
-        "log_every_steps": 5,
-        "summary_every_steps": 1,
-        "histogram_every_steps": 0,
-        "image_summaries": 0,
-        "checkpoint_every_steps": None,
-        "checkpoint_every_seconds": None,
-    }
-    values.update(overrides)
-    return TrainConfig(**values)

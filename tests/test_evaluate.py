@@ -21,7 +21,7 @@ from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import evaluate
 from components.evaluate.restore import EvaluationError, build_from_config, read_train_config, restore_weights
 from components.train import loop
-from tests.conftest import tiny_train_config
+from tests.builders import scalar_series, tiny_train_config
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -34,14 +34,6 @@ def trained(synthetic_data, tmp_path_factory):
     return model_dir
 
 
-def scalars(log_dir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
-    accumulator.Reload()
-    return {event.step: tf.make_ndarray(event.tensor_proto).item() for event in accumulator.Tensors(tag)}
-
-
 def test_latest_checkpoint_metrics_summaries_and_report(synthetic_data, trained):
     result = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained)))
 
@@ -51,7 +43,7 @@ def test_latest_checkpoint_metrics_summaries_and_report(synthetic_data, trained)
     assert summary["step"] == 10 and summary["metrics"]["accuracy"] == result.final.metrics.accuracy
     assert sum(map(sum, summary["confusion_matrix"])) == 50  # the eval split: 5 images x 10 classes
     assert set(summary["per_class"]) == set(result.label_names)
-    assert scalars(trained / "eval", "accuracy") == {10: pytest.approx(result.final.metrics.accuracy)}
+    assert dict(scalar_series(trained / "eval", "accuracy")) == {10: pytest.approx(result.final.metrics.accuracy)}
     html = (trained / "eval" / "report.html").read_text()
     for part in ("Confusion matrix", "Per class", "Misclassified images", "data:image/png;base64,", "Synthetic data"):
         assert part in html
@@ -61,7 +53,7 @@ def test_latest_checkpoint_metrics_summaries_and_report(synthetic_data, trained)
 def test_all_checkpoints_give_accuracy_by_step(synthetic_data, trained):
     result = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), mode="all", weights="raw"))
     assert [r.step for r in result.results] == [5, 10]
-    assert set(scalars(trained / "eval", "accuracy")) >= {5, 10}
+    assert set(dict(scalar_series(trained / "eval", "accuracy"))) >= {5, 10}
     assert "<svg" in result.report_html and "Accuracy by step" in result.report_html
 
 

@@ -12,15 +12,7 @@ import tensorflow as tf
 from components.common.config import config_to_dict
 from components.train import checkpoints, loop
 from components.train.checkpoints import CheckpointError
-from tests.conftest import tiny_train_config
-
-
-def scalar_series(log_dir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
-    accumulator.Reload()
-    return [(event.step, tf.make_ndarray(event.tensor_proto).item()) for event in accumulator.Tensors(tag)]
+from tests.builders import scalar_series, tiny_train_config
 
 
 def summary_tags(log_dir) -> set[str]:
@@ -303,7 +295,7 @@ def test_a_remote_model_directory_is_written_and_resumed_from(synthetic_data, tm
     copy = tmp_path / "tensorboard"
     for name in event_files:
         storage.download_file(storage.join(model_dir, name), copy / name)
-    assert set(scalar_steps(copy / "train", "loss")) == {2, 4, 6}
+    assert set(step for step, _ in scalar_series(copy / "train", "loss")) == {2, 4, 6}
 
     # Another machine (an empty cache) resumes from what is in the bucket.
     resumed = loop.train(
@@ -313,14 +305,6 @@ def test_a_remote_model_directory_is_written_and_resumed_from(synthetic_data, tm
     )
     assert resumed.step == 8 and resumed.checkpoint == f"{model_dir}/ckpt-8"
     assert "ckpt-8.index" in storage.publisher_for(model_dir).list()
-
-
-def scalar_steps(log_dir, tag) -> list[int]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
-    accumulator.Reload()
-    return [event.step for event in accumulator.Tensors(tag)]
 
 
 def test_checkpoints_by_seconds_keep_only_max_to_keep_and_a_profile_is_written(synthetic_data, tmp_path):
@@ -342,12 +326,12 @@ def test_tensorboard_mirrors_remote_logs_once_and_reads_them(synthetic_data, tmp
     loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=4, summary_every_steps=2))
     local = tmp_path / "mirror"
     first = tensorboard.mirror(model_dir, local)
-    assert first >= 2 and set(scalar_steps(local / "train", "loss")) == {2, 4}
+    assert first >= 2 and set(step for step, _ in scalar_series(local / "train", "loss")) == {2, 4}
     assert not list(local.glob("ckpt-*"))  # logs only, not checkpoints
     assert tensorboard.mirror(model_dir, local) == 0  # nothing new: nothing downloaded again
     loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=6, summary_every_steps=2))
     assert 1 <= tensorboard.mirror(model_dir, local) < first + 2
-    assert set(scalar_steps(local / "train", "loss")) == {2, 4, 6}
+    assert set(step for step, _ in scalar_series(local / "train", "loss")) == {2, 4, 6}
 
 
 @pytest.mark.parametrize("form", ["prefix", "folder"])

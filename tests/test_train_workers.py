@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from components.common.config import config_to_dict
 from components.train import checkpoints
-from tests.conftest import tiny_train_config
+from tests.builders import tiny_train_config
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 TRAINABLE_KINDS = ("kernel", "gamma", "beta", "bias")
