@@ -66,7 +66,13 @@ def test_nan_predictions_and_empty_input_are_errors():
 def test_gate_decisions(accuracy, threshold, baseline, tolerance, blessed):
     decision = gate.decide(accuracy, threshold, baseline, tolerance)
     assert decision.blessed is blessed
-    assert decision.reasons and all(isinstance(reason, str) for reason in decision.reasons)
+    said = " ".join(decision.reasons)  # what the report and the log show a user
+    if math.isnan(accuracy):
+        assert "never blessed" in said
+        return
+    assert f"threshold {threshold:.4f}" in said
+    assert f"baseline {baseline:.4f}" in said if baseline is not None else "no baseline" in said
+    assert ("below" in said) is (not blessed)
 
 
 def test_gate_reasons_say_what_was_compared():
