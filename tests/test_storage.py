@@ -59,16 +59,23 @@ def test_a_tfjob_refuses_pod_local_locations_and_says_what_to_set():
     assert artifact_location(remote, shared=False) == "/minio/mlpipeline/v2/x"  # this pod's downloaded copy
 
 
-def test_an_unreachable_s3_endpoint_is_one_clear_line_and_exit_code_2(tmp_path):
-    started = time.monotonic()
-    completed = subprocess.run(
-        [sys.executable, "-m", "components.prepare_data", "--source", "synthetic", "--output", "s3://bucket/data"],
+def prepare_data_into(output: str, tmp_path, **environment) -> subprocess.CompletedProcess:
+    """The prepare_data CLI writing synthetic data to `output`, with a bare environment plus `environment`."""
+    return subprocess.run(
+        [sys.executable, "-m", "components.prepare_data", "--source", "synthetic", "--output", output],
         cwd=REPOSITORY,
         capture_output=True,
         text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
-             "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "XDG_CACHE_HOME": str(tmp_path)},
+        timeout=180,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path), **environment},
+    )
+
+
+def test_an_unreachable_s3_endpoint_is_one_clear_line_and_exit_code_2(tmp_path):
+    started = time.monotonic()
+    completed = prepare_data_into(
+        "s3://bucket/data", tmp_path, AWS_ENDPOINT_URL="http://127.0.0.1:9", AWS_ACCESS_KEY_ID="a",
+        AWS_SECRET_ACCESS_KEY="b",
     )  # fmt: skip
     assert completed.returncode == 2, completed.stderr[-2000:]
     assert "s3://bucket/data/manifest.json: cannot reach the S3 endpoint http://127.0.0.1:9" in completed.stderr
@@ -92,15 +99,7 @@ def test_missing_s3_credentials_are_one_clear_line(tmp_path, s3_server, monkeypa
 
 def test_an_unreachable_cloud_storage_endpoint_is_one_clear_line_in_seconds(tmp_path):
     started = time.monotonic()
-    completed = subprocess.run(
-        [sys.executable, "-m", "components.prepare_data", "--source", "synthetic", "--output", "gs://bucket/data"],
-        cwd=REPOSITORY,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9",
-             "XDG_CACHE_HOME": str(tmp_path)},
-    )  # fmt: skip
+    completed = prepare_data_into("gs://bucket/data", tmp_path, STORAGE_EMULATOR_HOST="http://127.0.0.1:9")
     errors = [line for line in completed.stderr.splitlines() if " ERROR " in line]
     assert completed.returncode == 2, completed.stderr[-2000:]
     assert len(errors) == 1 and re.search(

@@ -23,6 +23,7 @@ the compare-and-swap needs each store's own preconditions, which generic layers 
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -34,6 +35,7 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -136,13 +138,20 @@ def _reachable(endpoint: str) -> bool:
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     for attempt in range(_PROBE_ATTEMPTS):
-        try:
-            with socket.create_connection((parts.hostname, port), timeout=_PROBE_TIMEOUT_SECONDS):
-                return True
-        except OSError:
-            if attempt + 1 < _PROBE_ATTEMPTS:
-                time.sleep(1.0)
+        if can_connect(parts.hostname, port, _PROBE_TIMEOUT_SECONDS):
+            return True
+        if attempt + 1 < _PROBE_ATTEMPTS:
+            time.sleep(1.0)
     return False
+
+
+def can_connect(host: str, port: int, timeout: float) -> bool:
+    """Whether a TCP connection to host:port opens (refused, unreachable and unresolvable names are False)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 @functools.lru_cache(maxsize=1)
@@ -625,66 +634,65 @@ def _s3_status(error) -> int:
     return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
 
-class _s3_errors:  # noqa: N801 (used as a context manager, like contextlib's)
-    """Turn "cannot reach the store" and "credentials refused" into one clear StorageError naming the object."""
-
-    def __init__(self, uri: str):
-        self.uri = uri
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, _traceback) -> bool:
-        if error is None:
-            return False
-        from botocore import exceptions
-
-        endpoint = s3_endpoint() or "AWS S3 (no AWS_ENDPOINT_URL set)"
-        if isinstance(error, exceptions.NoCredentialsError):
-            raise StorageError(
-                f"{self.uri}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (endpoint {endpoint})"
-            ) from error
-        if isinstance(error, exceptions.EndpointConnectionError | exceptions.ConnectTimeoutError):
-            raise StorageError(f"{self.uri}: cannot reach the S3 endpoint {endpoint}: {error}") from error
-        if isinstance(error, exceptions.ClientError):
-            code = error.response.get("Error", {}).get("Code", "")
-            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
-                raise StorageError(
-                    f"{self.uri}: the S3 store at {endpoint} refused the credentials ({code}); check "
-                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-                ) from error
-            if code == "NoSuchBucket":
-                raise StorageError(f"{self.uri}: the bucket does not exist at {endpoint}") from error
-        return False
+@contextlib.contextmanager
+def _store_errors(uri: str, explain: Callable[[Exception], str | None]) -> Iterator[None]:
+    """Turn what `explain` recognises (an unreachable store, missing or refused credentials) into one clear
+    StorageError naming the object; anything else passes unchanged."""
+    try:
+        yield
+    except _ClientUnavailableError as error:
+        raise StorageError(f"{uri}: {error.reason}") from error
+    except StorageError:
+        raise
+    except Exception as error:
+        explanation = explain(error)
+        if explanation is None:
+            raise
+        raise StorageError(f"{uri}: {explanation}") from error
 
 
-class _gcs_errors:  # noqa: N801 (used as a context manager, like contextlib's)
-    """Turn refused credentials and a lost connection into one clear StorageError naming the object."""
+def _explain_s3_error(error: Exception) -> str | None:
+    from botocore import exceptions
 
-    def __init__(self, uri: str):
-        self.uri = uri
+    endpoint = s3_endpoint() or "AWS S3 (no AWS_ENDPOINT_URL set)"
+    if isinstance(error, exceptions.NoCredentialsError):
+        return f"no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (endpoint {endpoint})"
+    if isinstance(error, exceptions.EndpointConnectionError | exceptions.ConnectTimeoutError):
+        return f"cannot reach the S3 endpoint {endpoint}: {error}"
+    if isinstance(error, exceptions.ClientError):
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
+            return (
+                f"the S3 store at {endpoint} refused the credentials ({code}); check AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY"
+            )
+        if code == "NoSuchBucket":
+            return f"the bucket does not exist at {endpoint}"
+    return None
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, kind, error, _traceback) -> bool:
-        if isinstance(error, _ClientUnavailableError):
-            raise StorageError(f"{self.uri}: {error.reason}") from error
-        if error is None or isinstance(error, StorageError):
-            return False
-        import requests
-        from google.api_core import exceptions
-        from google.auth.exceptions import RefreshError, TransportError
+def _explain_gcs_error(error: Exception) -> str | None:
+    import requests
+    from google.api_core import exceptions
+    from google.auth.exceptions import RefreshError, TransportError
 
-        endpoint = gcs_endpoint()
-        if isinstance(error, RefreshError | exceptions.Unauthorized | exceptions.Forbidden):
-            raise StorageError(
-                f"{self.uri}: Cloud Storage at {endpoint} refused the credentials ({type(error).__name__}: "
-                f"{str(error).splitlines()[0][:200]}); check GOOGLE_APPLICATION_CREDENTIALS or the service account"
-            ) from error
-        if isinstance(error, requests.ConnectionError | TransportError | exceptions.RetryError):
-            raise StorageError(f"{self.uri}: lost the connection to Cloud Storage at {endpoint} ({error})") from error
-        return False
+    endpoint = gcs_endpoint()
+    if isinstance(error, RefreshError | exceptions.Unauthorized | exceptions.Forbidden):
+        return (
+            f"Cloud Storage at {endpoint} refused the credentials ({type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200]}); check GOOGLE_APPLICATION_CREDENTIALS or the service account"
+        )
+    if isinstance(error, requests.ConnectionError | TransportError | exceptions.RetryError):
+        return f"lost the connection to Cloud Storage at {endpoint} ({error})"
+    return None
+
+
+def _s3_errors(uri: str):
+    return _store_errors(uri, _explain_s3_error)
+
+
+def _gcs_errors(uri: str):
+    return _store_errors(uri, _explain_gcs_error)
 
 
 def publisher_for(root: str) -> LocalPublisher | GcsPublisher | S3Publisher:

@@ -244,9 +244,9 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     try:
         publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
     except storage.PublishConflictError:
-        _remove_unpublished_shards(publisher, manifest)
+        _remove_shards_not_published(publisher, _shard_paths(manifest), "unpublished")
         raise
-    _remove_replaced_shards(publisher, existing, manifest)
+    _remove_shards_not_published(publisher, _shard_paths(existing) - _shard_paths(manifest), "replaced")
     logger.info(
         "published %s: %s; manifest %s",
         config.output,
@@ -260,23 +260,13 @@ def _shard_paths(manifest: Manifest | None) -> set[str]:
     return set() if manifest is None else {shard.path for split in manifest.splits.values() for shard in split.shards}
 
 
-def _remove_unpublished_shards(publisher: storage.Publisher, lost: Manifest) -> None:
-    """After losing the race on the manifest: remove the shards this run wrote that the winner's manifest does not
-    list, so a lost run leaves nothing behind."""
-    current, _content, _version = _published_manifest(publisher)
-    for name in sorted(_shard_paths(lost) - _shard_paths(current)):
-        logger.info("removing unpublished shard %s", publisher.uri(name))
-        publisher.withdraw(name)
-
-
-def _remove_replaced_shards(publisher: storage.Publisher, replaced: Manifest | None, published: Manifest) -> None:
-    """Remove the shards of the manifest this run replaced that the new one does not list. Never a shard this run
-    does not know to be garbage: another run may have just written shards for the manifest it is about to
-    publish, and whatever manifest is published when the removal starts keeps all of its shards."""
-    garbage = _shard_paths(replaced) - _shard_paths(published)
-    if not garbage:
+def _remove_shards_not_published(publisher: storage.Publisher, candidates: set[str], kind: str) -> None:
+    """Remove the `candidates` (shards this run knows to be garbage: its own after losing the race on the
+    manifest, or those of the manifest it replaced) that the manifest published right now does not list. Never
+    another shard: another run may have just written shards for the manifest it is about to publish."""
+    if not candidates:
         return
     current, _content, _version = _published_manifest(publisher)
-    for name in sorted(garbage - _shard_paths(current)):
-        logger.info("removing replaced shard %s", publisher.uri(name))
+    for name in sorted(candidates - _shard_paths(current)):
+        logger.info("removing %s shard %s", kind, publisher.uri(name))
         publisher.withdraw(name)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 
-# Before anything can start a thread: every thread then inherits SIGTERM blocked (components/train/termination.py).
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+from components.train import termination
+
+# Before anything can start a thread: every thread then inherits SIGTERM blocked (see termination.py).
+termination.block_for_this_process()
 
 from components.common.cli import run_stage  # noqa: E402 (after the signal block above)
 from components.common.model_directory import CheckpointError  # noqa: E402

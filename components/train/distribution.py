@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from components.common import storage
+
 logger = logging.getLogger(__name__)
 
 TF_CONFIG = "TF_CONFIG"
@@ -134,11 +136,7 @@ def _serve_presence(listener: socket.socket, stop: threading.Event) -> None:
 
 def _reachable(address: str) -> bool:
     host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=1.0):
-            return True
-    except OSError:  # refused, unreachable, or a name that does not resolve yet
-        return False
+    return storage.can_connect(host, int(port), timeout=1.0)  # a name that does not resolve yet is False too
 
 
 def wait_for_peers(cluster: Cluster, timeout_seconds: float, between_attempts: Callable[[], None]) -> None:

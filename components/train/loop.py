@@ -158,8 +158,8 @@ class Trainer:
         self.train_step = TrainStep(
             config, self.strategy, self.model, self.num_classes, self.steps_per_epoch, self.total_steps
         )
-        self.step, self.ema, self.trained = self.train_step.step, self.train_step.ema, self.train_step.trained
-        self.state = checkpoints.TrainingState(self.model, self.train_step.optimizer, self.step, self.ema)
+        step = self.train_step
+        self.state = checkpoints.TrainingState(self.model, step.optimizer, step.step, step.ema)
         self.checkpoint = self.state.checkpoint()
         if self.chief:
             checkpoints.reconcile_state_file(self.model_directory.local)
@@ -176,7 +176,7 @@ class Trainer:
     def _start(self) -> int:
         restored = checkpoints.restore_latest(self.checkpoint, self.model_directory.local)
         if restored is not None:
-            step = int(self.step.numpy())
+            step = int(self.train_step.step.numpy())
             logger.info("resuming from %s at step %d", restored, step)
             if self.config.warm_start:
                 logger.info("not warm-starting: the model directory already has checkpoints")
@@ -190,9 +190,9 @@ class Trainer:
                 parse_assignments(self.config.warm_start_map, "warm_start_map"),
                 self.config.cache_dir,
             )
-            for variable in self.trained:
-                if self.ema:
-                    self.ema[variable_name(variable)].assign(variable.value)
+            for variable in self.train_step.trained:
+                if self.train_step.ema:
+                    self.train_step.ema[variable_name(variable)].assign(variable.value)
         logger.info("starting from step 0")
         return 0
 
