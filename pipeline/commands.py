@@ -82,15 +82,16 @@ def chosen_parameters(arguments: argparse.Namespace, pipeline) -> dict[str, Any]
 # -- checking parameters before anything runs ------------------------------------------------------------------
 
 LAUNCHERS = ("auto", "tfjob")
-# Pipeline parameters that become TrainConfig fields of the same name (train_steps/epochs: 0 means unset).
+# Pipeline parameters that become TrainConfig fields of the same name.
 TRAIN_PARAMETERS = ("workers", "depth", "batch_size", "learning_rate", "gpus_per_worker", "worker_cpu", "worker_memory")
+TRAIN_PARAMETERS += ("train_steps", "epochs")
 
 
 def check_parameters(pipeline, parameters: dict[str, Any]) -> None:
     """Refuse, in seconds and before any step runs, run parameters that the train step would refuse after the
     data was prepared: an unknown launcher, both epochs and train_steps, an option the train stage does not know
     or a value it refuses, a train option that repeats a named parameter."""
-    from components.common.config import config_from_mapping
+    from components.common.kfp_parameters import config_from_parameters
     from components.train.config import TrainConfig
 
     defaults = {name: default for name, (_kind, default) in _parameter_types(pipeline).items()}
@@ -98,16 +99,15 @@ def check_parameters(pipeline, parameters: dict[str, Any]) -> None:
     if values["launcher"] not in LAUNCHERS:
         raise CommandError(f"launcher: {values['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
     options = dict(values.get("train_options") or {})
-    named = {*TRAIN_PARAMETERS, "train_steps", "epochs", "warm_start", "model_dir", "data", "launcher"}
+    named = {*TRAIN_PARAMETERS, "warm_start", "model_dir", "data", "launcher"}
     repeated = sorted(set(options) & named)
     if repeated:
         raise CommandError(f"train_options: {repeated} are pipeline parameters; set them as such, not in train_options")
     train = {name: values[name] for name in TRAIN_PARAMETERS}
-    train.update({name: values[name] or None for name in ("train_steps", "epochs")})
     location = "s3://check/" if values["launcher"] == "tfjob" else "/check/"
     train.update(data=location + "data", model_dir=location + "model", launcher=values["launcher"], **options)
     try:
-        config_from_mapping(TrainConfig, train, "pipeline parameters")
+        config_from_parameters(TrainConfig, train, "pipeline parameters")
     except ValueError as error:
         raise CommandError(str(error)) from error
 

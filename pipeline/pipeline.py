@@ -13,11 +13,14 @@ import sys
 
 from kfp import dsl, kubernetes
 
+from components.common.kfp_parameters import parameter_defaults
 from components.evaluate.component import evaluate_component, promote_component, warm_start_component
+from components.evaluate.config import EvaluateConfig
 from components.images import image
 from components.prepare_data.component import prepare_data_component, source_fingerprint_component
-from components.prepare_data.config import OFFICIAL_URL
+from components.prepare_data.config import PrepareDataConfig
 from components.train.component import launch_tfjob_component, train_component
+from components.train.config import TrainConfig
 
 PIPELINE_NAME = "cifar10-pipeline"
 # Every step reads and writes object storage with the standard AWS settings: the endpoint (and region) from this
@@ -27,6 +30,8 @@ OBJECT_STORE_CONFIG_MAP = "cifar10-pipeline-object-store"
 OBJECT_STORE_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_REGION")
 SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}  # KFP's MinIO secret
 GPU = "nvidia.com/gpu"
+# The stages' defaults, from their config dataclasses (-1 and "" mean not given: components.common.kfp_parameters).
+PREPARE, TRAIN, EVALUATE = (parameter_defaults(config) for config in (PrepareDataConfig, TrainConfig, EvaluateConfig))
 
 
 def with_object_store(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTask:
@@ -138,39 +143,39 @@ def train_on_cpus(
 
 @dsl.pipeline(name=PIPELINE_NAME, description="CIFAR-10: prepare, train (multi-worker), evaluate, promote.")
 def cifar10_pipeline(
-    source: str = OFFICIAL_URL,
-    source_sha256: str = "",
-    validation_fraction: float = -1.0,
-    workers: int = 2,
+    source: str = PREPARE.source,
+    source_sha256: str = PREPARE.source_sha256,
+    validation_fraction: float = PREPARE.validation_fraction,
+    workers: int = 2,  # the pipeline's own choice: it exists to train on several workers
     launcher: str = "auto",
-    gpus_per_worker: int = 0,
-    worker_cpu: str = "4",
-    worker_memory: str = "16Gi",
+    gpus_per_worker: int = TRAIN.gpus_per_worker,
+    worker_cpu: str = TRAIN.worker_cpu,
+    worker_memory: str = TRAIN.worker_memory,
     worker_image: str = image("train"),
     train_step_gpus: int = 0,
-    train_step_cpus: str = "4",
-    train_step_memory: str = "16Gi",
-    depth: int = 20,
-    batch_size: int = 128,
-    epochs: float = 0.0,
-    train_steps: int = 0,
-    learning_rate: float = 0.1,
-    warm_start: str = "",
+    train_step_cpus: str = TRAIN.worker_cpu,
+    train_step_memory: str = TRAIN.worker_memory,
+    depth: int = TRAIN.depth,
+    batch_size: int = TRAIN.batch_size,
+    epochs: float = TRAIN.epochs,
+    train_steps: int = TRAIN.train_steps,
+    learning_rate: float = TRAIN.learning_rate,
+    warm_start: str = TRAIN.warm_start,
     warm_start_from_promoted: bool = False,
     train_options: dict = {},  # noqa: B006 (KFP parameters take literal defaults)
     model_dir: str = "",
-    accuracy_threshold: float = 0.5,
-    baseline_tolerance: float = 0.0,
+    accuracy_threshold: float = 0.5,  # the pipeline's own gate; the evaluate stage alone blesses anything
+    baseline_tolerance: float = EVALUATE.baseline_tolerance,
     promotion_root: str = "",
-    object_store_secret: str = "mlpipeline-minio-artifact",
-    synthetic_train_per_class: int = 200,
+    object_store_secret: str = TRAIN.object_store_secret,
+    synthetic_train_per_class: int = PREPARE.synthetic_train_per_class,
 ):
     """Prepare CIFAR-10, train a ResNet on one or many workers, evaluate it, and promote it when it is good enough.
 
     Args:
         source: The data: the official archive's URL, a gs:// or s3:// URI, an archive or folder, or "synthetic".
         source_sha256: Expected SHA-256 of the source archive ("" checks only the official archive's known digest).
-        validation_fraction: Fraction of the training data held out for validation; negative keeps the source's own.
+        validation_fraction: Fraction of the training data held out for validation; -1 keeps the source's own.
         workers: Training workers (synchronous all-reduce): local processes in the step's pod, or TFJob pods.
         launcher: "auto" trains in the step's pod; "tfjob" starts the workers as a Kubeflow TFJob.
         gpus_per_worker: launcher=tfjob: GPUs of each worker pod (such pods tolerate nvidia.com/gpu taints).
@@ -182,8 +187,8 @@ def cifar10_pipeline(
         train_step_memory: launcher=auto: memory request and limit of the training step's pod.
         depth: ResNet depth, 6n+2 (20, 32, 44, 56, 110).
         batch_size: Global batch size, split over all replicas.
-        epochs: Epochs to train (0: use train_steps, or the stage's default of 80000 steps).
-        train_steps: Global steps to train (0: use epochs, or the stage's default).
+        epochs: Epochs to train (-1: use train_steps, or the stage's default of 80000 steps).
+        train_steps: Global steps to train (-1: use epochs, or the stage's default).
         learning_rate: Learning rate per 128 images (scaled with the batch size).
         warm_start: A checkpoint (prefix or folder) to start from ("" for none).
         warm_start_from_promoted: Start from the checkpoint of the model promoted under promotion_root, if any.

@@ -146,7 +146,7 @@ def test_numbers_from_kfp_parameters_keep_their_meaning():
 def test_kfp_options_cannot_override_the_steps_named_parameters():
     from types import SimpleNamespace
 
-    from components.train.component_support import train_config
+    from components.train.kfp_run import train_config
 
     dataset = SimpleNamespace(uri="/d", path="/d", name="dataset", metadata={})
     model = SimpleNamespace(uri="/m", path="/m", name="model", metadata={})
@@ -169,3 +169,20 @@ def test_evaluate_imports_nothing_from_train_but_the_model_definition():
                     (path.name, alias.name) for alias in node.names if alias.name.startswith("components.train")
                 )
     assert {module for _, module in imported} <= {"components.train.model"}, sorted(imported)
+
+
+def test_kfp_parameters_read_not_given_as_the_configs_default():
+    from components.common.kfp_parameters import config_from_parameters, parameter_defaults
+    from components.train.config import TrainConfig
+
+    defaults = parameter_defaults(TrainConfig)
+    assert (defaults.depth, defaults.train_steps, defaults.epochs, defaults.warm_start) == (20, -1, -1.0, "")
+    assert not hasattr(defaults, "data")  # required: no default to offer
+    given = {"data": "d", "model_dir": "m", "train_steps": -1, "epochs": 2.0, "warm_start": "", "depth": 8}
+    config = config_from_parameters(TrainConfig, given, "component parameters")
+    assert (config.train_steps, config.epochs, config.warm_start, config.depth) == (None, 2.0, None, 8)
+    # A placeholder is "not given" only for a field whose default is None; elsewhere the field's own check speaks.
+    with pytest.raises(ValueError, match=r"component parameters: depth: -1"):
+        config_from_parameters(TrainConfig, {**given, "depth": -1}, "component parameters")
+    with pytest.raises(ValueError, match=r"component parameters: train_steps: 0 must be at least 1"):
+        config_from_parameters(TrainConfig, {**given, "epochs": -1.0, "train_steps": 0}, "component parameters")

@@ -202,3 +202,56 @@ def test_every_pipeline_parameter_is_an_option_with_its_type():
         "train_options": {"ema_decay": 0.99},
         "warm_start_from_promoted": True,
     }
+
+
+def test_every_compiled_component_program_runs_on_its_own(tmp_path):
+    """KFP runs a lightweight component's source alone (its module's other names undefined): a default such as
+    `image("train")` in a signature fails there with a NameError before the step does anything. Load each compiled
+    program the way the KFP executor does and check it defines its function."""
+    import runpy
+
+    spec, _platform = compiled()
+    loaded = []
+    for label, executor in spec["deploymentSpec"]["executors"].items():
+        container = executor["container"]
+        if "--function_to_execute" not in container.get("args", []):
+            continue
+        function = container["args"][container["args"].index("--function_to_execute") + 1]
+        program = tmp_path / f"{label}.py"
+        program.write_text(container["command"][-1])
+        namespace = runpy.run_path(str(program))
+        assert callable(namespace.get(function)), f"{label}: {function} is not defined by its program"
+        loaded.append(function)
+    assert {"train_component", "launch_tfjob_component", "prepare_data_component", "evaluate_component"} <= set(loaded)
+
+
+def test_component_and_pipeline_defaults_are_the_configs_defaults():
+    """Defaults live in the config dataclasses; a component's are literals (see the test above), so they are checked
+    here: every parameter that names a config field defaults to that field's default (or its not-given value)."""
+    import inspect
+
+    from components.common.kfp_parameters import parameter_defaults
+    from components.evaluate.component import evaluate_component
+    from components.evaluate.config import EvaluateConfig
+    from components.prepare_data.component import prepare_data_component
+    from components.prepare_data.config import PrepareDataConfig
+    from components.train.component import launch_tfjob_component, train_component
+    from components.train.config import TrainConfig
+
+    own_choices = {"workers", "accuracy_threshold"}  # the pipeline's and the TFJob step's own, said where they are set
+    checked = []
+    prepare, train, evaluate = (vars(parameter_defaults(c)) for c in (PrepareDataConfig, TrainConfig, EvaluateConfig))
+    for function, defaults in (
+        (prepare_data_component.python_func, prepare),
+        (train_component.python_func, train),
+        (launch_tfjob_component.python_func, train),
+        (evaluate_component.python_func, evaluate),
+        (cifar10_pipeline.pipeline_func, {**evaluate, **train, **prepare}),  # batch_size is the training's
+    ):
+        for name, parameter in inspect.signature(function).parameters.items():
+            if parameter.default is inspect.Parameter.empty or name not in defaults:
+                continue  # an artifact (model, dataset) or a parameter of the KFP step only
+            if not (name in own_choices and function is not train_component.python_func):
+                assert parameter.default == defaults[name], f"{function.__name__}({name}): {parameter.default!r}"
+                checked.append(name)
+    assert {"depth", "train_steps", "epochs", "warm_start", "validation_fraction", "baseline"} <= set(checked)

@@ -27,7 +27,7 @@ def evaluate_component(
     and its version is recorded, so the promote step only succeeds if nobody promoted in between.
     """
     from components.common.logs import setup_logging
-    from components.evaluate.component_support import run_evaluate
+    from components.evaluate.kfp_run import run_evaluate
 
     setup_logging()
     return run_evaluate(
@@ -58,7 +58,7 @@ def promote_component(
 
     `promoted` holds the pointer as written; its metadata names the SavedModel (`saved_model`) and `version`."""
     from components.common.logs import setup_logging
-    from components.evaluate.component_support import run_promote
+    from components.evaluate.kfp_run import run_promote
 
     setup_logging()
     return run_promote(model, evaluation, promotion_root, promoted)

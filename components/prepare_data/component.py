@@ -29,7 +29,7 @@ def prepare_data_component(
     source_fingerprint_component so that a cached result is reused only for unchanged source content.
     """
     from components.common.logs import setup_logging
-    from components.prepare_data.component_support import run_prepare_data
+    from components.prepare_data.kfp_run import run_prepare_data
 
     setup_logging()
     run_prepare_data(

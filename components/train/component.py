@@ -2,8 +2,11 @@
 
 - `train_component` trains in its own pod: in-process (one worker) or with local worker processes.
 - `launch_tfjob_component` starts the workers as a Kubeflow TFJob and follows it; it needs no GPU and no
-  TensorFlow, so it runs in the small launcher image. The workers run `worker_image`, whose default is the train
-  image this pipeline was compiled with.
+  TensorFlow, so it runs in the small launcher image. The workers run `worker_image` (the pipeline passes the train
+  image it was compiled with).
+
+Defaults are literals, because KFP runs a lightweight component's source alone, with nothing of this module defined;
+they are the TrainConfig defaults (`components.common.kfp_parameters`: -1 and "" mean not given), which a test checks.
 
 Both write into a model directory that outlives the pod (see `components.common.model_directory`), record it in
 their `model` artifact, and output `mlpipeline_ui_metadata`, which gives the run page a TensorBoard button.
@@ -23,19 +26,19 @@ def train_component(
     workers: int = 1,
     depth: int = 20,
     batch_size: int = 128,
-    train_steps: int = 0,
-    epochs: float = 0.0,
+    train_steps: int = -1,
+    epochs: float = -1.0,
     learning_rate: float = 0.1,
     warm_start: str = "",
     options: dict = {},  # noqa: B006 (KFP parameters take literal defaults; never mutated)
     run_id: str = "",
 ):
     """Train on `dataset` in this pod (`workers` local processes); `model` records where the checkpoints are, the
-    final step and metrics. train_steps 0 and epochs 0 mean the stage's default length; `options` sets any other
+    final step and metrics. train_steps -1 and epochs -1 mean the stage's default length; `options` sets any other
     field of TrainConfig (e.g. {"optimizer": "adamw", "ema_decay": 0.999}). `run_id` (the pipeline run's ID) keeps
     the model directory the same for every attempt of the step, so a retry resumes from its checkpoints."""
     from components.common.logs import setup_logging
-    from components.train.component_support import run_train
+    from components.train.kfp_run import run_train
 
     setup_logging()
     run_train(
@@ -66,12 +69,12 @@ def launch_tfjob_component(
     gpus_per_worker: int = 0,
     worker_cpu: str = "4",
     worker_memory: str = "16Gi",
-    worker_image: str = image("train"),
+    worker_image: str = "",
     object_store_secret: str = "mlpipeline-minio-artifact",
     depth: int = 20,
     batch_size: int = 128,
-    train_steps: int = 0,
-    epochs: float = 0.0,
+    train_steps: int = -1,
+    epochs: float = -1.0,
     learning_rate: float = 0.1,
     warm_start: str = "",
     options: dict = {},  # noqa: B006 (KFP parameters take literal defaults; never mutated)
@@ -80,9 +83,10 @@ def launch_tfjob_component(
     """Train on `dataset` as a TFJob of `workers` pods (each `worker_cpu`, `worker_memory`, `gpus_per_worker`) in
     this pod's namespace. The dataset and model directory must be in an object store every worker reaches (KFP's
     default MinIO/SeaweedFS store or a gs:// / s3:// pipeline root). `run_id` names the TFJob, so a retried step
-    follows the job its earlier attempt started instead of starting another."""
+    follows the job its earlier attempt started instead of starting another. worker_image "" is the train image of
+    this release; the pipeline passes the one it was compiled with."""
     from components.common.logs import setup_logging
-    from components.train.component_support import run_train
+    from components.train.kfp_run import run_train
 
     setup_logging()
     run_train(

@@ -1,4 +1,5 @@
-"""What the evaluate and promote KFP components do with their artifacts."""
+"""What the evaluate and promote KFP components run: their parameters -> an EvaluateConfig -> the stage -> the
+artifacts' contents."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from typing import Any
 
 from components.common import storage
+from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import artifact_location
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import evaluate
@@ -15,17 +17,14 @@ from components.evaluate.promote import promote_checkpoint
 def run_evaluate(
     dataset: Any, model: Any, metrics: Any, classification: Any, report: Any, evaluation: Any, **options: Any
 ) -> bool:
-    promotion_root = options.pop("promotion_root") or None
-    config = EvaluateConfig(
-        data=artifact_location(dataset),
-        model_dir=model.metadata.get("model_dir") or artifact_location(model),
-        split=options["split"],
-        weights=options["weights"],
-        accuracy_threshold=options["accuracy_threshold"],
-        baseline=options["baseline"] or None,
-        baseline_tolerance=options["baseline_tolerance"],
-        compare_with=promotion_root,
-    )
+    promotion_root = options.pop("promotion_root")
+    values = {
+        **options,
+        "compare_with": promotion_root,  # evaluate only reads it; the promote step writes there
+        "data": artifact_location(dataset),
+        "model_dir": model.metadata.get("model_dir") or artifact_location(model),
+    }
+    config = config_from_parameters(EvaluateConfig, values, "evaluate component parameters")
     result = evaluate(config)
     for name, value in result.final.metrics.scalars().items():
         metrics.log_metric(name, value)

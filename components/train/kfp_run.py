@@ -1,4 +1,6 @@
-"""What the train KFP components do with their artifacts (no TensorFlow here: the TFJob launcher imports this)."""
+"""What the train KFP components run: their parameters -> a TrainConfig -> training -> the artifacts' contents.
+
+No TensorFlow here: the TFJob launcher imports this."""
 
 from __future__ import annotations
 
@@ -8,14 +10,11 @@ import sys
 from typing import Any
 
 from components.common import exit_codes, storage
-from components.common.config import config_from_mapping
+from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import TRAIN_METRICS, artifact_location, pipeline_model_directory
 from components.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
-
-# Component parameters whose "unset" value means: the TrainConfig default.
-UNSET_MEANS_DEFAULT = ("train_steps", "epochs", "warm_start")
 
 
 def train_config(dataset: Any, model: Any, launcher: str, **parameters: Any) -> TrainConfig:
@@ -29,7 +28,7 @@ def train_config(dataset: Any, model: Any, launcher: str, **parameters: Any) -> 
         raise ValueError(f"options: {overlap} are parameters of the step; set them there, not in options")
     shared = launcher == "tfjob"
     values = {
-        **{name: value for name, value in parameters.items() if not (name in UNSET_MEANS_DEFAULT and not value)},
+        **parameters,
         "data": artifact_location(dataset, shared=shared),
         "model_dir": pipeline_model_directory(model, run_id, explicit_model_dir, shared=shared),
         "launcher": launcher,
@@ -39,7 +38,7 @@ def train_config(dataset: Any, model: Any, launcher: str, **parameters: Any) -> 
         from components.train.launch_tfjob import job_name_for_run
 
         values["tfjob_name"] = job_name_for_run(run_id)
-    return config_from_mapping(TrainConfig, values, "train component parameters")
+    return config_from_parameters(TrainConfig, values, "train component parameters")
 
 
 def run_train(dataset: Any, model: Any, ui_metadata: Any, launcher: str, **parameters: Any) -> dict:

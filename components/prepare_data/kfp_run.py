@@ -1,9 +1,11 @@
-"""What the KFP component does with its artifact: run the stage into it and describe the data in its metadata."""
+"""What the prepare_data KFP component runs: its parameters -> a PrepareDataConfig -> the stage, into the dataset
+artifact, whose metadata then describes the data."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from components.common.kfp_parameters import config_from_parameters
 from components.common.memory import reuse_freed_memory
 from components.prepare_data.config import PrepareDataConfig
 from components.prepare_data.prepare import PrepareResult, prepare_data
@@ -29,9 +31,9 @@ def run_prepare_data(dataset: Any, **options: Any) -> PrepareResult:
     """Prepare the dataset into `dataset.path` and fill `dataset.metadata` (runs as the step's own process)."""
     reuse_freed_memory()
     fingerprint = options.pop("source_fingerprint", "")
-    options["source_sha256"] = options.get("source_sha256") or None
-    fraction = options.get("validation_fraction")
-    options["validation_fraction"] = None if fraction is None or fraction < 0 else fraction
-    result = prepare_data(PrepareDataConfig(output=dataset.path, **options))
+    config = config_from_parameters(
+        PrepareDataConfig, {**options, "output": dataset.path}, "prepare_data component parameters"
+    )
+    result = prepare_data(config)
     dataset.metadata.update({**dataset_metadata(result), "source_fingerprint": fingerprint})
     return result
