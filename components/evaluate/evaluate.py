@@ -286,16 +286,16 @@ class Evaluator:
             facts["promoted as"] = f"{promotion.version} ({promotion.saved_model})"
         warning = "Synthetic data: these numbers say nothing about CIFAR-10." if manifest.synthetic else None
         return report.render(
-            f"Evaluation of {Path(self.config.model_dir).name or self.config.model_dir} at step {final.step}",
-            facts,
-            decision.blessed,
-            decision.reasons,
-            final.metrics.scalars(),
-            self.label_names,
-            final.metrics.to_dict(),
-            grid,
-            [(r.step, r.metrics.accuracy) for r in results],
-            warning,
+            report.ReportContent(
+                title=f"Evaluation of {Path(self.config.model_dir).name or self.config.model_dir} at step {final.step}",
+                facts=facts,
+                decision=decision,
+                metrics=final.metrics,
+                label_names=self.label_names,
+                misclassified_html=grid,
+                history=[(result.step, result.metrics.accuracy) for result in results],
+                warning=warning,
+            )
         )
 
     def _write_outputs(self, result: EvaluationResult) -> None:

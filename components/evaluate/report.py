@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import base64
 import html
+from dataclasses import dataclass
 
 import numpy as np
+
+from components.evaluate.gate import Decision
+from components.evaluate.metrics import Metrics
 
 CELL_PIXELS = 24
 THUMBNAIL_SCALE = 3
@@ -127,32 +131,39 @@ table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:
 """
 
 
-def render(
-    title: str,
-    facts: dict[str, str],
-    decision_blessed: bool,
-    decision_reasons: list[str],
-    scalars: dict[str, float],
-    names: list[str],
-    metrics: dict,
-    misclassified_html: str,
-    history: list[tuple[int, float]],
-    warning: str | None = None,
-) -> str:
-    matrix = np.asarray(metrics["confusion_matrix"])
+@dataclass(frozen=True)
+class ReportContent:
+    """What the page shows: the final checkpoint's metrics, the gate's decision, and the evaluation's context."""
+
+    title: str
+    facts: dict[str, str]  # shown as given: model directory, checkpoint, dataset...
+    decision: Decision
+    metrics: Metrics
+    label_names: list[str]
+    misclassified_html: str
+    history: list[tuple[int, float]]  # (step, accuracy) of every evaluated checkpoint
+    warning: str | None = None
+
+
+def render(content: ReportContent) -> str:
+    metrics, names, warning = content.metrics, content.label_names, content.warning
+    matrix = np.asarray(metrics.confusion_matrix)
     facts_html = "".join(
-        f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>" for key, value in facts.items()
+        f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>"
+        for key, value in content.facts.items()
     )
-    scalars_html = "".join(f"<tr><th>{html.escape(k)}</th><td>{v:.4f}</td></tr>" for k, v in scalars.items())
-    reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in decision_reasons)
-    verdict = "Blessed for promotion" if decision_blessed else "Not blessed"
-    chart = accuracy_chart(history)
+    scalars_html = "".join(f"<tr><th>{html.escape(k)}</th><td>{v:.4f}</td></tr>" for k, v in metrics.scalars().items())
+    reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in content.decision.reasons)
+    blessed = content.decision.blessed
+    verdict = "Blessed for promotion" if blessed else "Not blessed"
+    chart = accuracy_chart(content.history)
+    title = html.escape(content.title)
     sections = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>",
         f"<style>{STYLE}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
+        f"<h1>{title}</h1>",
         f'<p class="warning">{html.escape(warning)}</p>' if warning else "",
-        f'<div class="{"blessed" if decision_blessed else "rejected"}">',
+        f'<div class="{"blessed" if blessed else "rejected"}">',
         f"<strong>{verdict}</strong><ul>{reasons}</ul></div>",
         f"<h2>Summary</h2><table>{facts_html}{scalars_html}</table>",
         f"<h2>Accuracy by step</h2>{chart}" if chart else "",
@@ -161,9 +172,9 @@ def render(
         'alt="confusion matrix heatmap (rows: true class)">',
         confusion_table(matrix, names),
         "<h2>Per class</h2>",
-        per_class_table(names, metrics["precision"], metrics["recall"], metrics["f1"], metrics["support"]),
+        per_class_table(names, metrics.precision, metrics.recall, metrics.f1, metrics.support),
         "<h2>Misclassified images</h2>",
-        misclassified_html,
+        content.misclassified_html,
         "</body></html>",
     ]
     return "\n".join(section for section in sections if section)
