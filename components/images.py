@@ -1,22 +1,81 @@
-"""The container image of every stage, set in this one place.
+"""The container images, named in this one place.
 
-`make images` builds them and `make push REGISTRY=...` pushes them under these names; compiling the
-pipeline with CIFAR10_PIPELINE_REGISTRY / CIFAR10_PIPELINE_TAG set points the components at another
-registry or tag.
+Two images, both built from images/Dockerfile (`make images`):
+- `cpu`: prepare_data, evaluate, promote and the TFJob-launching step (tensorflow-cpu);
+- `gpu`: train, in the step's own pod or as TFJob workers (TensorFlow's CUDA build; it runs on CPU nodes too).
+Why two and not one per stage: the CPU stages need the same packages (the launching step only TensorFlow less), so
+one image is one build, one pull per node and one cache key; the CUDA libraries (about 3 GB) stay out of the steps
+that never train.
+
+The tag is derived from what goes into the images (the Dockerfile, the requirement and constraint files and every
+file under components/), so new code gets a new image reference, and KFP's cache, which keys on the image string,
+never reuses the results of older code. CIFAR10_PIPELINE_REGISTRY and CIFAR10_PIPELINE_TAG override both. The images
+hold their build inputs, so code inside an image derives the tag it was built with.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+from pathlib import Path
 
 DEFAULT_REGISTRY = "ghcr.io/cifar10-pipeline"
-DEFAULT_TAG = "0.1.0"
-STAGES = ("prepare_data", "train", "evaluate", "launcher")  # launcher: the small TFJob-launching image
+VERSION = "0.1.0"
+IMAGE_OF_STAGE = {"prepare_data": "cpu", "evaluate": "cpu", "launcher": "cpu", "train": "gpu"}
+KINDS = ("cpu", "gpu")
+REPOSITORY = Path(__file__).resolve().parents[1]
+BUILD_FILES = (
+    "images/Dockerfile",
+    "requirements.txt",
+    "requirements-gpu.txt",
+    "constraints.txt",
+    "constraints-gpu.txt",
+)
+
+
+def build_inputs(repository: Path = REPOSITORY) -> list[Path]:
+    """Every file the images are built from (what .dockerignore lets into the build context), sorted."""
+    files = [repository / name for name in BUILD_FILES]
+    files += [
+        path
+        for path in (repository / "components").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    ]
+    return sorted(files)
+
+
+@functools.cache
+def content_tag(repository: Path = REPOSITORY) -> str:
+    """VERSION and the first 12 hex digits of a SHA-256 over the build inputs' relative paths and contents."""
+    digest = hashlib.sha256()
+    for path in build_inputs(repository):
+        digest.update(path.relative_to(repository).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return f"{VERSION}-{digest.hexdigest()[:12]}"
+
+
+def image_tag() -> str:
+    given = os.environ.get("CIFAR10_PIPELINE_TAG", "")
+    if given:
+        return given
+    if not (REPOSITORY / "images" / "Dockerfile").is_file():
+        raise RuntimeError(
+            "no image tag: this is not a source checkout (images/Dockerfile is missing) and CIFAR10_PIPELINE_TAG is "
+            "not set"
+        )
+    return content_tag()
+
+
+def image_of_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown image {kind!r}; images are {KINDS}")
+    registry = os.environ.get("CIFAR10_PIPELINE_REGISTRY", "") or DEFAULT_REGISTRY
+    return f"{registry.rstrip('/')}/{kind}:{image_tag()}"
 
 
 def image(stage: str) -> str:
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
-    registry = os.environ.get("CIFAR10_PIPELINE_REGISTRY", DEFAULT_REGISTRY).rstrip("/")
-    tag = os.environ.get("CIFAR10_PIPELINE_TAG", DEFAULT_TAG)
-    return f"{registry}/{stage.replace('_', '-')}:{tag}"
+    """The image a stage's steps run in."""
+    if stage not in IMAGE_OF_STAGE:
+        raise ValueError(f"unknown stage {stage!r}; stages are {tuple(IMAGE_OF_STAGE)}")
+    return image_of_kind(IMAGE_OF_STAGE[stage])

@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
-import subprocess
+import os
 import time
 from importlib import resources
 from pathlib import Path
@@ -127,21 +126,98 @@ def compile_pipeline(pipeline, output: Path = COMPILED) -> Path:
 
 
 def docker_engine_problem() -> str | None:
-    """Why a DockerRunner cannot work here, or None when a Docker engine answers."""
-    if shutil.which("docker") is None:
-        return "the docker command is not installed"
+    """Why a DockerRunner cannot work here, or None when a Docker API answers (Docker's, or podman's
+    `podman system service` with DOCKER_HOST pointing at its socket)."""
     try:
-        completed = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        return "`docker info` did not answer within 20 s"
-    if completed.returncode != 0:
-        reason = (completed.stderr or completed.stdout).strip().splitlines()
-        return f"`docker info` failed: {reason[-1] if reason else 'no engine'}"
+        import docker
+
+        docker.from_env(timeout=20).ping()
+    except ImportError:
+        return "the docker Python package is not installed"
+    except Exception as error:  # the SDK raises many kinds; all mean: no engine
+        reason = str(error).strip().splitlines()
+        return f"no Docker API answers ({reason[-1] if reason else type(error).__name__})"
     return None
 
 
+# The container user of RUNNER=docker: the host user's own IDs, so outputs belong to whoever ran make (as root,
+# the images' non-root user; the run folder is then made writable for it).
+CONTAINER_USER = "10001"
+
+
+def run_container_then_remove(client, image: str, command: list[str], volumes: dict, **run_arguments) -> int:
+    """kfp.local's `run_docker_container`, except that the exit code is read before the container is removed.
+
+    kfp 2.17 starts each step's container with auto_remove=True and then asks for its exit code: when the container
+    is already gone, Docker answers 404, which kfp takes for success (a failed step would pass), and podman's Docker
+    API answers 500, which fails the run even when the step succeeded."""
+    from kfp.local.docker_task_handler import add_latest_tag_if_not_present
+
+    image = add_latest_tag_if_not_present(image=image)
+    if not any(image in known.tags + known.attrs.get("RepoDigests", []) for known in client.images.list()):
+        logger.info("pulling %s", image)
+        client.images.pull(image)
+    container = client.containers.run(
+        image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **run_arguments
+    )
+    try:
+        for line in container.logs(stream=True, follow=True):
+            print(line.decode(errors="replace"), end="")
+        return container.wait()["StatusCode"]
+    finally:
+        container.remove(force=True)
+
+
+def docker_runner(output_root: Path):
+    """kfp.local's DockerRunner, running each step as KFP does on a cluster: a non-root user, a read-only root file
+    system, a writable /tmp; the pipeline root (OUTPUT) is mounted at its own path."""
+    from kfp import local
+    from kfp.local import docker_task_handler
+
+    docker_task_handler.run_docker_container = run_container_then_remove
+
+    if os.getuid() == 0:
+        user = CONTAINER_USER
+        output_root.chmod(0o1777)  # like /tmp: everyone may create, only owners may remove
+    else:
+        user = f"{os.getuid()}:{os.getgid()}"
+    return local.DockerRunner(user=user, read_only=True, tmpfs={"/tmp": "rw,exec,size=4g"}, network_mode="host")
+
+
+def check_images_are_built() -> None:
+    """Every image the pipeline names is on the engine (a missing one would be pulled from a registry that does not
+    have this content's tag)."""
+    import docker
+
+    from components.images import IMAGE_OF_STAGE, image
+
+    client = docker.from_env(timeout=60)
+    for reference in sorted({image(stage) for stage in IMAGE_OF_STAGE}):
+        try:
+            client.images.get(reference)
+        except docker.errors.ImageNotFound:
+            raise CommandError(
+                f"{reference}: not built (the image tag follows the code); run make images first"
+            ) from None
+
+
+def check_paths_are_mounted(parameters: dict[str, Any], output_root: Path) -> None:
+    """RUNNER=docker mounts only OUTPUT: a local path elsewhere would not exist inside the containers."""
+    for name in ("source", "promotion_root", "warm_start", "model_dir"):
+        value = str(parameters.get(name) or "")
+        if not value or "://" in value or value == "synthetic":
+            continue
+        path = Path(value).expanduser().resolve()
+        if output_root != path and output_root not in path.parents:
+            raise CommandError(
+                f"{name}: {value} is outside {output_root}, the only folder RUNNER=docker mounts into the steps; "
+                f"copy it under {output_root} or give a gs:// or s3:// URI"
+            )
+
+
 def local_run(pipeline, parameters: dict[str, Any], output_root: Path, runner: str = "subprocess") -> Path:
-    """Run the whole pipeline on this machine through kfp.local; returns the run's folder."""
+    """Run the whole pipeline on this machine through kfp.local; returns the run's folder (OUTPUT/<pipeline>-<time>;
+    promoted models go to OUTPUT/models)."""
     from kfp import local
 
     check_parameters(pipeline, parameters)
@@ -149,32 +225,39 @@ def local_run(pipeline, parameters: dict[str, Any], output_root: Path, runner: s
         raise CommandError("launcher tfjob needs a Kubeflow cluster (make run); locally, workers are processes")
 
     output_root = output_root.resolve()
-    pipeline_root = output_root / "runs"
-    pipeline_root.mkdir(parents=True, exist_ok=True)
+    output_root.mkdir(parents=True, exist_ok=True)
+    parameters = {"promotion_root": str(output_root / "models"), **parameters}
     if runner == "docker":
         problem = docker_engine_problem()
         if problem:
             raise CommandError(
-                f"RUNNER=docker needs a running Docker engine, and here {problem}. "
-                "Run without Docker instead: make local-run (the subprocess runner, same code and parameters)."
+                f"RUNNER=docker needs a running Docker engine, and here {problem}. With podman: podman system service "
+                "and DOCKER_HOST=unix://<its socket>. Or run without containers: make local-run (the subprocess "
+                "runner, same code and parameters)."
             )
-        local.init(runner=local.DockerRunner(), pipeline_root=str(pipeline_root))
+        check_paths_are_mounted(parameters, output_root)
+        check_images_are_built()
+        local.init(runner=docker_runner(output_root), pipeline_root=str(output_root))
     elif runner == "subprocess":
-        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(output_root))
     else:
         raise CommandError(f"runner {runner!r} is not subprocess or docker")
-    parameters = {"promotion_root": str(output_root / "models"), **parameters}
-    before = set(pipeline_root.iterdir())
+    before = set(run_folders(pipeline, output_root))
     logger.info("running %s locally (%s runner) with %s", pipeline.name, runner, json.dumps(parameters, sort_keys=True))
     started = time.monotonic()
     pipeline(**parameters)
-    (run_folder,) = set(pipeline_root.iterdir()) - before or {
-        max(pipeline_root.iterdir(), key=lambda p: p.stat().st_mtime)
+    (run_folder,) = set(run_folders(pipeline, output_root)) - before or {
+        max(run_folders(pipeline, output_root), key=lambda p: p.stat().st_mtime)
     }
     logger.info("finished in %.0f s; outputs in %s", time.monotonic() - started, run_folder)
     for line in describe_run(run_folder, Path(parameters["promotion_root"])):
         logger.info("%s", line)
     return run_folder
+
+
+def run_folders(pipeline, output_root: Path) -> list[Path]:
+    """kfp.local's folders of this pipeline's runs: <pipeline name>-<timestamp>."""
+    return [path for path in output_root.glob(f"{pipeline.name}-*") if path.is_dir()]
 
 
 def describe_run(run_folder: Path, promotion_root: Path) -> list[str]:

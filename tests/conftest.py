@@ -46,14 +46,14 @@ def gcs_server():
 @pytest.fixture
 def gcs_bucket(gcs_server, monkeypatch):
     """A fresh, empty bucket; returns its name. STORAGE_EMULATOR_HOST is set for this test and its subprocesses."""
-    from components.common import storage
+    from components.common import object_stores
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
-    storage.reset_clients()
+    object_stores.reset_clients()
     name = f"test-{uuid.uuid4().hex[:12]}"
-    storage.gcs_client().create_bucket(name)
+    object_stores.gcs_client().create_bucket(name)
     yield name
-    storage.reset_clients()
+    object_stores.reset_clients()
 
 
 def _free_port() -> int:
@@ -78,18 +78,18 @@ def s3_server():
 def s3_bucket(s3_server, monkeypatch):
     """A fresh, empty bucket; returns its name. The standard AWS variables point this test and its subprocesses
     at the server, as a KFP MinIO secret mapped onto them would."""
-    from components.common import storage
+    from components.common import object_stores
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "minio")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "minio123")
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    storage.reset_clients()
+    object_stores.reset_clients()
     name = f"test-{uuid.uuid4().hex[:12]}"
-    storage.s3_client().create_bucket(Bucket=name)
+    object_stores.s3_client().create_bucket(Bucket=name)
     yield name
-    storage.reset_clients()
+    object_stores.reset_clients()
 
 
 @pytest.fixture(params=["gs", "s3"])

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from components.common.dataset import open_dataset
+from components.images import image
 from pipeline import commands
 from pipeline.pipeline import cifar10_pipeline
 
@@ -163,13 +164,13 @@ def test_caching_retries_resources_and_tolerations_in_the_compiled_pipeline():
         else:
             assert "accelerator" not in container.get("resources", {}) and tolerations == [], executor
     (launch,) = tasks_of(spec, "comp-launch-tfjob-component")
-    assert executors[launch[2]]["container"]["image"] == "ghcr.io/cifar10-pipeline/launcher:0.1.0"
+    assert executors[launch[2]]["container"]["image"] == image("launcher")  # the CPU image, no GPU libraries
     for name in executors:
         if "train-component" not in name:
             assert not platform.get(name, {}).get("tolerations"), f"{name} is CPU-only and must not tolerate GPUs"
         assert platform[name]["secretAsEnv"][0]["optional"] is True  # object-store keys, when the secret exists
     worker_image = spec["root"]["inputDefinitions"]["parameters"]["worker_image"]["defaultValue"]
-    assert worker_image == "ghcr.io/cifar10-pipeline/train:0.1.0"  # the workers run the image compiled with
+    assert worker_image == image("train")  # the workers run the image the pipeline was compiled with
 
 
 def test_every_pipeline_parameter_has_a_description_shown_in_help():

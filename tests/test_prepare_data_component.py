@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from components.common.dataset import open_dataset
+from components.images import image
 from components.prepare_data.component import prepare_data_component
 
 
@@ -35,4 +36,4 @@ def test_component_interface_is_typed_and_keeps_the_documented_defaults():
     assert spec.outputs["dataset"].type == "system.Dataset@0.0.1"
     assert spec.inputs["source"].default == "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
     assert spec.inputs["validation_fraction"].default == -1.0
-    assert spec.implementation.container.image.endswith("/prepare-data:0.1.0")
+    assert spec.implementation.container.image == image("prepare_data")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from components.common import storage
+from components.common import object_stores, storage
 from components.common.model_directory import artifact_location, pipeline_model_directory
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def artifact(uri: str, path: str, name: str = "model"):
 def test_kfp_minio_uris_are_s3_uris():
     assert storage.normalize_uri("minio://mlpipeline/v2/artifacts/x") == "s3://mlpipeline/v2/artifacts/x"
     assert storage.split_uri("minio://mlpipeline/a/b") == ("s3://", "mlpipeline", "a/b")
-    assert isinstance(storage.publisher_for("minio://mlpipeline/v2"), storage.S3Publisher)
+    assert isinstance(storage.publisher_for("minio://mlpipeline/v2"), object_stores.S3Publisher)
     assert storage.publisher_for("minio://mlpipeline/v2").uri("x") == "s3://mlpipeline/v2/x"
     assert storage.join("minio://b/p", "q") == "s3://b/p/q"
 
@@ -89,12 +89,12 @@ def test_missing_s3_credentials_are_one_clear_line(tmp_path, s3_server, monkeypa
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    storage.reset_clients()
+    object_stores.reset_clients()
     try:
         with pytest.raises(storage.StorageError, match=r"s3://bucket/x: no S3 credentials: set AWS_ACCESS_KEY_ID"):
             storage.read_bytes("s3://bucket/x")
     finally:
-        storage.reset_clients()
+        object_stores.reset_clients()
 
 
 def test_an_unreachable_cloud_storage_endpoint_is_one_clear_line_in_seconds(tmp_path):
@@ -111,8 +111,10 @@ def test_an_unreachable_cloud_storage_endpoint_is_one_clear_line_in_seconds(tmp_
 def test_unusable_cloud_storage_credentials_are_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing-key.json"))
-    monkeypatch.setattr(storage, "_reachable", lambda endpoint: True)  # no network here: only the credentials fail
-    storage.reset_clients()
+    monkeypatch.setattr(
+        object_stores, "_reachable", lambda endpoint: True
+    )  # no network here: only the credentials fail
+    object_stores.reset_clients()
     try:
         with pytest.raises(
             storage.StorageError,
@@ -121,4 +123,4 @@ def test_unusable_cloud_storage_credentials_are_one_clear_line(tmp_path, monkeyp
         ):
             storage.read_bytes("gs://bucket/x")
     finally:
-        storage.reset_clients()
+        object_stores.reset_clients()

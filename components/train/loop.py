@@ -338,7 +338,6 @@ class Trainer:
                 self.model_directory.local / TRAIN_METRICS,
                 json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True).encode(),
             )
-        if self.chief:
             self.model_directory.push(remove_deleted_checkpoints=True)
         return result
 

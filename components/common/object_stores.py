@@ -1,0 +1,387 @@
+"""The object stores behind `storage.publisher_for`: Cloud Storage (gs://) and S3-compatible stores (s3://,
+KFP's minio://), their clients, and one-line explanations of their connection and credential errors.
+
+The publishing rules are those of `components.common.storage`, which this module implements for the two remote
+back ends; nothing else imports it directly but tests (for the clients).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from components.common.storage import (
+    ABSENT,
+    CRC32C_METADATA,
+    GCS_SCHEME,
+    S3_SCHEME,
+    ClientUnavailableError,
+    StorageError,
+    can_connect,
+    conflict_error,
+    crc32c_base64,
+    normalize_uri,
+    split_gcs_uri,
+    split_uri,
+)
+
+logger = logging.getLogger(__name__)
+
+GCS_ENDPOINT = "https://storage.googleapis.com"
+_PROBE_ATTEMPTS, _PROBE_TIMEOUT_SECONDS = 3, 5.0
+
+
+def gcs_endpoint() -> str:
+    return os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT
+
+
+def _reachable(endpoint: str) -> bool:
+    """Whether a TCP connection to the endpoint opens, tried a few times (the client library would instead retry
+    silently for two minutes before failing with a traceback)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    for attempt in range(_PROBE_ATTEMPTS):
+        if can_connect(parts.hostname, port, _PROBE_TIMEOUT_SECONDS):
+            return True
+        if attempt + 1 < _PROBE_ATTEMPTS:
+            time.sleep(1.0)
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def gcs_client():
+    """A Cloud Storage client (the emulator's when `STORAGE_EMULATOR_HOST` is set); StorageError, in seconds, when
+    the endpoint cannot be reached (checked directly unless a proxy is configured) or no credentials are found."""
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import storage
+
+    endpoint = gcs_endpoint()
+    proxied = any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+    if (endpoint != GCS_ENDPOINT or not proxied) and not _reachable(endpoint):
+        reason = f"cannot reach Cloud Storage at {endpoint} (no connection); check the network"
+        raise ClientUnavailableError(GCS_SCHEME, reason)
+    try:
+        return storage.Client()
+    except DefaultCredentialsError as error:
+        raise ClientUnavailableError(
+            GCS_SCHEME,
+            f"no usable Google Cloud credentials ({str(error).splitlines()[0][:200]}): set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run under Workload Identity",
+        ) from error
+
+
+def s3_endpoint() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+@functools.lru_cache(maxsize=4)
+def _s3_client(endpoint: str | None, region: str):
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        # Third-party S3 stores (MinIO, SeaweedFS) reject or mishandle the checksum headers newer botocore sends
+        # by default; checksums are ours (CRC32C metadata) and verified on read.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        retries={"max_attempts": 4, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=120,
+        s3={"addressing_style": "path"} if endpoint else {},
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=config)
+
+
+def s3_client():
+    """A boto3 S3 client for the endpoint and region the environment names now (one per endpoint, reused)."""
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return _s3_client(s3_endpoint(), region)
+
+
+def reset_clients() -> None:
+    """Forget the cached clients (after the environment that configures them changed, e.g. in tests)."""
+    gcs_client.cache_clear()
+    _s3_client.cache_clear()
+
+
+class GcsPublisher:
+    """A gs:// prefix. Every write carries a generation precondition, so a lost race is detected, never silent."""
+
+    def __init__(self, root_uri: str):
+        self.root = root_uri.rstrip("/")
+        self.bucket_name, self.prefix = split_gcs_uri(self.root)
+
+    def _bucket(self):
+        return gcs_client().bucket(self.bucket_name)
+
+    def _object_name(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def uri(self, name: str) -> str:
+        return f"{GCS_SCHEME}{self.bucket_name}/{self._object_name(name)}"
+
+    def read(self, name: str) -> bytes | None:
+        return self.read_versioned(name)[0]
+
+    def read_versioned(self, name: str) -> tuple[bytes | None, str]:
+        """The content and generation of an object, read together (the download is pinned to the generation)."""
+        from google.api_core import exceptions
+
+        blob = self._get(name)
+        if blob is None:
+            return None, ABSENT
+        try:
+            with _gcs_errors(self.uri(name)):
+                return blob.download_as_bytes(if_generation_match=blob.generation), str(blob.generation)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+            return self.read_versioned(name)  # replaced between the two calls: read the new version
+
+    def _get(self, name: str):
+        with _gcs_errors(self.uri(name)):
+            return self._bucket().get_blob(self._object_name(name))
+
+    def version(self, name: str) -> str:
+        blob = self._get(name)
+        return ABSENT if blob is None else str(blob.generation)
+
+    def checksum(self, name: str) -> tuple[int, str] | None:
+        blob = self._get(name)
+        return None if blob is None else (blob.size, blob.crc32c)
+
+    def download(self, name: str, destination: Path) -> None:
+        from google.api_core import exceptions
+
+        try:
+            with _gcs_errors(self.uri(name)):
+                self._bucket().blob(self._object_name(name)).download_to_filename(str(destination))
+        except exceptions.NotFound as error:
+            raise FileNotFoundError(f"{self.uri(name)} does not exist") from error
+
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
+        """Upload `data`; with `expected_version` only over that generation (ABSENT: only if nothing is there)."""
+        from google.api_core import exceptions
+
+        wanted = (len(data), crc32c_base64(data))
+        if expected_version is None:
+            blob = self._get(name)
+            if blob is not None and (blob.size, blob.crc32c) == wanted:
+                return
+            generation = blob.generation if blob is not None else 0
+        else:
+            generation = 0 if expected_version == ABSENT else int(expected_version)
+        try:
+            with _gcs_errors(self.uri(name)):
+                self._bucket().blob(self._object_name(name)).upload_from_string(
+                    data, if_generation_match=generation, checksum="crc32c"
+                )
+        except exceptions.PreconditionFailed:
+            if self.checksum(name) == wanted:
+                return  # another writer published the same bytes
+            raise conflict_error(self.uri(name)) from None
+
+    def withdraw(self, name: str) -> None:
+        from google.api_core import exceptions
+
+        blob = self._get(name)
+        if blob is None:
+            return
+        try:
+            with _gcs_errors(self.uri(name)):
+                blob.delete(if_generation_match=blob.generation)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+            logger.info("%s was already removed or replaced by another writer", self.uri(name))
+
+    def list(self, prefix: str = "") -> list[str]:
+        start = f"{self.prefix}/" if self.prefix else ""
+        with _gcs_errors(self.root):
+            blobs = list(gcs_client().list_blobs(self.bucket_name, prefix=start + prefix))
+        names = (blob.name[len(start) :] for blob in blobs)
+        return sorted(name for name in names if name and not name.rsplit("/", 1)[-1].startswith("."))
+
+
+class S3Publisher:
+    """An s3:// prefix on AWS S3 or an S3-compatible store (MinIO, SeaweedFS). Writes are conditional
+    (`If-None-Match: *` to create, `If-Match: <ETag>` to replace), so a lost race is detected, never silent.
+    Every object carries its CRC32C as user metadata, so checksums do not depend on how the store forms ETags."""
+
+    def __init__(self, root_uri: str):
+        self.root = normalize_uri(root_uri).rstrip("/")
+        _scheme, self.bucket_name, self.prefix = split_uri(self.root)
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def uri(self, name: str) -> str:
+        return f"{S3_SCHEME}{self.bucket_name}/{self._key(name)}"
+
+    def _head(self, name: str) -> dict | None:
+        with _s3_errors(self.uri(name)):
+            try:
+                return s3_client().head_object(Bucket=self.bucket_name, Key=self._key(name))
+            except _s3_client_error() as error:
+                if _s3_status(error) == 404:
+                    return None
+                raise
+
+    def read(self, name: str) -> bytes | None:
+        return self.read_versioned(name)[0]
+
+    def read_versioned(self, name: str) -> tuple[bytes | None, str]:
+        """The content and ETag of an object, read together (one GET returns both)."""
+        with _s3_errors(self.uri(name)):
+            try:
+                response = s3_client().get_object(Bucket=self.bucket_name, Key=self._key(name))
+            except _s3_client_error() as error:
+                if _s3_status(error) == 404:
+                    return None, ABSENT
+                raise
+            return response["Body"].read(), response["ETag"]
+
+    def version(self, name: str) -> str:
+        head = self._head(name)
+        return ABSENT if head is None else head["ETag"]
+
+    def checksum(self, name: str) -> tuple[int, str] | None:
+        head = self._head(name)
+        if head is None:
+            return None
+        return head["ContentLength"], head.get("Metadata", {}).get(CRC32C_METADATA, "")
+
+    def download(self, name: str, destination: Path) -> None:
+        with _s3_errors(self.uri(name)):
+            try:
+                s3_client().download_file(self.bucket_name, self._key(name), str(destination))
+            except _s3_client_error() as error:
+                if _s3_status(error) == 404:
+                    raise FileNotFoundError(f"{self.uri(name)} does not exist") from error
+                raise
+
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
+        """Upload `data`; with `expected_version` only over that ETag (ABSENT: only if nothing is there)."""
+        wanted = (len(data), crc32c_base64(data))
+        if expected_version is None:
+            head = self._head(name)
+            if head is not None and (head["ContentLength"], head.get("Metadata", {}).get(CRC32C_METADATA)) == wanted:
+                return
+            expected_version = ABSENT if head is None else head["ETag"]
+        condition = {"IfNoneMatch": "*"} if expected_version == ABSENT else {"IfMatch": expected_version}
+        with _s3_errors(self.uri(name)):
+            try:
+                s3_client().put_object(
+                    Bucket=self.bucket_name,
+                    Key=self._key(name),
+                    Body=data,
+                    Metadata={CRC32C_METADATA: wanted[1]},
+                    **condition,
+                )
+            except _s3_client_error() as error:
+                # 412: the precondition failed; 409: a concurrent conditional write to the same key won.
+                if _s3_status(error) not in (409, 412):
+                    raise
+                if self.checksum(name) == wanted:
+                    return  # another writer published the same bytes
+                raise conflict_error(self.uri(name)) from None
+
+    def withdraw(self, name: str) -> None:
+        head = self._head(name)
+        if head is None:
+            return
+        with _s3_errors(self.uri(name)):
+            try:
+                s3_client().delete_object(Bucket=self.bucket_name, Key=self._key(name), IfMatch=head["ETag"])
+            except _s3_client_error() as error:
+                if _s3_status(error) in (404, 409, 412):
+                    logger.info("%s was already removed or replaced by another writer", self.uri(name))
+                elif _s3_status(error) == 501:  # a store without conditional deletes
+                    s3_client().delete_object(Bucket=self.bucket_name, Key=self._key(name))
+                else:
+                    raise
+
+    def list(self, prefix: str = "") -> list[str]:
+        start = f"{self.prefix}/" if self.prefix else ""
+        names = []
+        with _s3_errors(self.root):
+            pages = (
+                s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket_name, Prefix=start + prefix)
+            )
+            for page in pages:
+                names.extend(item["Key"][len(start) :] for item in page.get("Contents", []))
+        return sorted(name for name in names if name and not name.rsplit("/", 1)[-1].startswith("."))
+
+
+def _s3_client_error():
+    from botocore.exceptions import ClientError
+
+    return ClientError
+
+
+def _s3_status(error) -> int:
+    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+@contextlib.contextmanager
+def _store_errors(uri: str, explain: Callable[[Exception], str | None]) -> Iterator[None]:
+    """Turn what `explain` recognises (an unreachable store, missing or refused credentials) into one clear
+    StorageError naming the object; anything else passes unchanged."""
+    try:
+        yield
+    except ClientUnavailableError as error:
+        raise StorageError(f"{uri}: {error.reason}") from error
+    except StorageError:
+        raise
+    except Exception as error:
+        explanation = explain(error)
+        if explanation is None:
+            raise
+        raise StorageError(f"{uri}: {explanation}") from error
+
+
+def _explain_s3_error(error: Exception) -> str | None:
+    from botocore import exceptions
+
+    endpoint = s3_endpoint() or "AWS S3 (no AWS_ENDPOINT_URL set)"
+    if isinstance(error, exceptions.NoCredentialsError):
+        return f"no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (endpoint {endpoint})"
+    if isinstance(error, exceptions.EndpointConnectionError | exceptions.ConnectTimeoutError):
+        return f"cannot reach the S3 endpoint {endpoint}: {error}"
+    if isinstance(error, exceptions.ClientError):
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
+            return (
+                f"the S3 store at {endpoint} refused the credentials ({code}); check AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY"
+            )
+        if code == "NoSuchBucket":
+            return f"the bucket does not exist at {endpoint}"
+    return None
+
+
+def _explain_gcs_error(error: Exception) -> str | None:
+    import requests
+    from google.api_core import exceptions
+    from google.auth.exceptions import RefreshError, TransportError
+
+    endpoint = gcs_endpoint()
+    if isinstance(error, RefreshError | exceptions.Unauthorized | exceptions.Forbidden):
+        return (
+            f"Cloud Storage at {endpoint} refused the credentials ({type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200]}); check GOOGLE_APPLICATION_CREDENTIALS or the service account"
+        )
+    if isinstance(error, requests.ConnectionError | TransportError | exceptions.RetryError):
+        return f"lost the connection to Cloud Storage at {endpoint} ({error})"
+    return None
+
+
+def _s3_errors(uri: str):
+    return _store_errors(uri, _explain_s3_error)
+
+
+def _gcs_errors(uri: str):
+    return _store_errors(uri, _explain_gcs_error)

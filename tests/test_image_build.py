@@ -1,0 +1,89 @@
+"""Image names and builds without an engine: content-derived tags, the build command, RUNNER=docker's checks.
+The images themselves are built and run by tests/test_images.py (make test-images)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import images
+from images import build as images_build
+from pipeline import commands
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def copy_of_build_inputs(destination: Path) -> Path:
+    for path in images.build_inputs(REPOSITORY):
+        target = destination / path.relative_to(REPOSITORY)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return destination
+
+
+def test_the_tag_changes_with_what_goes_into_the_images_and_only_with_it(tmp_path):
+    """KFP's cache keys on the image string: new code must never be given results computed by old code."""
+    repository = copy_of_build_inputs(tmp_path / "repository")
+    tag = images.content_tag.__wrapped__(repository)
+    assert tag.startswith(images.VERSION + "-") and tag == images.content_tag.__wrapped__(repository)
+
+    (repository / "components" / "__pycache__").mkdir(exist_ok=True)
+    (repository / "components" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"cache")
+    assert images.content_tag.__wrapped__(repository) == tag, "byte-code caches are not part of the images"
+
+    model = repository / "components" / "train" / "model.py"
+    model.write_text(model.read_text() + "\n# a change\n")
+    changed = images.content_tag.__wrapped__(repository)
+    assert changed != tag
+    (repository / "constraints-gpu.txt").write_text("tensorflow==2.21.0\n")
+    assert images.content_tag.__wrapped__(repository) not in (tag, changed)
+
+
+def test_the_compiled_pipeline_runs_each_step_in_the_content_tagged_image_of_its_kind():
+    spec = next(yaml.safe_load_all((REPOSITORY / "pipeline" / "pipeline.yaml").read_text()))
+    used = {label: executor["container"]["image"] for label, executor in spec["deploymentSpec"]["executors"].items()}
+    tag = images.content_tag()
+    assert set(used.values()) == {f"{images.DEFAULT_REGISTRY}/cpu:{tag}", f"{images.DEFAULT_REGISTRY}/gpu:{tag}"}
+    assert used["exec-train-component"].endswith(f"/gpu:{tag}")
+    assert used["exec-launch-tfjob-component"].endswith(f"/cpu:{tag}")
+    assert used["exec-prepare-data-component"].endswith(f"/cpu:{tag}")
+
+
+def test_registry_and_tag_can_be_overridden(monkeypatch):
+    monkeypatch.setenv("CIFAR10_PIPELINE_REGISTRY", "registry.example.com/team/")
+    monkeypatch.setenv("CIFAR10_PIPELINE_TAG", "v7")
+    assert images.image("evaluate") == "registry.example.com/team/cpu:v7"
+    assert images.image("train") == "registry.example.com/team/gpu:v7"
+    with pytest.raises(ValueError, match="unknown stage 'serve'"):
+        images.image("serve")
+
+
+def test_build_command_passes_the_base_the_kind_and_the_ca_bundle_as_a_secret(tmp_path):
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("certificates")
+    request = images_build.BuildRequest("gpu", "registry.example.com/team/gpu:v7", "debian-python:12", bundle)
+    command = request.command("docker")
+    assert command[:2] == ["docker", "build"] and command[-1] == str(REPOSITORY)
+    for argument in ("BASE_IMAGE=debian-python:12", "ACCELERATOR=gpu"):
+        assert command[command.index(argument) - 1] == "--build-arg"
+    assert command[command.index("--secret") + 1] == f"id=ca_bundle,src={bundle}"
+    assert "--network" not in command and "--network" in request.command("podman")
+    assert images_build.default_base_image().startswith("python:3.11.15-slim-bookworm@sha256:")
+
+
+def test_without_an_engine_make_images_says_so_in_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither docker nor podman can be found
+    assert images_build.main(["--kinds", "cpu"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == "make images: no container engine answers: docker is not installed; podman is not installed"
+
+
+def test_docker_runner_refuses_local_paths_it_cannot_mount(tmp_path):
+    output = tmp_path / "outputs"
+    commands.check_paths_are_mounted({"source": "synthetic", "promotion_root": str(output / "models")}, output)
+    commands.check_paths_are_mounted({"source": "s3://bucket/cifar-10-python.tar.gz"}, output)
+    with pytest.raises(commands.CommandError, match=r"^source: .*archive.tar.gz is outside .*outputs.*copy it under"):
+        commands.check_paths_are_mounted({"source": str(tmp_path / "archive.tar.gz")}, output)

@@ -1,0 +1,115 @@
+"""The container images, built and run for real: `make test-images` (not part of `make test`: about 25 minutes).
+
+Builds both images with whichever engine answers (Docker or podman), on the pinned base when it can be pulled and
+otherwise on a stand-in made from Debian packages, then runs the whole pipeline in them through kfp.local's
+DockerRunner: every step's compiled KFP command in its image, as a non-root user, on a read-only root file system
+with a writable /tmp. Skipped, saying why, where no engine answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from images import build as images_build
+from pipeline import commands
+from pipeline.pipeline import cifar10_pipeline
+
+pytestmark = pytest.mark.images
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+@pytest.fixture(scope="module")
+def engine() -> str:
+    try:
+        return images_build.find_engine(os.environ.get("ENGINE") or None)
+    except images_build.BuildError as error:
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="module")
+def built(engine) -> list[dict]:
+    default = images_build.default_base_image()
+    stand_in = not images_build.can_pull(engine, default)
+    built = images_build.build_images(
+        ["cpu", "gpu"], engine, None, CA_BUNDLE if CA_BUNDLE.is_file() else None, stand_in_base=stand_in
+    )
+    print(json.dumps({"engine": engine, "stand_in_base": stand_in, "images": built}, indent=2))
+    return built
+
+
+@pytest.fixture(scope="module")
+def docker_api(engine, tmp_path_factory):
+    """A Docker API for kfp.local's DockerRunner: Docker's own, or podman's `podman system service`."""
+    if commands.docker_engine_problem() is None:
+        yield
+        return
+    if engine != "podman":
+        pytest.skip(f"no Docker API answers: {commands.docker_engine_problem()}")
+    socket = tmp_path_factory.mktemp("podman") / "podman.sock"
+    service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket}"])
+    previous = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = f"unix://{socket}"
+    try:
+        deadline = time.monotonic() + 60
+        while commands.docker_engine_problem() is not None:
+            assert time.monotonic() < deadline, (
+                f"podman system service did not answer: {commands.docker_engine_problem()}"
+            )
+            time.sleep(1)
+        yield
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+        if previous is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = previous
+
+
+def test_images_hold_no_build_secret_and_run_as_a_non_root_user(engine, built):
+    for image in built:
+        completed = subprocess.run(
+            [engine, "run", "--rm", "--read-only", image["image"], "sh", "-c",
+             "id -u; test ! -e /run/secrets/ca_bundle && echo no-secret; python -c 'import components, kfp'"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        assert completed.stdout.split() == ["10001", "no-secret"], completed.stdout
+        history = subprocess.run(
+            [engine, "history", "--no-trunc", "--format", "{{.CreatedBy}}", image["image"]],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert "BEGIN CERTIFICATE" not in history
+
+
+def test_whole_pipeline_runs_in_the_images_through_the_docker_runner(built, docker_api, tmp_path):
+    """fingerprint -> prepare_data -> warm start -> train (2 local workers in one container) -> evaluate -> promote,
+    each step's compiled KFP command in its own image."""
+    parameters = {
+        "source": "synthetic",
+        "synthetic_train_per_class": 20,
+        "workers": 2,
+        "depth": 8,
+        "batch_size": 32,
+        "train_steps": 30,
+        "accuracy_threshold": 0.2,
+        "train_options": {"width_multiplier": 0.25, "log_every_steps": 10, "batch_norm_decay": 0.9},
+    }
+    output = tmp_path / "outputs"
+    run_folder = commands.local_run(cifar10_pipeline, parameters, output, runner="docker")
+
+    (model,) = run_folder.glob("**/train-component*/model")
+    summary = json.loads((model / "train_metrics.json").read_text())
+    assert summary["step"] == 30 and json.loads((model / "config.json").read_text())["workers"] == 2
+    evaluation = json.loads((model / "eval_metrics.json").read_text())
+    assert evaluation["blessed"] is True
+    pointer = json.loads((output / "models" / "current.json").read_text())
+    assert pointer["version"] == 1 and (Path(pointer["saved_model"]) / "saved_model.pb").is_file()
+    if os.getuid() == 0:  # the steps ran as the images' own non-root user
+        assert (model / "train_metrics.json").stat().st_uid == int(commands.CONTAINER_USER)
