@@ -11,6 +11,9 @@ pod (see `pipeline_model_directory`): every TFJob worker and every retried attem
 Its one writer is claimed by `ModelDirectory.claim_writer`: a lock file on this machine and, for a remote
 directory, a lease object in the store (see `WriterLease`). This module imports no TensorFlow, so the TFJob
 launching step can run in a small image.
+
+Over 300 lines: the whole contract in one place (layout, location in a pipeline, the mirror, the writer's lock and
+lease), which is this module's point.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Any error (missing checkpoint, another architecture or number of classes, NaN weights or metrics, an
 empty or mismatched dataset) raises with a clear message: an evaluation that failed is never blessed.
+
+Over 300 lines: one Evaluator with its three modes and the report's assembly; the pure parts live in metrics.py,
+gate.py, report.py and promote.py.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +46,7 @@ class CheckpointResult:
     step: int
     weights: str  # "ema" or "raw"
     metrics: metrics.Metrics
+    probabilities: np.ndarray = field(repr=False, compare=False)  # [image, class], for the report's examples
 
 
 @dataclass
@@ -126,7 +130,7 @@ class Evaluator:
 
     def evaluate_checkpoint(self, checkpoint: str) -> CheckpointResult:
         weights = restore_weights(self.model, checkpoint, self.config.weights)
-        probabilities = self.last_probabilities = self.probabilities()
+        probabilities = self.probabilities()
         try:
             result = metrics.compute(probabilities, self.labels)
         except ValueError as error:
@@ -155,7 +159,7 @@ class Evaluator:
         per_checkpoint.write_text(
             json.dumps({"checkpoint": checkpoint, "weights": weights, **result.to_dict()}, indent=2)
         )
-        return CheckpointResult(checkpoint, step, weights, result)
+        return CheckpointResult(checkpoint, step, weights, result, probabilities)
 
     # -- which checkpoints ----------------------------------------------------------------------------------
 
@@ -265,7 +269,7 @@ class Evaluator:
         promotion: promote.Promotion | None,
     ) -> str:
         final = results[-1]
-        probabilities = self.last_probabilities  # the final checkpoint's, kept by evaluate_checkpoint
+        probabilities = final.probabilities
         predicted = probabilities.argmax(axis=1)
         wrong = np.flatnonzero(predicted != self.labels)[: self.config.misclassified_examples]
         grid = report.misclassified_grid(

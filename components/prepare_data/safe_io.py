@@ -9,6 +9,9 @@ Nothing is read without a bound: a source may unpack to at most `max_bytes` (and
 `MAX_EXPANSION` times its size, past a small floor: image data barely compresses, decompression bombs expand a
 thousandfold), sparse members (holes that would be filled with zeros) are refused, every file is read with the
 largest size its format allows, and pickles are scanned before they are loaded.
+
+Over 300 lines: every bound on hostile input (sizes, decompression ratio, archive members, pickles, image headers)
+in one audited place.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
-"""The training loop: the seeds' `create_train_op` and `train`, rebuilt on TF2 mechanisms.
+"""The outer training loop: TF-Slim's `create_train_op`/`train` and the CIFAR-10 estimator example's loop, on TF2.
 
-One step, on every replica: forward, loss scaled by the global batch (plus L2 on kernels), gradients,
-one all-reduce of the gradients together with the loss, accuracy and the workers' flags (stop requested,
-checkpoint due), gradient processing on the global gradient, then the optimizer's per-variable update
-through `merge_call`. Every replica computes identical updates, so every worker ends with identical weights.
+The step itself (forward, loss, the one all-reduce, gradient processing, the update, the numerics check) is
+`step.TrainStep`; every replica computes identical updates, so every worker ends with identical weights. Around it,
+this loop: start-up (resume from the newest readable checkpoint, warm start, refusals before anything is written),
+checkpoints by steps and/or seconds (only the chief writes to the model directory), SIGTERM handling (a checkpoint
+at a step all workers agree on, then exit code 143), exponential moving average, TensorBoard summaries
+(`summaries.py`), progress lines with examples/s and ETA.
 
-Around it: check numerics (a NaN/Inf loss or gradient stops training with an error naming the step, and
-that state is never checkpointed), checkpoints by steps and/or seconds (only the chief writes to the model
-directory), resume from the newest readable checkpoint, SIGTERM handling (a checkpoint at a step all
-workers agree on, then exit code 143), warm start, exponential moving average, TensorBoard summaries.
+Over 300 lines: the start-up and the agreed stop need each other's state.
 """
 
 from __future__ import annotations
