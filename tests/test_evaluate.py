@@ -336,3 +336,30 @@ def test_a_torn_training_summary_is_named_in_one_clear_line(synthetic_data, trai
     )
     assert code == 2
     assert re.search(r"train_metrics\.json: not a readable training summary \(JSONDecodeError", capfd.readouterr().err)
+
+
+def test_an_airbench_model_is_evaluated_with_the_whitening_it_was_trained_with(synthetic_data, tmp_path):
+    """The fitted whitening (mean, deviation, filters: not trainable) travels in the checkpoint; evaluation
+    rebuilds the model and predicts exactly as the trained model did."""
+    from components.train.model import whitening_layer
+
+    config = tiny_train_config(
+        synthetic_data, tmp_path / "model", model="airbench", width_multiplier=0.125, batch_norm_decay=0.6
+    )
+    result = loop.train(config)
+    train_config = read_train_config(tmp_path / "model", "test")
+    model = build_from_config(train_config)
+    restore_weights(model, result.checkpoint, "raw")
+    fitted = whitening_layer(model)
+    assert np.abs(fitted.kernel.numpy()).max() > 0 and not np.allclose(fitted.std.numpy(), 1.0)
+
+    evaluation = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(tmp_path / "model")))
+    images = np.concatenate([batch.numpy() for batch, _ in open_eval(synthetic_data)])
+    expected = tf.nn.softmax(model(images)).numpy().argmax(axis=1)
+    assert np.array_equal(evaluation.final.probabilities.argmax(axis=1), expected)
+
+
+def open_eval(data: str):
+    from components.common.dataset import open_dataset
+
+    return open_dataset(data, splits=("eval",)).tf_dataset("eval", batch_size=500)

@@ -189,3 +189,59 @@ def test_the_step_alone_fits_a_batch_and_reports_the_workers_flags():
     assert int(step.step.numpy()) == 30
     assert losses[-1] < 0.8 * losses[0], losses  # it learns the batch
     assert bool(outputs["state_finite"]) and outputs["flags"].numpy().tolist() == [0.0, 1.0]
+
+
+def correlated_images(count: int, seed: int = 0) -> np.ndarray:
+    """uint8 images whose neighbouring pixels and channels are strongly correlated, as in photographs."""
+    rng = np.random.default_rng(seed)
+    noise = rng.normal(size=(count, 32, 32, 3))
+    smooth = noise + np.roll(noise, 1, axis=1) + np.roll(noise, 1, axis=2) + noise[..., :1]
+    return np.clip(128 + 30 * smooth, 0, 255).astype(np.uint8)
+
+
+def test_patch_whitening_whitens_the_training_patches():
+    """After `adapt`, the layer's output (bias aside) has an identity second-moment matrix over the 2x2 patches of
+    the images it was fitted to; its second half is the negation of the first."""
+    import keras
+
+    from components.train.model import ModelSpec, build_model, whitening_layer
+
+    images = correlated_images(64)
+    model = build_model("airbench", ModelSpec(batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
+    layer = whitening_layer(model)
+    pixels = images.astype(np.float64).reshape(-1, 3)
+    before = np.corrcoef(pixels.T)
+    assert before[0, 1] > 0.3, "the test images must be correlated for whitening to show"
+
+    layer.adapt(images)
+    outputs = keras.Model(model.input, layer.output)(images).numpy() - layer.bias.numpy()
+    assert outputs.shape == (64, 31, 31, 24)  # valid 2x2 patches, 2 x 12 filters
+    first_half = outputs[..., :12].reshape(-1, 12)
+    np.testing.assert_allclose(first_half.T @ first_half / len(first_half), np.eye(12), atol=0.01)
+    np.testing.assert_allclose(outputs[..., 12:], -outputs[..., :12], atol=1e-5)
+
+
+def test_dirac_initialised_convolutions_pass_their_input_through():
+    import keras
+
+    from components.train.model import DiracUniform
+
+    convolution = keras.layers.Conv2D(8, 3, padding="same", use_bias=False, kernel_initializer=DiracUniform(seed=1))
+    inputs = np.random.default_rng(0).normal(size=(2, 6, 6, 4)).astype(np.float32)
+    outputs = convolution(inputs).numpy()
+    np.testing.assert_allclose(outputs[..., :4], inputs, atol=1e-6)  # identities in the first input-many filters
+    assert np.abs(outputs[..., 4:]).max() > 0.1  # the others are random
+    kernel = convolution.kernel.numpy()[..., 4:]
+    assert np.abs(kernel).max() <= 1 / np.sqrt(3 * 3 * 4) + 1e-6  # PyTorch's default bound, 1/sqrt(fan in)
+
+
+def test_the_airbench_network_has_airbench94s_shape():
+    from components.train.model import ModelSpec, build_model
+
+    model = build_model("airbench", ModelSpec())
+    assert model(correlated_images(2)).shape == (2, 10)
+    assert [layer.filters for layer in model.layers if hasattr(layer, "filters")] == [64, 64, 256, 256, 256, 256]
+    batch_norms = [layer for layer in model.layers if "bn" in layer.name]
+    assert len(batch_norms) == 6 and not any(layer.scale for layer in batch_norms)
+    # airbench94's published network: 1.97 M parameters (whitening 12*24 + 24 included).
+    assert 1.9e6 < model.count_params() < 2.05e6

@@ -131,6 +131,37 @@ def test_two_local_workers_hold_identical_weights_and_match_one_worker(synthetic
     assert np.linalg.norm(change_two - change_one) / np.linalg.norm(change_one) < 0.25
 
 
+def test_two_workers_fit_one_whitening_and_train_the_airbench_network_to_identical_weights(synthetic_data, tmp_path):
+    """The patch whitening is fitted from the chief's training images and broadcast, so every worker starts, and
+    ends, with the same weights."""
+    config = tiny_train_config(
+        synthetic_data,
+        tmp_path / "airbench",
+        model="airbench",
+        width_multiplier=0.125,
+        batch_norm_decay=0.6,
+        label_smoothing=0.2,
+        nesterov=True,
+        workers=2,
+        train_steps=3,
+    )
+    completed = run_training(config)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    fitted = re.findall(r"\[(worker-\d)\].*fitted the patch whitening", completed.stderr)
+    assert sorted(fitted) == ["worker-0", "worker-1"], completed.stderr[-3000:]
+    digests = re.findall(r"\[(worker-\d)\].*weights sha256 ([0-9a-f]{64})", completed.stderr)
+    assert len(digests) == 2 and digests[0][1] == digests[1][1], "the two workers ended with different weights"
+    reader = tf.train.load_checkpoint(str(tmp_path / "airbench" / "ckpt-3"))
+    names = checkpoints.checkpoint_variable_names(str(tmp_path / "airbench" / "ckpt-3"))
+    from components.common.dataset import open_dataset
+    from components.train.model import PatchWhitening
+
+    dataset = open_dataset(synthetic_data, splits=("train",))
+    first_images, _labels = next(iter(dataset.tf_dataset("train", batch_size=5000)))
+    expected = PatchWhitening().fitted_values(first_images.numpy())[2]  # what the chief fits
+    np.testing.assert_allclose(reader.get_tensor(names["whitening/kernel"]), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_a_killed_worker_fails_the_job_quickly_with_a_clear_message(synthetic_data, tmp_path):
     config = tiny_train_config(
         synthetic_data,

@@ -12,7 +12,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULES = ("piecewise", "cosine", "constant")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 LAUNCHERS = ("auto", "inprocess", "local", "tfjob", "worker")
-MODELS = ("resnet",)
+MODELS = ("resnet", "airbench")
 
 
 def parse_assignments(entries: tuple[str, ...], field_name: str) -> list[tuple[str, str]]:

@@ -178,6 +178,20 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float, between_attempts: C
     logger.info("%s: all %d workers have started", cluster.name, len(peers) + 1)
 
 
+def broadcast_from_chief(strategy, values: list) -> list:
+    """`values` (arrays) as the first replica of the chief holds them, on every worker: one all-reduce in which every
+    other replica contributes zeros. Every worker must call it at the same point."""
+    import tensorflow as tf
+
+    def replica_function(*tensors):
+        context = tf.distribute.get_replica_context()
+        first = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tensors[0].dtype)
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, [tensor * first for tensor in tensors])
+
+    results = strategy.run(replica_function, args=tuple(tf.constant(value, tf.float32) for value in values))
+    return [strategy.experimental_local_results(result)[0].numpy() for result in results]
+
+
 def create_strategy(cluster: Cluster | None):
     import tensorflow as tf
 

@@ -11,6 +11,9 @@ succeeded, failed, timed out, or this launcher was cancelled (SIGTERM); when the
 job is left running, and a retried step (same job name) follows it again.
 
 Imports no TensorFlow: the launching step runs in a small image.
+
+Over 300 lines: building, submitting, following (log streaming across restarts) and deleting one TFJob, with bounded
+retries on every API call.
 """
 
 from __future__ import annotations

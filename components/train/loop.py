@@ -32,7 +32,7 @@ from components.common.model_directory import RESOLVED_CONFIG, TRAIN_METRICS, Mo
 from components.common.progress import format_duration
 from components.train import checkpoints, data, distribution
 from components.train.config import TrainConfig, parse_assignments
-from components.train.model import ModelSpec, build_model, variable_name
+from components.train.model import ModelSpec, build_model, variable_name, whitening_layer
 from components.train.step import TrainStep
 from components.train.summaries import Summaries
 from components.train.termination import Termination
@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 # What makes a checkpoint another model: resuming with a different value cannot restore it.
 ARCHITECTURE_FIELDS = ("model", "depth", "width_multiplier", "num_classes")
+WHITENING_SAMPLE = 5000  # training images the patch whitening is fitted to (airbench's choice)
 
 
 class NumericsError(RuntimeError):
@@ -180,6 +181,7 @@ class Trainer:
             if self.config.warm_start:
                 logger.info("not warm-starting: the model directory already has checkpoints")
             return step
+        self._fit_whitening()  # before a warm start, which may bring its own
         if self.config.warm_start:
             checkpoints.warm_start(
                 self.model.variables,
@@ -194,6 +196,19 @@ class Trainer:
                     self.train_step.ema[variable_name(variable)].assign(variable.value)
         logger.info("starting from step 0")
         return 0
+
+    def _fit_whitening(self) -> None:
+        """A model that starts with patch whitening gets it fitted to the first training images, as the chief
+        reads them; every worker takes the chief's values, so all start identical."""
+        layer = whitening_layer(self.model)
+        if layer is None:
+            return
+        sample = min(WHITENING_SAMPLE, self.train_examples)
+        images, _labels = next(iter(self.dataset.tf_dataset("train", batch_size=sample)))
+        values = distribution.broadcast_from_chief(self.strategy, layer.fitted_values(images.numpy()))
+        for variable, value in zip(layer.weights_to_fit, values, strict=True):
+            variable.assign(value)
+        logger.info("fitted the patch whitening to the first %d training images", sample)
 
     def _check_model_directory_fits(self) -> list[str]:
         """Before anything is written: a model directory that holds checkpoints must hold this model, trained on

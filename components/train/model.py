@@ -1,9 +1,16 @@
-"""Models, chosen by name. ResNet v1 for CIFAR (He et al. 2016, section 4.2), depth 6n+2, Keras 3 layers.
+"""Models, chosen by name; Keras 3 layers, uint8 images in, logits out.
 
-As in the CIFAR-10 estimator example: 3x3 convolution with 16 filters, three stages of n residual blocks
-(16, 32, 64 filters; stride 2 at the start of stages 2 and 3; identity shortcuts, average-pooled and
-zero-padded where the shape changes), global average pooling, and a dense classifier. Every layer has
-an explicit name (`stage2_block1_conv1/kernel`, `head/kernel`), the names checkpoints and warm starts use.
+- `resnet`: ResNet v1 for CIFAR (He et al. 2016, section 4.2), depth 6n+2, as in the CIFAR-10 estimator example:
+  3x3 convolution with 16 filters, three stages of n residual blocks (16, 32, 64 filters; stride 2 at the start of
+  stages 2 and 3; identity shortcuts, average-pooled and zero-padded where the shape changes), global average
+  pooling, and a dense classifier.
+- `airbench`: the network of airbench94 (Jordan 2024, arXiv 2404.00498): a frozen 2x2 patch-whitening convolution
+  fitted to training images (`PatchWhitening.adapt`), then three groups of conv, max-pool, batch norm, GELU, conv,
+  batch norm, GELU (widths 64, 256, 256), max-pool and a bias-free linear head scaled by 1/9. Batch norm has no
+  learned scale; convolutions start as identities (dirac) in their first input-many filters.
+
+Every layer has an explicit name (`stage2_block1_conv1/kernel`, `head/kernel`), the names checkpoints and warm
+starts use.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import keras
+import numpy as np
 
 
 @keras.saving.register_keras_serializable(package="cifar10_pipeline")
@@ -110,7 +118,138 @@ def build_resnet(spec: ModelSpec) -> keras.Model:
     return keras.Model(inputs, outputs, name=f"resnet{spec.depth}")
 
 
-MODEL_BUILDERS: dict[str, Callable[[ModelSpec], keras.Model]] = {"resnet": build_resnet}
+# -- airbench ---------------------------------------------------------------------------------------------------
+
+
+def patch_whitening_kernel(images: np.ndarray, patch_size: int, epsilon: float) -> np.ndarray:
+    """Convolution filters that whiten `patch_size` x `patch_size` patches of `images` ([N, H, W, C] floats):
+    the eigenvectors of the patches' second-moment matrix, each divided by sqrt(its eigenvalue + epsilon), largest
+    first, followed by their negatives (so a ReLU-like activation after it loses nothing). Shape [p, p, C, 2pp C]."""
+    channels = images.shape[-1]
+    windows = np.lib.stride_tricks.sliding_window_view(images, (patch_size, patch_size), axis=(1, 2))
+    # windows: [N, H-p+1, W-p+1, C, p, p] -> patches flattened in the kernel's (row, column, channel) order
+    patches = windows.transpose(0, 1, 2, 4, 5, 3).reshape(-1, patch_size * patch_size * channels).astype(np.float64)
+    second_moment = patches.T @ patches / len(patches)
+    eigenvalues, eigenvectors = np.linalg.eigh(second_moment)  # ascending
+    eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]
+    filters = eigenvectors / np.sqrt(eigenvalues + epsilon)  # [patch dims, filters]
+    filters = np.concatenate([filters, -filters], axis=1)
+    return filters.reshape(patch_size, patch_size, channels, -1).astype(np.float32)
+
+
+@keras.saving.register_keras_serializable(package="cifar10_pipeline")
+class PatchWhitening(keras.layers.Layer):
+    """uint8 images -> per-channel standardized -> a frozen patch-whitening convolution (valid padding) + a bias.
+
+    The mean, standard deviation and filters are weights fitted by `adapt` to training images, so checkpoints and
+    the exported SavedModel carry them; only the bias is trainable."""
+
+    def __init__(self, patch_size: int = 2, epsilon: float = 5e-4, **kwargs):
+        super().__init__(**kwargs)
+        self.patch_size = patch_size
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        filters = 2 * self.patch_size * self.patch_size * channels
+        self.mean = self.add_weight(shape=(channels,), initializer="zeros", trainable=False, name="mean")
+        self.std = self.add_weight(shape=(channels,), initializer="ones", trainable=False, name="std")
+        self.kernel = self.add_weight(
+            shape=(self.patch_size, self.patch_size, channels, filters),
+            initializer="zeros",
+            trainable=False,
+            name="kernel",
+        )
+        self.bias = self.add_weight(shape=(filters,), initializer="zeros", name="bias")
+
+    def call(self, images):
+        standardized = (keras.ops.cast(images, self.compute_dtype) / 255.0 - self.mean) / self.std
+        outputs = keras.ops.conv(standardized, self.kernel, strides=1, padding="valid")
+        return outputs + self.bias
+
+    def fitted_values(self, images: np.ndarray) -> list[np.ndarray]:
+        """[mean, std, kernel] fitted to uint8 `images` ([N, H, W, C]), in the order of `weights_to_fit`."""
+        pixels = images.astype(np.float64) / 255.0
+        mean, std = pixels.mean(axis=(0, 1, 2)), pixels.std(axis=(0, 1, 2)) + 1e-8
+        kernel = patch_whitening_kernel((pixels - mean) / std, self.patch_size, self.epsilon)
+        return [mean.astype(np.float32), std.astype(np.float32), kernel]
+
+    @property
+    def weights_to_fit(self) -> list:
+        return [self.mean, self.std, self.kernel]
+
+    def adapt(self, images: np.ndarray) -> None:
+        for variable, value in zip(self.weights_to_fit, self.fitted_values(images), strict=True):
+            variable.assign(value)
+
+    def get_config(self):
+        return {**super().get_config(), "patch_size": self.patch_size, "epsilon": self.epsilon}
+
+
+@keras.saving.register_keras_serializable(package="cifar10_pipeline")
+class DiracUniform(keras.initializers.Initializer):
+    """A convolution kernel whose first input-many filters are identities (the center tap of their own channel)
+    and the rest uniform in +-1/sqrt(fan in), PyTorch's default: an implicit residual at initialization."""
+
+    def __init__(self, seed: int | None = None):
+        self.seed = seed
+
+    def __call__(self, shape, dtype=None):
+        height, width, inputs, outputs = shape
+        kernel = keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform", seed=self.seed)(shape, dtype)
+        identities = min(inputs, outputs)
+        dirac = np.zeros((height, width, inputs, identities), np.float32)
+        dirac[height // 2, width // 2, np.arange(identities), np.arange(identities)] = 1.0
+        return keras.ops.concatenate([keras.ops.cast(dirac, kernel.dtype), kernel[..., identities:]], axis=-1)
+
+    def get_config(self):
+        return {"seed": self.seed}
+
+
+def _airbench_group(x, filters: int, spec: ModelSpec, name: str):
+    def conv(suffix):
+        return keras.layers.Conv2D(
+            filters, 3, padding="same", use_bias=False, kernel_initializer=DiracUniform(), name=f"{name}_{suffix}"
+        )
+
+    def norm(suffix):
+        # No learned scale: airbench's batch norm trains its bias only.
+        return keras.layers.BatchNormalization(
+            momentum=spec.batch_norm_decay, epsilon=spec.batch_norm_epsilon, scale=False, name=f"{name}_{suffix}"
+        )
+
+    x = conv("conv1")(x)
+    x = keras.layers.MaxPooling2D(2, name=f"{name}_pool")(x)
+    x = keras.layers.Activation("gelu", name=f"{name}_gelu1")(norm("bn1")(x))
+    x = conv("conv2")(x)
+    return keras.layers.Activation("gelu", name=f"{name}_gelu2")(norm("bn2")(x))
+
+
+def build_airbench(spec: ModelSpec) -> keras.Model:
+    """airbench94's network; `width_multiplier` scales the 64/256/256 widths (airbench95 widens them)."""
+    if spec.data_format != "channels_last":
+        raise ValueError("data_format: the airbench model is written for channels_last")
+    widths = [max(1, round(width * spec.width_multiplier)) for width in (64, 256, 256)]
+    inputs = keras.Input(shape=spec.image_shape, dtype="uint8", name="images")
+    x = PatchWhitening(name="whitening")(inputs)
+    x = keras.layers.Activation("gelu", name="whitening_gelu")(x)
+    for stage, filters in enumerate(widths, start=1):
+        x = _airbench_group(x, filters, spec, f"stage{stage}")
+    x = keras.layers.MaxPooling2D(3, name="pool")(x)
+    x = keras.layers.Flatten(name="flatten")(x)
+    head_initializer = keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform")
+    x = keras.layers.Dense(spec.num_classes, use_bias=False, kernel_initializer=head_initializer, name="head")(x)
+    x = keras.layers.Rescaling(1 / 9, name="head_scale")(x)
+    outputs = keras.layers.Activation("linear", dtype="float32", name="logits")(x)
+    return keras.Model(inputs, outputs, name="airbench")
+
+
+def whitening_layer(model: keras.Model) -> PatchWhitening | None:
+    """The model's patch-whitening layer, which must be fitted to training images before training starts."""
+    return next((layer for layer in model.layers if isinstance(layer, PatchWhitening)), None)
+
+
+MODEL_BUILDERS: dict[str, Callable[[ModelSpec], keras.Model]] = {"resnet": build_resnet, "airbench": build_airbench}
 
 
 def build_model(name: str, spec: ModelSpec) -> keras.Model:
