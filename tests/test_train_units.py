@@ -80,7 +80,7 @@ def test_bad_train_options_name_the_field():
         TrainConfig(data="d", model_dir="m", frozen="[")
 
 
-def test_piecewise_schedule_follows_the_seed_and_scales_with_the_batch():
+def test_piecewise_schedule_follows_the_estimator_example_and_scales_with_the_batch():
     config = TrainConfig(data="d", model_dir="m", batch_size=256)
     schedule = optimization.make_schedule(config, steps_per_epoch=100, total_steps=40000)
     rates = {step: float(schedule(step)) for step in (0, 8199, 8200, 12300, 30000)}
@@ -93,6 +93,16 @@ def test_cosine_schedule_and_warmup():
     assert float(schedule(0)) == pytest.approx(0.1 * 0.5 * (1 + np.cos(0)) * 0.1)
     assert float(schedule(50)) == pytest.approx(0.05, rel=1e-5)
     assert float(schedule(100)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_triangular_schedule_is_airbenchs_triangle():
+    """airbench94: from 0.2 x the rate up to the rate at 23% of training, then down to 0.07 x the rate."""
+    config = TrainConfig(data="d", model_dir="m", schedule="triangular", learning_rate=2.0)
+    schedule = optimization.make_schedule(config, steps_per_epoch=10, total_steps=1000)
+    rates = {step: float(schedule(step)) for step in (0, 115, 230, 615, 1000)}
+    assert rates == pytest.approx({0: 0.4, 115: 1.2, 230: 2.0, 615: 2.0 * (1 - 0.93 / 2), 1000: 0.14}, rel=1e-5)
+    with pytest.raises(ValueError, match=r"triangle_peak: 1.5 is not in \(0, 1\)"):
+        TrainConfig(data="d", model_dir="m", triangle_peak=1.5)
 
 
 def variables(*names_and_values):

@@ -9,7 +9,7 @@ from components.common.config import check_fields
 from components.common.storage import is_remote
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
-SCHEDULES = ("piecewise", "cosine", "constant")
+SCHEDULES = ("piecewise", "cosine", "triangular", "constant")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 LAUNCHERS = ("auto", "inprocess", "local", "tfjob", "worker")
 MODELS = ("resnet", "airbench")
@@ -93,6 +93,11 @@ class TrainConfig:
         default=(0.1, 0.01, 0.002), metadata={"help": "piecewise schedule: multipliers from each boundary on"}
     )
     warmup_epochs: float = field(default=0.0, metadata={"help": "linear warm-up from 0 over this many epochs"})
+    triangle_start: float = field(default=0.2, metadata={"help": "triangular schedule: first rate, x learning_rate"})
+    triangle_peak: float = field(
+        default=0.23, metadata={"help": "triangular schedule: where the rate peaks, as a fraction of training"}
+    )
+    triangle_end: float = field(default=0.07, metadata={"help": "triangular schedule: last rate, x learning_rate"})
     momentum: float = field(default=0.9, metadata={"help": "momentum of sgd and rmsprop"})
     nesterov: bool = field(default=False, metadata={"help": "Nesterov momentum (sgd)"})
     weight_decay: float = field(
@@ -181,12 +186,14 @@ class TrainConfig:
         for name in ("learning_rate", "batch_norm_epsilon"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be a positive number")
-        for name in ("weight_decay", "warmup_epochs"):
+        for name in ("weight_decay", "warmup_epochs", "triangle_start", "triangle_end"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must not be negative")
         for name in ("momentum", "batch_norm_decay"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} is not in [0, 1)")
+        if not 0 < self.triangle_peak < 1:
+            raise ValueError(f"triangle_peak: {self.triangle_peak} is not in (0, 1)")
         if self.learning_rate_batch_size < 1 or self.max_to_keep < 1:
             raise ValueError("learning_rate_batch_size and max_to_keep: must be at least 1")
         if self.batch_size < 1:

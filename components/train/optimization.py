@@ -36,6 +36,7 @@ class Schedule:
     boundary_epochs: tuple[float, ...] = ()
     decay_factors: tuple[float, ...] = ()
     warmup_epochs: float = 0.0
+    triangle: tuple[float, float, float] = (0.2, 0.23, 0.07)  # start, peak (fraction of training), end
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
@@ -45,6 +46,13 @@ class Schedule:
             rate = tf.constant(values[0], tf.float32)
             for boundary, value in zip(boundaries, values[1:], strict=True):
                 rate = tf.where(step >= boundary, tf.constant(value, tf.float32), rate)
+        elif self.kind == "triangular":
+            # airbench: linear from start x base up to base at the peak, then linear down to end x base.
+            start, peak, end = self.triangle
+            peak_step = float(max(1, int(peak * self.total_steps)))
+            rising = start + (1.0 - start) * step / peak_step
+            falling = 1.0 + (end - 1.0) * (step - peak_step) / float(max(1.0, self.total_steps - peak_step))
+            rate = self.base * tf.where(step < peak_step, rising, tf.maximum(falling, end))
         elif self.kind == "cosine":
             progress = tf.minimum(step / float(max(1, self.total_steps)), 1.0)
             rate = self.base * 0.5 * (1.0 + tf.cos(math.pi * progress))
@@ -65,6 +73,7 @@ def make_schedule(config: TrainConfig, steps_per_epoch: float, total_steps: int)
         boundary_epochs=tuple(config.boundary_epochs),
         decay_factors=tuple(config.decay_factors),
         warmup_epochs=config.warmup_epochs,
+        triangle=(config.triangle_start, config.triangle_peak, config.triangle_end),
     )
 
 
