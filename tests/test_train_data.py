@@ -43,3 +43,45 @@ def test_each_worker_reads_its_own_part_of_the_data(synthetic_data):
         assert images.shape == (16, 32, 32, 3)  # half of the global batch
         seen.append({image.tobytes() for image in images.numpy()})
     assert not seen[0] & seen[1]
+
+
+def test_airbench_augmentation_flips_every_image_in_exactly_one_of_two_epochs(synthetic_data):
+    """Alternating flips: over two consecutive epochs each image is seen once as it is and once mirrored (with no
+    translation, so that the flip alone shows); a random flip would leave some images unflipped in both."""
+    verified = open_dataset(synthetic_data, splits=("train",))
+    originals, _ = next(iter(verified.tf_dataset("train", batch_size=100000)))
+    originals = {image.tobytes(): index for index, image in enumerate(originals.numpy())}
+    mirrored = {image[:, ::-1].tobytes(): index for index, image in enumerate(_as_array(verified))}
+    count = len(originals)
+    epochs = data.train_dataset(
+        verified, tf.distribute.InputContext(), count, seed=3, augmentation="airbench", translate=0
+    ).take(2)
+    flipped_in = []
+    for images, _labels in epochs:
+        flipped = set()
+        for image in images.numpy():
+            key = image.tobytes()
+            assert key in originals or key in mirrored, "an augmented image is neither the original nor its mirror"
+            if key in mirrored and key not in originals:
+                flipped.add(mirrored[key])
+        flipped_in.append(flipped)
+    assert 0.3 * count < len(flipped_in[0]) < 0.7 * count  # the first epoch's choice is random per image
+    assert flipped_in[0].isdisjoint(flipped_in[1]) and len(flipped_in[0] | flipped_in[1]) == count
+
+
+def test_airbench_augmentation_translates_with_reflected_borders():
+    images = np.random.default_rng(1).integers(0, 256, size=(32, 32, 32, 3), dtype=np.uint8)
+    flip = tf.zeros([32], tf.bool)
+    shifted = data.augment_batch(tf.constant(images), tf.constant([5, 6], tf.int64), pad=2, mode="REFLECT", flip=flip)
+    padded = np.pad(images, [(0, 0), (2, 2), (2, 2), (0, 0)], mode="reflect")
+    for original, result in zip(padded, shifted.numpy(), strict=True):
+        assert any(
+            np.array_equal(result, original[row : row + 32, column : column + 32])
+            for row in range(5)
+            for column in range(5)
+        )
+
+
+def _as_array(verified):
+    images, _ = next(iter(verified.tf_dataset("train", batch_size=100000)))
+    return images.numpy()

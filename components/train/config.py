@@ -73,7 +73,16 @@ class TrainConfig:
     shuffle_buffer: int = field(
         default=10000, metadata={"help": "records in the shuffle buffer (streaming mode; 1 keeps the file order)"}
     )
-    augment: bool = field(default=True, metadata={"help": "random pad-4-and-crop and horizontal flip"})
+    augment: bool = field(default=True, metadata={"help": "augment the training images (see augmentation)"})
+    augmentation: str = field(
+        default="crop_flip",
+        metadata={
+            "help": "crop_flip: random pad-4-and-crop and horizontal flip; airbench: random translation by up to "
+            "translate pixels and alternating flips (in memory)",
+            "choices": ("crop_flip", "airbench"),
+        },
+    )
+    translate: int = field(default=2, metadata={"help": "augmentation airbench: the largest translation, in pixels"})
     seed: int = field(default=42, metadata={"help": "seed of initialization, data order and augmentation"})
     cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets and model dirs are mirrored"})
     # length
@@ -192,6 +201,8 @@ class TrainConfig:
         for name in ("momentum", "batch_norm_decay"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} is not in [0, 1)")
+        if not 0 <= self.translate <= 8:
+            raise ValueError(f"translate: {self.translate} is not in [0, 8] pixels")
         if not 0 < self.triangle_peak < 1:
             raise ValueError(f"triangle_peak: {self.triangle_peak} is not in (0, 1)")
         if self.learning_rate_batch_size < 1 or self.max_to_keep < 1:

@@ -1,9 +1,13 @@
 """Training input: verified TFRecords -> per-worker, shuffled, augmented batches.
 
 Each input pipeline (one per worker) reads its own part of the data: whole shards when the shards divide
-evenly among the pipelines, otherwise every k-th record. Augmentation is the estimator example's distortion, pad to
-40x40 and take a random 32x32 crop, then a random horizontal flip, drawn independently per image but
-computed on whole batches (one gather), so it costs a few vectorized ops per batch.
+evenly among the pipelines, otherwise every k-th record. Augmentations, drawn independently per image but computed
+on whole batches (one gather), so that they cost a few vectorized ops per batch:
+- `crop_flip`, the estimator example's distortion: pad to 40x40 with zeros, take a random 32x32 crop, then a random
+  horizontal flip;
+- `airbench`: a random translation by up to `translate` pixels (reflect padding) and alternating flips: each image
+  is flipped in every other epoch, starting from a random choice per image, so that over two epochs it is seen
+  both ways (airbench94's "alternating flip", which beats random flipping).
 """
 
 from __future__ import annotations
@@ -18,26 +22,39 @@ from components.common.dataset import VerifiedDataset
 logger = logging.getLogger(__name__)
 
 PAD = 4
+AUGMENTATIONS = ("crop_flip", "airbench")
 
 
-def augment_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """Random pad-4-and-crop and horizontal flip of each image in a uint8 batch [B, H, W, C].
+def augment_batch(
+    images: tf.Tensor, seed: tf.Tensor, pad: int = PAD, mode: str = "CONSTANT", flip: tf.Tensor | None = None
+) -> tf.Tensor:
+    """Random pad-and-crop (a translation by up to `pad` pixels) and horizontal flip of each image in a uint8 batch
+    [B, H, W, C]; `flip` ([B] booleans) decides the flips instead of chance.
 
     The crop is one gather: pixel (i, j) of image b comes from (row_b + i, column_b + j) of its padded copy.
     """
     shape = tf.shape(images)
     batch, height, width, channels = shape[0], shape[1], shape[2], shape[3]
-    padded_width = width + 2 * PAD
-    padded = tf.pad(images, [[0, 0], [PAD, PAD], [PAD, PAD], [0, 0]])
+    padded_width = width + 2 * pad
+    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]], mode=mode)
     seeds = tf.random.experimental.stateless_split(seed, 3)
-    offsets = tf.random.stateless_uniform([batch, 2], seeds[0], minval=0, maxval=2 * PAD + 1, dtype=tf.int32)
+    offsets = tf.random.stateless_uniform([batch, 2], seeds[0], minval=0, maxval=2 * pad + 1, dtype=tf.int32)
     rows = offsets[:, :1] + tf.range(height)[None, :]
     columns = offsets[:, 1:] + tf.range(width)[None, :]
-    flip = tf.random.stateless_uniform([batch], seeds[1]) < 0.5
+    if flip is None:
+        flip = tf.random.stateless_uniform([batch], seeds[1]) < 0.5
     columns = tf.where(flip[:, None], tf.reverse(columns, axis=[1]), columns)
     positions = tf.reshape(rows[:, :, None] * padded_width + columns[:, None, :], [batch, -1])
     pixels = tf.reshape(padded, [batch, -1, channels])
     return tf.reshape(tf.gather(pixels, positions, batch_dims=1), [batch, height, width, channels])
+
+
+def alternating_flip(indexes: tf.Tensor, epochs: tf.Tensor, seed: int) -> tf.Tensor:
+    """Whether each image (by its index in this pipeline's share) is flipped in its epoch: a fixed random choice
+    per image, inverted every other epoch."""
+    first = tf.random.stateless_uniform([], [seed, 0], maxval=2**31 - 1, dtype=tf.int64)
+    mixed = (indexes * 2654435761 + first) % 2**32  # Knuth's multiplicative hash: a fixed, well-spread bit per index
+    return tf.not_equal((mixed // 2**16) % 2, epochs % 2)
 
 
 def _parse(serialized, image_shape):
@@ -60,8 +77,18 @@ def train_dataset(
     in_memory: bool = False,
     shuffle_buffer: int = 10000,
     augment: bool = True,
+    augmentation: str = "crop_flip",
+    translate: int = 2,
+    first_epoch: int = 0,
 ) -> tf.data.Dataset:
-    """Endless (uint8 images augmented, int64 labels) batches of this pipeline's share of the global batch."""
+    """Endless (uint8 images augmented, int64 labels) batches of this pipeline's share of the global batch.
+    `first_epoch` (a resumed run's) keeps the alternating flips alternating across restarts."""
+    if augment and augmentation not in AUGMENTATIONS:
+        raise ValueError(f"augmentation: {augmentation!r} is not one of {AUGMENTATIONS}")
+    if augment and augmentation == "airbench":
+        return _with_options(
+            _alternating_dataset(verified, context, global_batch_size, seed, shuffle_buffer, translate, first_epoch)
+        )
     batch_size = context.get_per_replica_batch_size(global_batch_size)
     files = verified.files["train"]
     compression = "" if verified.manifest.compression == records.COMPRESSION_NONE else verified.manifest.compression
@@ -92,6 +119,41 @@ def train_dataset(
         dataset = tf.data.Dataset.zip(dataset, augment_seeds).map(
             lambda batch, pair: (augment_batch(batch[0], pair), batch[1]), num_parallel_calls=tf.data.AUTOTUNE
         )
+    return _with_options(dataset)
+
+
+def _alternating_dataset(verified, context, global_batch_size, seed, shuffle_buffer, translate, first_epoch):
+    """The training images of this pipeline, in memory, epoch by epoch (each shuffled with its own seed), with the
+    airbench augmentation: the epoch and each image's index decide its flip."""
+    batch_size = context.get_per_replica_batch_size(global_batch_size)
+    compression = "" if verified.manifest.compression == records.COMPRESSION_NONE else verified.manifest.compression
+
+    def read(selected):
+        return tf.data.TFRecordDataset(selected, compression_type=compression)
+
+    serialized = tf.concat([batch for batch in _shard(verified.files["train"], read, context)[0].batch(4096)], 0)
+    images, labels = _parse(serialized, verified.manifest.image_shape)
+    count = int(tf.shape(images)[0])
+    indexed = tf.data.Dataset.range(count)
+
+    def epoch_of(epoch):
+        order = indexed.shuffle(count, seed=seed + epoch) if shuffle_buffer > 1 else indexed
+        return order.map(lambda index: (epoch, index))
+
+    dataset = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_of).batch(batch_size, drop_remainder=True)
+    augment_seeds = tf.data.Dataset.random(seed=seed + context.input_pipeline_id).batch(2)
+
+    def augment(batch, pair):
+        epochs, indexes = batch
+        flip = alternating_flip(indexes, epochs, seed)
+        chosen = tf.gather(images, indexes)
+        return augment_batch(chosen, pair, pad=translate, mode="REFLECT", flip=flip), tf.gather(labels, indexes)
+
+    logger.info("holding %d training images in memory (alternating flips, translation by %d)", count, translate)
+    return tf.data.Dataset.zip(dataset, augment_seeds).map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _with_options(dataset: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF  # sharded above
     options.deterministic = True

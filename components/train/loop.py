@@ -289,6 +289,9 @@ class Trainer:
                 config.in_memory,
                 config.shuffle_buffer,
                 config.augment,
+                config.augmentation,
+                config.translate,
+                first_epoch=int(start_step // self.steps_per_epoch),
             )
         )
         iterator = iter(distributed)
