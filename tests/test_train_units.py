@@ -255,3 +255,38 @@ def test_the_airbench_network_has_airbench94s_shape():
     assert len(batch_norms) == 6 and not any(layer.scale for layer in batch_norms)
     # airbench94's published network: 1.97 M parameters (whitening 12*24 + 24 included).
     assert 1.9e6 < model.count_params() < 2.05e6
+
+
+def test_lookahead_moves_the_weights_to_a_slow_average_of_themselves():
+    """Every `lookahead_every_steps` steps from `lookahead_start_epochs` on, the weights become the shadow, which
+    follows them slowly; the first time the shadow is the weights themselves; the last step ends on the shadow."""
+    from components.train.config import TrainConfig
+    from components.train.step import TrainStep
+
+    config = TrainConfig(data="unused", model_dir="unused", depth=8, width_multiplier=0.25, batch_size=16,
+                         learning_rate=0.05, schedule="constant", train_steps=9, lookahead_every_steps=2,
+                         lookahead_start_epochs=2.0, lookahead_decay=0.99, lookahead_decay_power=0.0)  # fmt: skip
+    tf.keras.utils.set_random_seed(0)
+    strategy = tf.distribute.get_strategy()
+    model = build_resnet(ModelSpec(depth=8, width_multiplier=0.25, num_classes=4))
+    step = TrainStep(config, strategy, model, num_classes=4, steps_per_epoch=1.0, total_steps=9)
+    images = tf.constant(np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3)), tf.uint8)
+    labels = tf.constant(np.arange(16) % 4, tf.int64)
+    batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors((images, labels)).repeat()))
+    head, shadow = model.get_layer("head").kernel, step.lookahead["head/kernel"]
+    weights, shadows = {}, {}
+    for number in range(1, 10):
+        step(batches, tf.constant([0, 0]))
+        weights[number], shadows[number] = head.numpy(), shadow.numpy()
+        if number == 1:
+            assert not bool(step.lookahead_started)  # before lookahead_start_epochs
+    assert bool(step.lookahead_started)
+    for number in (2, 4, 6, 8, 9):  # due steps, and the last one: the weights are the shadow
+        np.testing.assert_array_equal(weights[number], shadows[number])
+    for number in (3, 5, 7):  # between them the weights train on while the shadow waits
+        np.testing.assert_array_equal(shadows[number], shadows[number - 1])
+        assert not np.allclose(weights[number], shadows[number])
+    # rho = 0.99^2: at a due step the weights are pulled almost all the way back to the previous shadow, though
+    # the step before moved them freely.
+    free = np.linalg.norm(weights[3] - shadows[2])
+    assert np.linalg.norm(weights[4] - shadows[2]) < 0.1 * free

@@ -34,6 +34,8 @@ class TrainingState:
     optimizer: object
     step: tf.Variable
     ema: dict[str, tf.Variable] = field(default_factory=dict)
+    lookahead: dict[str, tf.Variable] = field(default_factory=dict)
+    lookahead_started: tf.Variable | None = None
 
     def checkpoint(self) -> tf.train.Checkpoint:
         objects = {
@@ -43,6 +45,8 @@ class TrainingState:
         }
         if self.ema:
             objects["ema"] = dict(self.ema)
+        if self.lookahead:
+            objects["lookahead"] = {**self.lookahead, "started": self.lookahead_started}
         return tf.train.Checkpoint(**objects)
 
 

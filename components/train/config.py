@@ -123,6 +123,14 @@ class TrainConfig:
     ema_decay: float | None = field(
         default=None, metadata={"help": "keep an exponential moving average of the weights (e.g. 0.999)"}
     )
+    lookahead_every_steps: int | None = field(
+        default=None, metadata={"help": "lookahead (airbench: 5): every N steps the weights move to a slow average"}
+    )
+    lookahead_start_epochs: float = field(default=3.0, metadata={"help": "lookahead: from this epoch on"})
+    lookahead_decay: float = field(default=0.95, metadata={"help": "lookahead: decay per step of the slow average"})
+    lookahead_decay_power: float = field(
+        default=3.0, metadata={"help": "lookahead: the decay grows as (progress ** this), averaging harder at the end"}
+    )
     precision: str = field(default="float32", metadata={"help": "compute precision", "choices": PRECISIONS})
     xla: bool = field(default=False, metadata={"help": "compile the training step with XLA"})
     # checkpoints, warm start
@@ -235,6 +243,13 @@ class TrainConfig:
                 raise ValueError(f"{name}: {value} must be positive")
         if self.ema_decay is not None and self.ema_decay >= 1:
             raise ValueError(f"ema_decay: {self.ema_decay} must be below 1")
+        if self.lookahead_every_steps is not None and self.lookahead_every_steps < 1:
+            raise ValueError(f"lookahead_every_steps: {self.lookahead_every_steps} must be at least 1")
+        if not 0 < self.lookahead_decay < 1 or self.lookahead_decay_power < 0 or self.lookahead_start_epochs < 0:
+            raise ValueError(
+                f"lookahead_decay {self.lookahead_decay} must be in (0, 1), lookahead_decay_power "
+                f"{self.lookahead_decay_power} and lookahead_start_epochs {self.lookahead_start_epochs} not negative"
+            )
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing: {self.label_smoothing} is not in [0, 1)")
         if self.profile_steps and (len(self.profile_steps) != 2 or self.profile_steps[0] > self.profile_steps[1]):

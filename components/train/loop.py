@@ -159,7 +159,9 @@ class Trainer:
             config, self.strategy, self.model, self.num_classes, self.steps_per_epoch, self.total_steps
         )
         step = self.train_step
-        self.state = checkpoints.TrainingState(self.model, step.optimizer, step.step, step.ema)
+        self.state = checkpoints.TrainingState(
+            self.model, step.optimizer, step.step, step.ema, step.lookahead, step.lookahead_started
+        )
         self.checkpoint = self.state.checkpoint()
         if self.chief:
             checkpoints.reconcile_state_file(self.model_directory.local)

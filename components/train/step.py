@@ -56,6 +56,15 @@ class TrainStep:
             self.finite_steps = tf.Variable(
                 0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
             )
+            self.lookahead = {}
+            self.lookahead_started = tf.Variable(
+                False, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA, name="lookahead_started"
+            )
+            if config.lookahead_every_steps:
+                for variable in self.lookahead_variables(model, self.trained):
+                    self.lookahead[variable_name(variable)] = tf.Variable(
+                        variable.value, trainable=False, name=f"lookahead_{variable_name(variable).replace('/', '_')}"
+                    )
             self.ema = {}
             if config.ema_decay:
                 for variable in self.trained:
@@ -66,6 +75,8 @@ class TrainStep:
         self.moving_statistics = list(model.non_trainable_variables)
         self.processing = optimization.GradientProcessing.for_variables(config, self.trained)
         self.schedule = optimization.make_schedule(config, steps_per_epoch, total_steps)
+        self.total_steps = total_steps
+        self.lookahead_start_step = config.lookahead_start_epochs * steps_per_epoch
         self._compute = tf.function(self._forward_backward, jit_compile=True) if config.xla else self._forward_backward
         self._function = tf.function(self._step_function)
 
@@ -164,6 +175,8 @@ class TrainStep:
                 tf.where(gradients_finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale), shrunk)
             )
             self.finite_steps.assign(tf.where(grow, zero, streak))
+        if self.lookahead:
+            self._lookahead(strategy)
         if self.ema:
             decay = config.ema_decay
             for variable in self.trained:
@@ -171,6 +184,44 @@ class TrainStep:
                 strategy.extended.update(
                     shadow, lambda s, v: s.assign(decay * s + (1.0 - decay) * v), args=(variable.value,), group=False
                 )
+
+    @staticmethod
+    def lookahead_variables(model, trained) -> list:
+        """What lookahead averages: the trained weights and batch norm's moving statistics (as airbench's state)."""
+        statistics = [variable for variable in model.non_trainable_variables if "moving_" in variable_name(variable)]
+        return list(trained) + statistics
+
+    def _lookahead(self, strategy) -> None:
+        """airbench's lookahead: every `lookahead_every_steps` steps from `lookahead_start_epochs` on, the shadow
+        moves toward the weights (decay base^every x progress^power, so it averages harder as training ends) and the
+        weights are set to the shadow; the first time, the shadow is the weights; the last step ends on the shadow."""
+        config = self.config
+        every = config.lookahead_every_steps
+        step = tf.cast(self.step, tf.float32)
+        due = tf.logical_and(tf.equal(self.step % every, 0), step >= self.lookahead_start_step)
+        finishing = tf.logical_and(self.lookahead_started, self.step >= self.total_steps)
+        progress = step / float(max(1, self.total_steps))
+        rho = tf.where(
+            self.lookahead_started, config.lookahead_decay**every * progress**config.lookahead_decay_power, 0.0
+        )
+        model = self.model
+        for variable in self.lookahead_variables(model, self.trained):
+            shadow = self.lookahead[variable_name(variable)]
+            strategy.extended.update(
+                shadow,
+                lambda held, value: held.assign(
+                    tf.where(due, rho * held + (1.0 - rho) * tf.cast(value, held.dtype), held)
+                ),
+                args=(variable.value,),
+                group=False,
+            )
+            strategy.extended.update(
+                variable.value,
+                lambda held, value: held.assign(tf.where(due | finishing, tf.cast(value, held.dtype), held)),
+                args=(shadow,),
+                group=False,
+            )
+        self.lookahead_started.assign(self.lookahead_started | due)
 
     def _update_variable(self, variable, gradient, rate, decoupled_decay: bool):
         gradient = tf.cast(gradient, variable.dtype)
