@@ -92,7 +92,7 @@ def test_cli_runs_the_stage(tmp_path):
 @pytest.mark.parametrize(
     ("stage", "values", "message"),
     [
-        ("train", {"schedule": "linear"}, "schedule: 'linear' is not one of piecewise, cosine, constant"),
+        ("train", {"schedule": "linear"}, "schedule: 'linear' is not one of piecewise, cosine, triangular, constant"),
         ("train", {"launcher": "bogus"}, "launcher: 'bogus' is not one of"),
         ("train", {"augment": "false"}, "augment: 'false' is not true or false"),
         ("train", {"depth": "20"}, "depth: '20' is not an integer"),

@@ -363,3 +363,34 @@ def open_eval(data: str):
     from components.common.dataset import open_dataset
 
     return open_dataset(data, splits=("eval",)).tf_dataset("eval", batch_size=500)
+
+
+def test_test_time_augmentation_is_the_same_in_evaluation_and_in_the_exported_model(synthetic_data, tmp_path):
+    """A model trained with test_time_augmentation=mirror_translate is evaluated with its six views, and the
+    SavedModel it is promoted as answers with the same probabilities; without the views the answers differ."""
+    from components.train.model import predict_logits
+
+    config = tiny_train_config(
+        synthetic_data, tmp_path / "model", model="airbench", width_multiplier=0.125, batch_norm_decay=0.6,
+        test_time_augmentation="mirror_translate",
+    )  # fmt: skip
+    result = loop.train(config)
+    evaluation = evaluate(
+        EvaluateConfig(data=synthetic_data, model_dir=str(tmp_path / "model"), promote_to=str(tmp_path / "served"))
+    )
+    images = np.concatenate([batch.numpy() for batch, _ in open_eval(synthetic_data)])
+    served = tf.saved_model.load(evaluation.promotion.saved_model).signatures["serving_default"]
+    np.testing.assert_allclose(
+        served(images=tf.constant(images))["probabilities"].numpy(), evaluation.final.probabilities, atol=1e-5
+    )
+    assert "test-time augmentation</th><td>mirror_translate" in evaluation.report_html
+
+    model = build_from_config(read_train_config(tmp_path / "model", "test"))
+    restore_weights(model, result.checkpoint, "raw")
+    plain = tf.nn.softmax(predict_logits(model, tf.constant(images), "none")).numpy()
+    assert not np.allclose(plain, evaluation.final.probabilities, atol=1e-3)
+    flipped = tf.nn.softmax(model(images[:, :, ::-1, :])).numpy()
+    mirror = tf.nn.softmax(predict_logits(model, tf.constant(images), "mirror")).numpy()
+    np.testing.assert_allclose(
+        mirror, tf.nn.softmax(0.5 * np.log(plain) + 0.5 * np.log(flipped)).numpy(), atol=1e-4
+    )  # the mirror view averages logits (log-probabilities up to a constant per image)

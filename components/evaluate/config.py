@@ -29,6 +29,13 @@ class EvaluateConfig:
         default="auto", metadata={"help": "auto: the moving average when the checkpoint has one", "choices": WEIGHTS}
     )
     batch_size: int = field(default=500, metadata={"help": "images per evaluation batch"})
+    test_time_augmentation: str | None = field(
+        default=None,
+        metadata={
+            "help": "views to average (none, mirror, mirror_translate); default: what the model was trained to use",
+            "choices": ("none", "mirror", "mirror_translate"),
+        },
+    )
     poll_seconds: float = field(default=10.0, metadata={"help": "continuous mode: how often to look for checkpoints"})
     timeout_seconds: float = field(
         default=3600.0, metadata={"help": "continuous mode: stop when no new checkpoint came for this long"}

@@ -33,6 +33,7 @@ from components.evaluate.restore import (
     read_train_config,
     restore_weights,
 )
+from components.train.model import predict_logits
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,13 @@ class Evaluator:
         self.label_names = manifest.label_names
         self.model = build_from_config(self.train_config)
         self.images, self.labels = self._load_split()
-        self.predict = tf.function(lambda images: tf.nn.softmax(self.model(images, training=False), -1))
+        # The views the model was trained to be evaluated with (airbench's), unless the configuration says otherwise.
+        self.test_time_augmentation = config.test_time_augmentation or self.train_config.get(
+            "test_time_augmentation", "none"
+        )
+        self.predict = tf.function(
+            lambda images: tf.nn.softmax(predict_logits(self.model, images, self.test_time_augmentation), -1)
+        )
         self.summary_writer = tf.summary.create_file_writer(str(self.directory.local / "eval"))
 
     def _load_split(self) -> tuple[np.ndarray, np.ndarray]:
@@ -244,6 +251,7 @@ class Evaluator:
             "model_dir": config.model_dir,
             "label_names": self.label_names,
             "dataset_manifest_sha256": self.dataset.manifest_sha256,
+            "test_time_augmentation": self.test_time_augmentation,  # the exported model serves with the same views
         }
         promotion = None
         if decision.blessed and config.promote_to:
@@ -281,6 +289,7 @@ class Evaluator:
             "checkpoint": Path(final.checkpoint).name,
             "step": str(final.step),
             "weights": final.weights,
+            "test-time augmentation": self.test_time_augmentation,
             "dataset": f"{self.config.data} ({manifest.dataset}, split {self.config.split}, {len(self.labels)} images)",
             "model": "{model}{depth} x{width_multiplier}".format(**self.train_config),
         }

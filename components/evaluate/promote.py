@@ -28,6 +28,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from components.common import storage
+from components.train.model import predict_logits
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +44,10 @@ class PromotionConflictError(RuntimeError):
 class ServingModule(tf.Module):
     """uint8 images [N, 32, 32, 3] -> class probabilities, the top class and its name."""
 
-    def __init__(self, model, label_names: list[str]):
+    def __init__(self, model, label_names: list[str], test_time_augmentation: str = "none"):
         super().__init__()
         self.model = model
+        self.test_time_augmentation = test_time_augmentation
         self.label_names = tf.constant(label_names)
         height, width, channels = model.input_shape[1:]
         self.serve = tf.function(
@@ -53,13 +55,17 @@ class ServingModule(tf.Module):
         )
 
     def _serve(self, images):
-        probabilities = tf.nn.softmax(self.model(images, training=False), axis=-1)
+        logits = predict_logits(self.model, images, self.test_time_augmentation)
+        probabilities = tf.nn.softmax(logits, axis=-1)
         top = tf.argmax(probabilities, axis=-1)
         return {"probabilities": probabilities, "classes": top, "class_names": tf.gather(self.label_names, top)}
 
 
-def export_saved_model(model, label_names: list[str], directory: str | Path) -> None:
-    module = ServingModule(model, label_names)
+def export_saved_model(
+    model, label_names: list[str], directory: str | Path, test_time_augmentation: str = "none"
+) -> None:
+    """The serving signature includes the test-time augmentation, so the server answers as evaluation measured."""
+    module = ServingModule(model, label_names, test_time_augmentation)
     tf.saved_model.save(module, str(directory), signatures={"serving_default": module.serve})
 
 
@@ -140,7 +146,7 @@ def promote(model, label_names: list[str], root: str, record: dict, expected_poi
         ) from error
     logger.info("claimed version %d under %s; exporting the SavedModel", version, root)
     with tempfile.TemporaryDirectory() as staging:
-        export_saved_model(model, label_names, staging)
+        export_saved_model(model, label_names, staging, record.get("test_time_augmentation", "none"))
         files = sorted((path for path in Path(staging).rglob("*") if path.is_file()), key=_saved_model_proto_last)
         for path in files:
             name = f"{target}/{path.relative_to(staging).as_posix()}"

@@ -67,6 +67,14 @@ class TrainConfig:
     batch_norm_decay: float = field(default=0.997, metadata={"help": "moving-average decay of batch norm"})
     batch_norm_epsilon: float = field(default=1e-5, metadata={"help": "batch norm epsilon"})
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing of the cross-entropy"})
+    test_time_augmentation: str = field(
+        default="none",
+        metadata={
+            "help": "views averaged by evaluation and the exported model: none, mirror (2 passes), mirror_translate "
+            "(6 passes)",
+            "choices": ("none", "mirror", "mirror_translate"),
+        },
+    )
     # input
     batch_size: int = field(default=128, metadata={"help": "global batch, split over all replicas"})
     in_memory: bool = field(default=False, metadata={"help": "keep the decoded training set in memory"})

@@ -244,6 +244,30 @@ def build_airbench(spec: ModelSpec) -> keras.Model:
     return keras.Model(inputs, outputs, name="airbench")
 
 
+TEST_TIME_AUGMENTATIONS = ("none", "mirror", "mirror_translate")
+
+
+def predict_logits(model: keras.Model, images, test_time_augmentation: str = "none"):
+    """The model's logits for a uint8 batch, averaged over test-time views (airbench's): `mirror` averages each
+    image and its mirror; `mirror_translate` gives that half the weight and the other half to the mirrored pairs of
+    the image shifted one pixel up-left and one down-right (reflected borders). 1, 2 and 6 forward passes."""
+    if test_time_augmentation not in TEST_TIME_AUGMENTATIONS:
+        raise ValueError(f"test_time_augmentation: {test_time_augmentation!r} is not one of {TEST_TIME_AUGMENTATIONS}")
+
+    def mirrored(batch):
+        return 0.5 * model(batch, training=False) + 0.5 * model(keras.ops.flip(batch, axis=2), training=False)
+
+    if test_time_augmentation == "none":
+        return model(images, training=False)
+    logits = mirrored(images)
+    if test_time_augmentation == "mirror":
+        return logits
+    height, width = images.shape[1], images.shape[2]
+    padded = keras.ops.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="reflect")
+    up_left, down_right = padded[:, :height, :width, :], padded[:, 2 : height + 2, 2 : width + 2, :]
+    return 0.5 * logits + 0.25 * (mirrored(up_left) + mirrored(down_right))
+
+
 def whitening_layer(model: keras.Model) -> PatchWhitening | None:
     """The model's patch-whitening layer, which must be fitted to training images before training starts."""
     return next((layer for layer in model.layers if isinstance(layer, PatchWhitening)), None)
