@@ -14,6 +14,8 @@ TRAIN_STEPS ?=
 EPOCHS ?=
 THRESHOLD ?= 0.5
 TRAIN_OPTIONS ?=
+# PRESET: fast (airbench94's recipe) or estimator (the CIFAR-10 estimator example's ResNet recipe)
+PRESET ?=
 EXTRA ?=
 KFP_HOST ?=
 EXPERIMENT ?= cifar10
@@ -33,13 +35,16 @@ STAND_IN_BASE ?=
 export CIFAR10_PIPELINE_REGISTRY := $(REGISTRY)
 export CIFAR10_PIPELINE_TAG := $(TAG)
 PIPELINE := $(BIN)/python -m pipeline.pipeline
-# Only what is given is passed on (EPOCHS or TRAIN_STEPS, TRAIN_OPTIONS); EXTRA comes last and so wins.
+# Only what is given is passed on (PRESET, EPOCHS or TRAIN_STEPS, TRAIN_OPTIONS); EXTRA comes last and so wins.
 RUN_PARAMETERS = --source "$(SOURCE)" --workers $(WORKERS) --depth $(DEPTH) --batch-size $(BATCH_SIZE) \
-	--accuracy-threshold $(THRESHOLD) $(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) \
-	$(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRAIN_OPTIONS),--train-options '$(TRAIN_OPTIONS)')
-# make local-run is a quick demo unless told otherwise: 300 steps, and a batch-norm decay of 0.9 (the estimator
-# example's 0.997 needs thousands of steps before its moving averages are usable).
-DEMO = $(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300) $(if $(TRAIN_OPTIONS),,--train-options '{"batch_norm_decay": 0.9}')
+	--accuracy-threshold $(THRESHOLD) $(if $(PRESET),--preset $(PRESET)) \
+	$(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) $(if $(EPOCHS),--epochs $(EPOCHS)) \
+	$(if $(TRAIN_OPTIONS),--train-options '$(TRAIN_OPTIONS)')
+# make local-run is a quick demo unless told otherwise (by a length, options or a PRESET, whose recipe then holds):
+# 300 steps, and a batch-norm decay of 0.9 (the estimator example's 0.997 needs thousands of steps before its moving
+# averages are usable).
+DEMO = $(if $(PRESET),,$(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300) \
+	$(if $(TRAIN_OPTIONS),,--train-options '{"batch_norm_decay": 0.9}'))
 
 .PHONY: help install constraints test test-images lint format local-run compile run schedule tensorboard images push
 .PHONY: prepare-data bench clean
@@ -62,7 +67,7 @@ test:  ## run the whole test suite (but the container images': make test-images)
 	$(BIN)/python -m pytest -q
 
 test-images:  ## build the images and run the pipeline in them (podman or Docker; about 25 minutes, see README)
-	$(BIN)/python -m pytest -q -m images -p no:cacheprovider tests/test_images.py
+	$(BIN)/python -m pytest -q -s -m images -p no:cacheprovider tests/test_images.py
 
 lint:  ## ruff check and format check
 	$(BIN)/ruff check .

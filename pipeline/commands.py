@@ -86,7 +86,7 @@ def chosen_parameters(arguments: argparse.Namespace, pipeline) -> dict[str, Any]
 LAUNCHERS = ("auto", "tfjob")
 # Pipeline parameters that become TrainConfig fields of the same name.
 TRAIN_PARAMETERS = ("workers", "depth", "batch_size", "learning_rate", "gpus_per_worker", "worker_cpu", "worker_memory")
-TRAIN_PARAMETERS += ("train_steps", "epochs")
+TRAIN_PARAMETERS += ("train_steps", "epochs", "preset")
 
 
 def check_parameters(pipeline, parameters: dict[str, Any]) -> None:

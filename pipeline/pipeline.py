@@ -72,7 +72,8 @@ def evaluate_and_promote(
         with_object_store(promotion, object_store_secret)
 
 
-TRAINING = ("dataset", "model_dir", "workers", "depth", "batch_size", "train_steps", "epochs", "learning_rate")
+TRAINING = ("dataset", "model_dir", "preset", "workers", "depth", "batch_size", "train_steps", "epochs")
+TRAINING += ("learning_rate",)
 TRAINING += ("warm_start", "options")  # the train component's parameters that the sub-pipelines pass on
 TRAIN_RETRIES = {"num_retries": 2, "backoff_duration": "120s", "backoff_factor": 2.0}
 
@@ -96,6 +97,7 @@ def _train_in_pod(training: dict, cpus, memory, object_store_secret) -> dsl.Pipe
 def train_on_gpus(
     dataset: dsl.Input[dsl.Dataset],
     model_dir: str,
+    preset: str,
     workers: int,
     depth: int,
     batch_size: int,
@@ -122,6 +124,7 @@ def train_on_gpus(
 def train_on_cpus(
     dataset: dsl.Input[dsl.Dataset],
     model_dir: str,
+    preset: str,
     workers: int,
     depth: int,
     batch_size: int,
@@ -146,6 +149,7 @@ def cifar10_pipeline(
     source: str = PREPARE.source,
     source_sha256: str = PREPARE.source_sha256,
     validation_fraction: float = PREPARE.validation_fraction,
+    preset: str = "",
     workers: int = 2,  # the pipeline's own choice: it exists to train on several workers
     launcher: str = "auto",
     gpus_per_worker: int = TRAIN.gpus_per_worker,
@@ -176,6 +180,8 @@ def cifar10_pipeline(
         source: The data: the official archive's URL, a gs:// or s3:// URI, an archive or folder, or "synthetic".
         source_sha256: Expected SHA-256 of the source archive ("" checks only the official archive's known digest).
         validation_fraction: Fraction of the training data held out for validation; -1 keeps the source's own.
+        preset: A training recipe: "fast" (airbench94: about 94% in 10 epochs) or "estimator" (the CIFAR-10 estimator
+            example's ResNet recipe); its values apply wherever a parameter is left at its default.
         workers: Training workers (synchronous all-reduce): local processes in the step's pod, or TFJob pods.
         launcher: "auto" trains in the step's pod; "tfjob" starts the workers as a Kubeflow TFJob.
         gpus_per_worker: launcher=tfjob: GPUs of each worker pod (such pods tolerate nvidia.com/gpu taints).
@@ -225,6 +231,7 @@ def cifar10_pipeline(
     training = {
         "dataset": dataset,
         "model_dir": model_dir,
+        "preset": preset,
         "workers": workers,
         "depth": depth,
         "batch_size": batch_size,

@@ -234,7 +234,9 @@ def tiny_train_config(data: str, model_dir, **overrides):
         "checkpoint_every_seconds": None,
     }
     values.update(overrides)
-    return TrainConfig(**values)
+    from components.common.config import config_from_mapping
+
+    return config_from_mapping(TrainConfig, values, "test configuration")  # as every reader does: presets apply
 
 
 def scalar_series(log_dir, tag) -> list[tuple[int, float]]:

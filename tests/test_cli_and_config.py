@@ -186,3 +186,43 @@ def test_kfp_parameters_read_not_given_as_the_configs_default():
         config_from_parameters(TrainConfig, {**given, "depth": -1}, "component parameters")
     with pytest.raises(ValueError, match=r"component parameters: train_steps: 0 must be at least 1"):
         config_from_parameters(TrainConfig, {**given, "epochs": -1.0, "train_steps": 0}, "component parameters")
+
+
+def test_a_preset_supplies_every_value_not_given_on_every_config_path(tmp_path):
+    """--preset fast is airbench94's recipe: the values given (command line, file, KFP parameters) win, a length
+    given by hand replaces the preset's, and the KFP parameters left at their defaults take the preset's."""
+    from components.common.config import parse_config
+    from components.common.kfp_parameters import config_from_parameters
+    from components.evaluate.config import EvaluateConfig
+    from components.train.config import FAST, TrainConfig
+
+    config, _ = parse_config(TrainConfig, ["--data", "d", "--model-dir", "m", "--preset", "fast"], "train")
+    assert {name: getattr(config, name) for name in FAST} == FAST
+    assert (config.model, config.batch_size, config.epochs, config.train_steps) == ("airbench", 1024, 9.9, None)
+
+    argv = ["--data", "d", "--model-dir", "m", "--preset", "fast", "--batch-size", "512", "--train-steps", "100"]
+    config, _ = parse_config(TrainConfig, argv, "train")
+    assert (config.batch_size, config.train_steps, config.epochs, config.nesterov) == (512, 100, None, True)
+
+    estimator, _ = parse_config(TrainConfig, ["--data", "d", "--model-dir", "m", "--preset", "estimator"], "train")
+    assert estimator == TrainConfig(data="d", model_dir="m", preset="estimator")  # the defaults, named
+
+    # KFP: every parameter arrives; those at their defaults (batch_size 128 here) take the preset's value.
+    parameters = {"data": "d", "model_dir": "m", "preset": "fast", "batch_size": 128, "depth": 20, "epochs": -1.0,
+                  "learning_rate": 0.05, "train_steps": -1}  # fmt: skip
+    config = config_from_parameters(TrainConfig, parameters, "train component parameters")
+    assert (config.batch_size, config.learning_rate, config.epochs) == (1024, 0.05, 9.9)
+
+    assert (
+        parse_config(EvaluateConfig, ["--data", "d", "--model-dir", "m", "--preset", "fast"], "evaluate")[
+            0
+        ].test_time_augmentation
+        == "mirror_translate"
+    )
+    with pytest.raises(ValueError, match=r"preset: 'quick' is not one of fast, estimator"):
+        TrainConfig(data="d", model_dir="m", preset="quick")
+    completed = subprocess.run(
+        [sys.executable, "-m", "components.train", "--data", "d", "--model-dir", "m", "--preset", "quick"],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert completed.returncode == 2 and "preset" in completed.stderr and "Traceback" not in completed.stderr

@@ -131,20 +131,22 @@ def test_two_local_workers_hold_identical_weights_and_match_one_worker(synthetic
     assert np.linalg.norm(change_two - change_one) / np.linalg.norm(change_one) < 0.25
 
 
-def test_two_workers_fit_one_whitening_and_train_the_airbench_network_to_identical_weights(synthetic_data, tmp_path):
-    """The patch whitening is fitted from the chief's training images and broadcast, so every worker starts, and
-    ends, with the same weights."""
+def test_two_workers_train_the_fast_preset_to_identical_weights(synthetic_data, tmp_path):
+    """The fast preset (airbench94) on two workers, shrunk to a few steps: the patch whitening is fitted from the
+    chief's training images and broadcast, alternating flips and lookahead run, and both workers end identical."""
     config = tiny_train_config(
         synthetic_data,
         tmp_path / "airbench",
-        model="airbench",
+        preset="fast",
         width_multiplier=0.125,
-        batch_norm_decay=0.6,
-        label_smoothing=0.2,
-        nesterov=True,
+        batch_size=32,
+        learning_rate_batch_size=32,
+        lookahead_start_epochs=0.0,
+        lookahead_every_steps=2,
         workers=2,
         train_steps=3,
     )
+    assert (config.model, config.augmentation, config.schedule) == ("airbench", "airbench", "triangular")
     completed = run_training(config)
     assert completed.returncode == 0, completed.stderr[-3000:]
     fitted = re.findall(r"\[(worker-\d)\].*fitted the patch whitening", completed.stderr)

@@ -122,8 +122,24 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) ->
         parser.add_argument(option_name(field.name), **keywords)
 
 
+def with_preset(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` over the preset they name (`config_class.PRESETS[values["preset"]]`): a preset supplies every value
+    not given. A length given by hand (any of `config_class.LENGTH_FIELDS`) replaces the preset's length."""
+    name = values.get("preset")
+    presets = getattr(config_class, "PRESETS", {})
+    if name is None or name not in presets:
+        return values  # no preset, or an unknown name, which the config's own check reports
+    preset = dict(presets[name])
+    lengths = getattr(config_class, "LENGTH_FIELDS", ())
+    if any(values.get(length) is not None for length in lengths):
+        preset = {key: value for key, value in preset.items() if key not in lengths}
+    return {**preset, **values}
+
+
 def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], origin: str) -> ConfigT:
-    """Build `config_class` from a mapping, naming `origin` and the key in every error."""
+    """Build `config_class` from a mapping (over its preset, if it names one), naming `origin` and the key in every
+    error."""
+    values = with_preset(config_class, values)
     known = {field.name for field in dataclasses.fields(config_class)}
     unknown = sorted(set(values) - known)
     if unknown:

@@ -62,7 +62,17 @@ def _given(hints: dict[str, Any], name: str, value: Any) -> bool:
 
 def config_from_parameters(config_class: type[ConfigT], parameters: dict[str, Any], origin: str) -> ConfigT:
     """The config that KFP parameters describe: None and a NOT_GIVEN placeholder mean the config's default for an
-    optional field; every value passes the config's own checks, and errors name `origin` and the field."""
+    optional field; every value passes the config's own checks, and errors name `origin` and the field.
+
+    With a preset, a parameter at its default means "the preset's value": KFP passes every parameter, so a value
+    left alone cannot be told from one set to the default on purpose."""
     hints = typing.get_type_hints(config_class)
     given = {name: value for name, value in parameters.items() if _given(hints, name, value)}
+    if given.get("preset"):
+        defaults = vars(parameter_defaults(config_class))
+        given = {
+            name: value
+            for name, value in given.items()
+            if name == "preset" or name not in defaults or value != defaults[name]
+        }
     return config_from_mapping(config_class, given, origin)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from components.common.config import check_fields
 
@@ -12,8 +13,21 @@ WEIGHTS = ("auto", "ema", "raw")
 
 @dataclass(frozen=True)
 class EvaluateConfig:
+    PRESETS: ClassVar[dict[str, dict]] = {
+        "fast": {"test_time_augmentation": "mirror_translate"},
+        "estimator": {"test_time_augmentation": "none"},
+    }
+
     data: str = field(metadata={"help": "prepared dataset: a folder, gs:// or s3:// prefix holding manifest.json"})
     model_dir: str = field(metadata={"help": "the train stage's model directory (folder, gs:// or s3://)"})
+    preset: str | None = field(
+        default=None,
+        metadata={
+            "help": "fast: airbench's 6-view test-time augmentation; estimator: none (default: what the model was "
+            "trained with)",
+            "choices": ("fast", "estimator"),
+        },
+    )
     mode: str = field(
         default="latest",
         metadata={

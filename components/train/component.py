@@ -23,6 +23,7 @@ def train_component(
     model: dsl.Output[dsl.Model],
     mlpipeline_ui_metadata: dsl.Output[dsl.Artifact],
     model_dir: str = "",
+    preset: str = "",
     workers: int = 1,
     depth: int = 20,
     batch_size: int = 128,
@@ -34,9 +35,10 @@ def train_component(
     run_id: str = "",
 ):
     """Train on `dataset` in this pod (`workers` local processes); `model` records where the checkpoints are, the
-    final step and metrics. train_steps -1 and epochs -1 mean the stage's default length; `options` sets any other
-    field of TrainConfig (e.g. {"optimizer": "adamw", "ema_decay": 0.999}). `run_id` (the pipeline run's ID) keeps
-    the model directory the same for every attempt of the step, so a retry resumes from its checkpoints."""
+    final step and metrics. `preset` ("fast", "estimator") supplies every value left at its default (see
+    TrainConfig.preset); train_steps -1 and epochs -1 mean the stage's (or the preset's) length; `options` sets any
+    other field of TrainConfig (e.g. {"optimizer": "adamw", "ema_decay": 0.999}). `run_id` (the pipeline run's ID)
+    keeps the model directory the same for every attempt of the step, so a retry resumes from its checkpoints."""
     from components.common.logs import setup_logging
     from components.train.kfp_run import run_train
 
@@ -47,6 +49,7 @@ def train_component(
         mlpipeline_ui_metadata,
         launcher="auto",
         model_dir=model_dir,
+        preset=preset,
         workers=workers,
         depth=depth,
         batch_size=batch_size,
@@ -65,6 +68,7 @@ def launch_tfjob_component(
     model: dsl.Output[dsl.Model],
     mlpipeline_ui_metadata: dsl.Output[dsl.Artifact],
     model_dir: str = "",
+    preset: str = "",
     workers: int = 2,
     gpus_per_worker: int = 0,
     worker_cpu: str = "4",
@@ -95,6 +99,7 @@ def launch_tfjob_component(
         mlpipeline_ui_metadata,
         launcher="tfjob",
         model_dir=model_dir,
+        preset=preset,
         workers=workers,
         gpus_per_worker=gpus_per_worker,
         worker_cpu=worker_cpu,
