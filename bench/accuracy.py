@@ -46,11 +46,17 @@ def full_training_set() -> str:
     return str(target)
 
 
-def run(command: list[str]) -> subprocess.CompletedProcess:
-    completed = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True)
-    if completed.returncode != 0:
-        sys.exit(f"{' '.join(command[:4])} failed:\n{completed.stderr[-3000:]}")
-    return completed
+def run(command: list[str]) -> str:
+    """Run a stage, echoing its progress lines (step, examples/s, ETA; accuracy); returns its whole log."""
+    process = subprocess.Popen(command, cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if RATE.search(line) or ("accuracy" in line and "evaluate" in line):
+            print("    " + line.rstrip().split(" INFO ", 1)[-1], flush=True)
+    if process.wait() != 0:
+        sys.exit(f"{' '.join(command[:4])} failed:\n{''.join(lines)[-3000:]}")
+    return "".join(lines)
 
 
 def train_and_evaluate(data: str, preset: str, epochs: float, seed: int, model_dir: Path) -> dict:
@@ -59,7 +65,7 @@ def train_and_evaluate(data: str, preset: str, epochs: float, seed: int, model_d
                    "--preset", preset, "--epochs", str(epochs), "--seed", str(seed), "--log-every-steps", "20",
                    "--checkpoint-every-seconds", "3600"])  # fmt: skip
     seconds = time.monotonic() - started
-    rates = [float(rate) for rate in RATE.findall(trained.stderr)][1:]  # the first window includes tracing
+    rates = [float(rate) for rate in RATE.findall(trained)][1:]  # the first window includes tracing
     run([sys.executable, "-m", "components.evaluate", "--data", data, "--model-dir", str(model_dir)])
     evaluation = json.loads((model_dir / "eval_metrics.json").read_text())
     return {
