@@ -149,7 +149,7 @@ def test_two_workers_train_the_fast_preset_to_identical_weights(synthetic_data, 
     assert (config.model, config.augmentation, config.schedule) == ("airbench", "airbench", "triangular")
     completed = run_training(config)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    fitted = re.findall(r"\[(worker-\d)\].*fitted the patch whitening", completed.stderr)
+    fitted = re.findall(r"\[(worker-\d)\].*patch whitening fitted by the chief", completed.stderr)
     assert sorted(fitted) == ["worker-0", "worker-1"], completed.stderr[-3000:]
     digests = re.findall(r"\[(worker-\d)\].*weights sha256 ([0-9a-f]{64})", completed.stderr)
     assert len(digests) == 2 and digests[0][1] == digests[1][1], "the two workers ended with different weights"

@@ -200,17 +200,21 @@ class Trainer:
         return 0
 
     def _fit_whitening(self) -> None:
-        """A model that starts with patch whitening gets it fitted to the first training images, as the chief
-        reads them; every worker takes the chief's values, so all start identical."""
+        """A model that starts with patch whitening gets it fitted, once, by the chief, to the first training
+        images; the other workers receive the chief's values, so all start identical."""
         layer = whitening_layer(self.model)
         if layer is None:
             return
         sample = min(WHITENING_SAMPLE, self.train_examples)
-        images, _labels = next(iter(self.dataset.tf_dataset("train", batch_size=sample)))
-        values = distribution.broadcast_from_chief(self.strategy, layer.fitted_values(images.numpy()))
+        if self.chief:
+            images, _labels = next(iter(self.dataset.tf_dataset("train", batch_size=sample)))
+            fitted = layer.fitted_values(images.numpy())
+        else:
+            fitted = [np.zeros(variable.shape, np.float32) for variable in layer.weights_to_fit]
+        values = distribution.broadcast_from_chief(self.strategy, fitted)
         for variable, value in zip(layer.weights_to_fit, values, strict=True):
             variable.assign(value)
-        logger.info("fitted the patch whitening to the first %d training images", sample)
+        logger.info("patch whitening fitted by the chief to the first %d training images", sample)
 
     def _check_model_directory_fits(self) -> list[str]:
         """Before anything is written: a model directory that holds checkpoints must hold this model, trained on
