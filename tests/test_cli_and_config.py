@@ -194,7 +194,8 @@ def test_a_preset_supplies_every_value_not_given_on_every_config_path(tmp_path):
     from components.common.config import parse_config
     from components.common.kfp_parameters import config_from_parameters
     from components.evaluate.config import EvaluateConfig
-    from components.train.config import FAST, TrainConfig
+    from components.train.config import TrainConfig
+    from components.train.presets import FAST
 
     config, _ = parse_config(TrainConfig, ["--data", "d", "--model-dir", "m", "--preset", "fast"], "train")
     assert {name: getattr(config, name) for name in FAST} == FAST
