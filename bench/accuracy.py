@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--epochs", type=float, default=10.0)
     parser.add_argument("--presets", nargs="+", default=["fast", "estimator"], choices=["fast", "estimator"])
-    parser.add_argument("--speed-rounds", type=int, default=2, help="0 skips the speed comparison")
+    parser.add_argument("--speed-rounds", type=int, default=5, help="0 skips the speed comparison")
     parser.add_argument("--speed-steps", type=int, default=8)
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
