@@ -110,7 +110,7 @@ bench:  ## run every benchmark (needs ../shared/data)
 	$(BIN)/python bench/train.py
 	$(BIN)/python bench/evaluate.py
 
-bench-accuracy:  ## what each preset buys on real CIFAR-10: 2 runs each of 10 epochs (about 75 minutes on 2 cores)
+bench-accuracy:  ## what each preset buys on real CIFAR-10: 2 runs each of 10 epochs (about 80 minutes on 2 cores)
 	$(BIN)/python bench/accuracy.py
 
 clean:  ## remove outputs and caches (not .venv)

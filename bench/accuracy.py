@@ -7,7 +7,7 @@
 2. Speed: images/s of the fast preset's training loop against a bare `tf.function` step of the same network,
    batch and optimizer on a fixed batch (target ratio >= 0.95), rounds alternating.
 
-    .venv/bin/python bench/accuracy.py [--runs 2] [--epochs 10] [--presets fast estimator] [--speed-rounds 2]
+    .venv/bin/python bench/accuracy.py [--runs 2] [--epochs 10] [--presets fast estimator] [--speed-rounds 5]
 
 The real images come from ../shared/data through bench/prepare_data.py's archive (bench/work/).
 """
