@@ -31,6 +31,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 WORK = REPOSITORY / "bench" / "work"
 
+from bench import bare_step  # noqa: E402
 from bench.prepare_data import official_archive  # noqa: E402
 
 RATE = re.compile(r"step \d+/\d+ .* ([\d.]+) examples/s")
@@ -100,34 +101,12 @@ def loop_seconds_per_step(data: str, steps: int) -> float:
 
 def bare_seconds_per_step(batch: int, steps: int) -> float:
     import keras
-    import numpy as np
-    import tensorflow as tf
 
     from components.train.model import ModelSpec, build_model
 
     model = build_model("airbench", ModelSpec(batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
     optimizer = keras.optimizers.SGD(0.1, momentum=0.85, nesterov=True)
-    images = tf.constant(np.random.default_rng(0).integers(0, 256, (batch, 32, 32, 3)), tf.uint8)
-    labels = tf.constant(np.arange(batch) % 10, tf.int64)
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
-
-    def timed(count: int) -> float:
-        start = time.perf_counter()
-        for _ in range(count):
-            loss = step()
-        float(loss)
-        return time.perf_counter() - start
-
-    timed(2)  # trace and warm up
-    return (timed(3 + steps) - timed(3)) / steps
+    return bare_step.bare_seconds_per_step(model, optimizer, batch, steps, warmup_steps=3)
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 WORK = REPOSITORY / "bench" / "work"
 
+from bench import bare_step  # noqa: E402
 from components.common.config import config_to_dict  # noqa: E402
 from components.train.config import TrainConfig  # noqa: E402
 
@@ -75,34 +76,11 @@ def loop_seconds_per_step(data: str, steps: int) -> float:
 
 def bare_seconds_per_step(steps: int) -> float:
     import keras
-    import tensorflow as tf
 
     from components.train.model import ModelSpec, build_resnet
 
     model = build_resnet(ModelSpec(depth=DEPTH))
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-    images = tf.random.uniform([BATCH, 32, 32, 3], 0, 256, dtype=tf.int32)
-    images = tf.cast(images, tf.uint8)
-    labels = tf.random.uniform([BATCH], 0, 10, dtype=tf.int64)
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
-
-    def run(count: int) -> float:
-        start = time.perf_counter()
-        for _ in range(count):
-            loss = step()
-        float(loss)
-        return time.perf_counter() - start
-
-    run(10)  # trace and warm up
-    return (run(10 + steps) - run(10)) / steps
+    return bare_step.bare_seconds_per_step(model, keras.optimizers.SGD(0.1, momentum=0.9), BATCH, steps, 10)
 
 
 def workers_images_per_second(data: str, workers: int, steps: int) -> float:

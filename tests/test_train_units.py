@@ -178,20 +178,26 @@ def test_resnet20_parameter_count_and_width_multiplier():
     assert half.get_layer("stage3_block1_conv1").filters == 32
 
 
-def test_the_step_alone_fits_a_batch_and_reports_the_workers_flags():
-    """The distributed step without a model directory: model, batch, step."""
-    from components.train.config import TrainConfig
+def _step_on_one_batch(**options):
+    """A TrainStep of a tiny ResNet (4 classes, batch 16, one step per epoch) and an endless iterator over one
+    fixed batch: the step without a model directory."""
     from components.train.step import TrainStep
 
     config = TrainConfig(data="unused", model_dir="unused", depth=8, width_multiplier=0.25, batch_size=16,
-                         learning_rate=0.05, schedule="constant", train_steps=30)  # fmt: skip
+                         learning_rate=0.05, schedule="constant", **options)  # fmt: skip
     tf.keras.utils.set_random_seed(0)
     strategy = tf.distribute.get_strategy()
     model = build_resnet(ModelSpec(depth=8, width_multiplier=0.25, num_classes=4))
-    step = TrainStep(config, strategy, model, num_classes=4, steps_per_epoch=1.0, total_steps=30)
+    step = TrainStep(config, strategy, model, num_classes=4, steps_per_epoch=1.0, total_steps=config.train_steps)
     images = tf.constant(np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3)), tf.uint8)
     labels = tf.constant(np.arange(16) % 4, tf.int64)
     batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors((images, labels)).repeat()))
+    return step, model, batches
+
+
+def test_the_step_alone_fits_a_batch_and_reports_the_workers_flags():
+    """The distributed step without a model directory: model, batch, step."""
+    step, _model, batches = _step_on_one_batch(train_steps=30)
     losses = []
     for _ in range(30):
         outputs, _batch = step(batches, tf.constant([0, 1]))
@@ -260,19 +266,10 @@ def test_the_airbench_network_has_airbench94s_shape():
 def test_lookahead_moves_the_weights_to_a_slow_average_of_themselves():
     """Every `lookahead_every_steps` steps from `lookahead_start_epochs` on, the weights become the shadow, which
     follows them slowly; the first time the shadow is the weights themselves; the last step ends on the shadow."""
-    from components.train.config import TrainConfig
-    from components.train.step import TrainStep
-
-    config = TrainConfig(data="unused", model_dir="unused", depth=8, width_multiplier=0.25, batch_size=16,
-                         learning_rate=0.05, schedule="constant", train_steps=9, lookahead_every_steps=2,
-                         lookahead_start_epochs=2.0, lookahead_decay=0.99, lookahead_decay_power=0.0)  # fmt: skip
-    tf.keras.utils.set_random_seed(0)
-    strategy = tf.distribute.get_strategy()
-    model = build_resnet(ModelSpec(depth=8, width_multiplier=0.25, num_classes=4))
-    step = TrainStep(config, strategy, model, num_classes=4, steps_per_epoch=1.0, total_steps=9)
-    images = tf.constant(np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3)), tf.uint8)
-    labels = tf.constant(np.arange(16) % 4, tf.int64)
-    batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors((images, labels)).repeat()))
+    step, model, batches = _step_on_one_batch(
+        train_steps=9, lookahead_every_steps=2, lookahead_start_epochs=2.0, lookahead_decay=0.99,
+        lookahead_decay_power=0.0,
+    )  # fmt: skip
     head, shadow = model.get_layer("head").kernel, step.lookahead["head/kernel"]
     weights, shadows = {}, {}
     for number in range(1, 10):
