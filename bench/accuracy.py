@@ -4,10 +4,14 @@
    training images (prepared once with no validation hold-out), each evaluated on the 10,000 test images by the
    evaluate stage (with the test-time augmentation the model was trained for). Reports every run, the mean and
    spread of the accuracy, the wall time and the training images/s.
-2. Speed: images/s of the fast preset's training loop against a bare `tf.function` step of the same network,
-   batch and optimizer on a fixed batch (target ratio >= 0.95), rounds alternating.
+2. Speed: images/s of the fast preset's training loop (one worker, steady state: the median of its own progress
+   windows after the first) against a bare `tf.function` step of the same network, batch and optimizer on a fixed
+   batch, timed in windows of the same length (target ratio >= 0.95); rounds alternate which side goes first.
 
-    .venv/bin/python bench/accuracy.py [--runs 2] [--epochs 10] [--presets fast estimator] [--speed-rounds 5]
+    .venv/bin/python bench/accuracy.py [--runs 2] [--epochs 10] [--presets fast estimator] [--speed-rounds 4]
+        [--train-args "--width-multiplier 1.5"]
+
+`--runs 0` measures only the speed; `--speed-rounds 0` only the accuracy.
 
 The real images come from ../shared/data through bench/prepare_data.py's archive (bench/work/).
 """
@@ -19,6 +23,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -60,17 +65,19 @@ def run(command: list[str]) -> str:
     return "".join(lines)
 
 
-def train_and_evaluate(data: str, preset: str, epochs: float, seed: int, model_dir: Path) -> dict:
+def train_and_evaluate(
+    data: str, preset: str, epochs: float, seed: int, model_dir: Path, train_arguments: list[str]
+) -> dict:
     started = time.monotonic()
     trained = run([sys.executable, "-m", "components.train", "--data", data, "--model-dir", str(model_dir),
                    "--preset", preset, "--epochs", str(epochs), "--seed", str(seed), "--log-every-steps", "20",
-                   "--checkpoint-every-seconds", "3600"])  # fmt: skip
+                   "--checkpoint-every-seconds", "3600", *train_arguments])  # fmt: skip
     seconds = time.monotonic() - started
     rates = [float(rate) for rate in RATE.findall(trained)][1:]  # the first window includes tracing
     run([sys.executable, "-m", "components.evaluate", "--data", data, "--model-dir", str(model_dir)])
     evaluation = json.loads((model_dir / "eval_metrics.json").read_text())
     return {
-        "preset": preset,
+        "preset": " ".join([preset, *train_arguments]),
         "seed": seed,
         "epochs": epochs,
         "accuracy": evaluation["metrics"]["accuracy"],
@@ -79,58 +86,55 @@ def train_and_evaluate(data: str, preset: str, epochs: float, seed: int, model_d
     }
 
 
-def loop_seconds_per_step(data: str, steps: int) -> float:
+def loop_window_seconds(data: str, window_steps: int, windows: int) -> list[float]:
+    """Seconds per step of the fast preset's whole training loop (one worker, as the bare step runs) in each of
+    `windows` progress windows after the first, read from the loop's own progress lines."""
     from components.common.config import config_from_mapping
     from components.train.config import TrainConfig
     from components.train.loop import Trainer
 
-    def timed(count: int) -> float:
-        with tempfile.TemporaryDirectory() as model_dir:
-            values = {"data": data, "model_dir": model_dir, "preset": "fast", "train_steps": count,
-                      "log_every_steps": 5}  # fmt: skip
-            trainer = Trainer(config_from_mapping(TrainConfig, values, "benchmark"))
-            try:
-                start = time.perf_counter()
-                trainer.run()
-                return time.perf_counter() - start
-            finally:
-                trainer.close()
+    rates: list[float] = []
 
-    return (timed(3 + steps) - timed(3)) / steps
+    class ProgressRates(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found = RATE.search(record.getMessage())
+            if found:
+                rates.append(float(found.group(1)))
+
+    loop_logger = logging.getLogger("components.train.loop")
+    handler, level = ProgressRates(), loop_logger.level
+    loop_logger.addHandler(handler)
+    loop_logger.setLevel(logging.INFO)
+    with tempfile.TemporaryDirectory() as model_dir:
+        values = {"data": data, "model_dir": model_dir, "preset": "fast", "train_steps": window_steps * (windows + 1),
+                  "log_every_steps": window_steps, "checkpoint_every_seconds": 3600}  # fmt: skip
+        trainer = Trainer(config_from_mapping(TrainConfig, values, "benchmark"))
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+            loop_logger.removeHandler(handler)
+            loop_logger.setLevel(level)
+    batch = trainer.config.batch_size
+    return [batch / rate for rate in rates[1:]]  # the first window includes tracing
 
 
-def bare_seconds_per_step(batch: int, steps: int) -> float:
+def bare_window_seconds(batch: int, window_steps: int, windows: int) -> list[float]:
     import keras
 
     from components.train.model import ModelSpec, build_model
 
     model = build_model("airbench", ModelSpec(batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
     optimizer = keras.optimizers.SGD(0.1, momentum=0.85, nesterov=True)
-    return bare_step.bare_seconds_per_step(model, optimizer, batch, steps, warmup_steps=3)
+    return bare_step.bare_window_seconds(model, optimizer, batch, window_steps, windows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--epochs", type=float, default=10.0)
-    parser.add_argument("--presets", nargs="+", default=["fast", "estimator"], choices=["fast", "estimator"])
-    parser.add_argument("--speed-rounds", type=int, default=5, help="0 skips the speed comparison")
-    parser.add_argument("--speed-steps", type=int, default=8)
-    arguments = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    data = full_training_set()
-
-    results = []
-    for preset in arguments.presets:
-        for seed in range(1, arguments.runs + 1):
-            with tempfile.TemporaryDirectory(dir=WORK) as model_dir:
-                results.append(train_and_evaluate(data, preset, arguments.epochs, seed, Path(model_dir)))
-            print(json.dumps(results[-1]), flush=True)
-    print(f"\n{arguments.epochs:g} epochs on all 50,000 training images, tested on the 10,000 test images, "
+def print_accuracy_table(results: list[dict], epochs: float) -> None:
+    print(f"\n{epochs:g} epochs on all 50,000 training images, tested on the 10,000 test images, "
           f"{os.cpu_count()} cores")  # fmt: skip
     print("| preset | runs | test accuracy (mean +- std) | train time (mean) | training images/s |")
     print("|---|---|---|---|---|")
-    for preset in arguments.presets:
+    for preset in dict.fromkeys(result["preset"] for result in results):
         mine = [result for result in results if result["preset"] == preset]
         accuracies = [result["accuracy"] for result in mine]
         spread = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
@@ -139,16 +143,48 @@ def main() -> None:
         print(f"| {preset} | {len(mine)} | {100 * statistics.mean(accuracies):.2f}% +- {100 * spread:.2f} "
               f"| {seconds / 60:.1f} min | {statistics.median(rates) if rates else 0:.0f} |")  # fmt: skip
 
+
+def print_speed_ratio(data: str, rounds: int, window_steps: int, windows: int) -> None:
+    batch = 1024
+    ratios = []
+    for round_number in range(1, rounds + 1):
+        sides = {"bare": lambda: bare_window_seconds(batch, window_steps, windows),
+                 "loop": lambda: loop_window_seconds(data, window_steps, windows)}  # fmt: skip
+        order = ("bare", "loop") if round_number % 2 else ("loop", "bare")  # neither side always goes first
+        seconds = {side: statistics.median(sides[side]()) for side in order}
+        bare, loop = seconds["bare"], seconds["loop"]
+        ratios.append(bare / loop)
+        print(f"round {round_number}: bare step {batch / bare:.0f} images/s, the fast preset's loop "
+              f"{batch / loop:.0f} images/s, ratio {ratios[-1]:.2f}", flush=True)  # fmt: skip
+    print(f"ratio fast loop / bare step: {statistics.median(ratios):.2f} (median of {rounds} rounds, each the median "
+          f"of {windows} windows of {window_steps} steps a side; target >= 0.95)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--epochs", type=float, default=10.0)
+    parser.add_argument("--presets", nargs="+", default=["fast", "estimator"], choices=["fast", "estimator"])
+    parser.add_argument("--train-args", default="", help='more train options for every run: "--width-multiplier 1.5"')
+    parser.add_argument("--speed-rounds", type=int, default=4, help="0 skips the speed comparison")
+    parser.add_argument("--speed-window-steps", type=int, default=5, help="steps per timed window")
+    parser.add_argument("--speed-windows", type=int, default=4, help="timed windows per side and round")
+    arguments = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    data = full_training_set()
+
+    results = []
+    for preset in arguments.presets:
+        for seed in range(1, arguments.runs + 1):
+            with tempfile.TemporaryDirectory(dir=WORK) as model_dir:
+                results.append(train_and_evaluate(
+                    data, preset, arguments.epochs, seed, Path(model_dir), shlex.split(arguments.train_args)
+                ))  # fmt: skip
+            print(json.dumps(results[-1]), flush=True)
+    if results:
+        print_accuracy_table(results, arguments.epochs)
     if arguments.speed_rounds:
-        batch = 1024
-        loop_times, bare_times = [], []
-        for round_number in range(1, arguments.speed_rounds + 1):
-            bare_times.append(bare_seconds_per_step(batch, arguments.speed_steps))
-            loop_times.append(loop_seconds_per_step(data, arguments.speed_steps))
-            print(f"round {round_number}: bare step {batch / bare_times[-1]:.0f} images/s, "
-                  f"the fast preset's loop {batch / loop_times[-1]:.0f} images/s", flush=True)  # fmt: skip
-        paired = statistics.median(b / o for b, o in zip(bare_times, loop_times, strict=True))
-        print(f"ratio fast loop / bare step: {paired:.2f} (median of per-round ratios; target >= 0.95)")
+        print_speed_ratio(data, arguments.speed_rounds, arguments.speed_window_steps, arguments.speed_windows)
 
 
 if __name__ == "__main__":

@@ -40,9 +40,15 @@ def build_inputs(repository: Path = REPOSITORY) -> list[Path]:
     files += [
         path
         for path in (repository / "components").rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        if path.is_file() and not _left_out(path.relative_to(repository))
     ]
     return sorted(files)
+
+
+def _left_out(relative: Path) -> bool:
+    """Byte-code and hidden files or directories (tool caches such as .ruff_cache, editor files): .dockerignore
+    keeps them out of the build context, so they are no part of an image or its tag."""
+    return relative.suffix == ".pyc" or any(part == "__pycache__" or part.startswith(".") for part in relative.parts)
 
 
 @functools.cache

@@ -33,6 +33,10 @@ def test_the_tag_changes_with_what_goes_into_the_images_and_only_with_it(tmp_pat
     (repository / "components" / "__pycache__").mkdir(exist_ok=True)
     (repository / "components" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"cache")
     assert images.content_tag.__wrapped__(repository) == tag, "byte-code caches are not part of the images"
+    (repository / "components" / "train" / ".ruff_cache").mkdir()
+    (repository / "components" / "train" / ".ruff_cache" / "CACHEDIR.TAG").write_text("cache")
+    (repository / "components" / ".model.py.swp").write_bytes(b"editor")
+    assert images.content_tag.__wrapped__(repository) == tag, "hidden files are not part of the images"
 
     model = repository / "components" / "train" / "model.py"
     model.write_text(model.read_text() + "\n# a change\n")
