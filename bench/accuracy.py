@@ -22,7 +22,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -36,10 +35,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 WORK = REPOSITORY / "bench" / "work"
 
-from bench import bare_step  # noqa: E402
+from bench import timing  # noqa: E402
 from bench.prepare_data import official_archive  # noqa: E402
-
-RATE = re.compile(r"step \d+/\d+ .* ([\d.]+) examples/s")
 
 
 def full_training_set() -> str:
@@ -58,7 +55,7 @@ def run(command: list[str]) -> str:
     lines = []
     for line in process.stdout:
         lines.append(line)
-        if RATE.search(line) or ("accuracy" in line and "evaluate" in line):
+        if timing.RATE.search(line) or ("accuracy" in line and "evaluate" in line):
             print("    " + line.rstrip().split(" INFO ", 1)[-1], flush=True)
     if process.wait() != 0:
         sys.exit(f"{' '.join(command[:4])} failed:\n{''.join(lines)[-3000:]}")
@@ -73,7 +70,7 @@ def train_and_evaluate(
                    "--preset", preset, "--epochs", str(epochs), "--seed", str(seed), "--log-every-steps", "20",
                    "--checkpoint-every-seconds", "3600", *train_arguments])  # fmt: skip
     seconds = time.monotonic() - started
-    rates = [float(rate) for rate in RATE.findall(trained)][1:]  # the first window includes tracing
+    rates = [float(rate) for rate in timing.RATE.findall(trained)][1:]  # the first window includes tracing
     run([sys.executable, "-m", "components.evaluate", "--data", data, "--model-dir", str(model_dir)])
     evaluation = json.loads((model_dir / "eval_metrics.json").read_text())
     return {
@@ -86,47 +83,29 @@ def train_and_evaluate(
     }
 
 
-def loop_window_seconds(data: str, window_steps: int, windows: int) -> list[float]:
-    """Seconds per step of the fast preset's whole training loop (one worker, as the bare step runs) in each of
-    `windows` progress windows after the first, read from the loop's own progress lines."""
-    from components.common.config import config_from_mapping
-    from components.train.config import TrainConfig
-    from components.train.loop import Trainer
-
-    rates: list[float] = []
-
-    class ProgressRates(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            found = RATE.search(record.getMessage())
-            if found:
-                rates.append(float(found.group(1)))
-
-    loop_logger = logging.getLogger("components.train.loop")
-    handler, level = ProgressRates(), loop_logger.level
-    loop_logger.addHandler(handler)
-    loop_logger.setLevel(logging.INFO)
-    with tempfile.TemporaryDirectory() as model_dir:
-        values = {"data": data, "model_dir": model_dir, "preset": "fast", "train_steps": window_steps * (windows + 1),
-                  "log_every_steps": window_steps, "checkpoint_every_seconds": 3600}  # fmt: skip
-        trainer = Trainer(config_from_mapping(TrainConfig, values, "benchmark"))
-        try:
-            trainer.run()
-        finally:
-            trainer.close()
-            loop_logger.removeHandler(handler)
-            loop_logger.setLevel(level)
-    batch = trainer.config.batch_size
-    return [batch / rate for rate in rates[1:]]  # the first window includes tracing
-
-
-def bare_window_seconds(batch: int, window_steps: int, windows: int) -> list[float]:
+def speed_round(data: str, round_number: int, window_steps: int, windows: int) -> tuple[float, float]:
+    """Images/s of the bare step and of the fast preset's loop (one worker, as the bare step runs), each the median
+    of its windows; odd rounds start with the bare step, even ones with the loop."""
     import keras
 
+    from components.common.config import config_from_mapping
+    from components.train.config import TrainConfig
     from components.train.model import ModelSpec, build_model
 
-    model = build_model("airbench", ModelSpec(batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.85, nesterov=True)
-    return bare_step.bare_window_seconds(model, optimizer, batch, window_steps, windows)
+    config = config_from_mapping(TrainConfig, {"data": data, "model_dir": "unused", "preset": "fast"}, "benchmark")
+
+    def bare() -> float:
+        model = build_model("airbench", ModelSpec(batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
+        optimizer = keras.optimizers.SGD(0.1, momentum=0.85, nesterov=True)
+        return statistics.median(timing.bare_window_seconds(model, optimizer, config.batch_size, window_steps, windows))
+
+    def loop() -> float:
+        return statistics.median(timing.loop_window_seconds(config, window_steps, windows))
+
+    sides = {"bare": bare, "loop": loop}
+    order = ("bare", "loop") if round_number % 2 else ("loop", "bare")
+    seconds = {side: sides[side]() for side in order}
+    return config.batch_size / seconds["bare"], config.batch_size / seconds["loop"]
 
 
 def print_accuracy_table(results: list[dict], epochs: float) -> None:
@@ -145,17 +124,12 @@ def print_accuracy_table(results: list[dict], epochs: float) -> None:
 
 
 def print_speed_ratio(data: str, rounds: int, window_steps: int, windows: int) -> None:
-    batch = 1024
     ratios = []
     for round_number in range(1, rounds + 1):
-        sides = {"bare": lambda: bare_window_seconds(batch, window_steps, windows),
-                 "loop": lambda: loop_window_seconds(data, window_steps, windows)}  # fmt: skip
-        order = ("bare", "loop") if round_number % 2 else ("loop", "bare")  # neither side always goes first
-        seconds = {side: statistics.median(sides[side]()) for side in order}
-        bare, loop = seconds["bare"], seconds["loop"]
-        ratios.append(bare / loop)
-        print(f"round {round_number}: bare step {batch / bare:.0f} images/s, the fast preset's loop "
-              f"{batch / loop:.0f} images/s, ratio {ratios[-1]:.2f}", flush=True)  # fmt: skip
+        bare, loop = speed_round(data, round_number, window_steps, windows)
+        ratios.append(loop / bare)
+        print(f"round {round_number}: bare step {bare:.0f} images/s, the fast preset's loop {loop:.0f} images/s, "
+              f"ratio {ratios[-1]:.2f}", flush=True)  # fmt: skip
     print(f"ratio fast loop / bare step: {statistics.median(ratios):.2f} (median of {rounds} rounds, each the median "
           f"of {windows} windows of {window_steps} steps a side; target >= 0.95)")  # fmt: skip
 

@@ -6,10 +6,11 @@
    gradients, `optimizer.apply_gradients`) on the same model and a fixed batch. Target ratio >= 0.95.
 2. images/s of two local worker processes against one, at the same global batch.
 
-Per-step time is measured as the difference between a long and a short run, so start-up and tracing
-cancel out. Rounds alternate so that machine noise hits both sides alike.
+The loop and the bare step are timed in windows of consecutive steps after one window of warm-up (the loop's
+from its own progress lines; bench/timing.py), so start-up and tracing are left out. Rounds alternate which side
+goes first, so that machine noise hits both sides alike.
 
-    .venv/bin/python bench/train.py [--dataset DIR] [--rounds 2] [--steps 60]
+    .venv/bin/python bench/train.py [--dataset DIR] [--rounds 5] [--window-steps 20] [--windows 4] [--steps 60]
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -31,7 +31,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 WORK = REPOSITORY / "bench" / "work"
 
-from bench import bare_step  # noqa: E402
+from bench import timing  # noqa: E402
 from components.common.config import config_to_dict  # noqa: E402
 from components.train.config import TrainConfig  # noqa: E402
 
@@ -54,33 +54,25 @@ def dataset_directory(given: str | None) -> str:
     return str(target)
 
 
-def loop_seconds_per_step(data: str, steps: int) -> float:
-    from components.train.loop import Trainer
-
-    def run(count: int) -> float:
-        with tempfile.TemporaryDirectory() as model_dir:
-            config = TrainConfig(
-                data=data, model_dir=model_dir, depth=DEPTH, batch_size=BATCH, train_steps=count, log_every_steps=10
-            )
-            trainer = Trainer(config)
-            try:
-                start = time.perf_counter()
-                trainer.run()
-                return time.perf_counter() - start
-            finally:
-                trainer.close()
-
-    short, long = run(10), run(10 + steps)
-    return (long - short) / steps
-
-
-def bare_seconds_per_step(steps: int) -> float:
+def speed_round(data: str, round_number: int, window_steps: int, windows: int) -> tuple[float, float]:
+    """Images/s of the bare step and of this loop, each the median of its windows; odd rounds start with the bare
+    step, even ones with the loop."""
     import keras
 
     from components.train.model import ModelSpec, build_resnet
 
-    model = build_resnet(ModelSpec(depth=DEPTH))
-    return bare_step.bare_seconds_per_step(model, keras.optimizers.SGD(0.1, momentum=0.9), BATCH, steps, 10)
+    def bare() -> float:
+        model, optimizer = build_resnet(ModelSpec(depth=DEPTH)), keras.optimizers.SGD(0.1, momentum=0.9)
+        return statistics.median(timing.bare_window_seconds(model, optimizer, BATCH, window_steps, windows))
+
+    def loop() -> float:
+        config = TrainConfig(data=data, model_dir="unused", depth=DEPTH, batch_size=BATCH)
+        return statistics.median(timing.loop_window_seconds(config, window_steps, windows))
+
+    sides = {"bare": bare, "loop": loop}
+    order = ("bare", "loop") if round_number % 2 else ("loop", "bare")
+    seconds = {side: sides[side]() for side in order}
+    return BATCH / seconds["bare"], BATCH / seconds["loop"]
 
 
 def workers_images_per_second(data: str, workers: int, steps: int) -> float:
@@ -111,25 +103,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", help="a prepared dataset (default: bench/work/dataset, prepared if missing)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=60, help="steps per worker-count run")
+    parser.add_argument("--window-steps", type=int, default=20, help="steps per timed window of the loop comparison")
+    parser.add_argument("--windows", type=int, default=4, help="timed windows per side and round")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     data = dataset_directory(arguments.dataset)
 
-    loop_times, bare_times = [], []
+    bare_rates, loop_rates = [], []
     for round_number in range(1, arguments.rounds + 1):
-        bare_times.append(bare_seconds_per_step(arguments.steps))
-        loop_times.append(loop_seconds_per_step(data, arguments.steps))
-        print(
-            f"round {round_number}: bare step {BATCH / bare_times[-1]:.0f} images/s, "
-            f"this loop {BATCH / loop_times[-1]:.0f} images/s",
-            flush=True,
-        )
-    bare, ours = BATCH / statistics.median(bare_times), BATCH / statistics.median(loop_times)
-    paired = statistics.median(b / o for b, o in zip(bare_times, loop_times, strict=True))  # per-round speed ratios
-    print(f"ResNet-{DEPTH}, batch {BATCH}, {arguments.steps} timed steps, median of {arguments.rounds} rounds")
-    print(f"bare tf.function step:           {bare:7.0f} images/s")
-    print(f"this loop (default features):    {ours:7.0f} images/s")
+        bare, loop = speed_round(data, round_number, arguments.window_steps, arguments.windows)
+        bare_rates.append(bare)
+        loop_rates.append(loop)
+        print(f"round {round_number}: bare step {bare:.0f} images/s, this loop {loop:.0f} images/s", flush=True)
+    paired = statistics.median(loop / bare for bare, loop in zip(bare_rates, loop_rates, strict=True))
+    print(f"ResNet-{DEPTH}, batch {BATCH}, {arguments.windows} windows of {arguments.window_steps} steps a side, "
+          f"median of {arguments.rounds} rounds")  # fmt: skip
+    print(f"bare tf.function step:           {statistics.median(bare_rates):7.0f} images/s")
+    print(f"this loop (default features):    {statistics.median(loop_rates):7.0f} images/s")
     print(f"ratio loop / bare: {paired:.2f} (median of per-round ratios; target >= 0.95)")
 
     one, two = [], []

@@ -1,0 +1,76 @@
+"""How the training-speed benchmarks time a step: in windows of consecutive steps, after one window of warm-up
+(tracing), for the training loop (its own progress lines) and for the baseline, a bare `tf.function` step
+(forward, loss, gradients, `apply_gradients`) of a model and optimizer on one fixed random batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import tempfile
+import time
+
+RATE = re.compile(r"step \d+/\d+ .* ([\d.]+) examples/s")
+
+
+def bare_window_seconds(model, optimizer, batch: int, window_steps: int, windows: int) -> list[float]:
+    """Seconds per step of the bare step in each of `windows` consecutive windows of `window_steps` steps."""
+    import tensorflow as tf
+
+    images = tf.cast(tf.random.uniform([batch, 32, 32, 3], 0, 256, dtype=tf.int32), tf.uint8)
+    labels = tf.random.uniform([batch], 0, 10, dtype=tf.int64)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    def timed(count: int) -> float:
+        start = time.perf_counter()
+        for _ in range(count):
+            loss = step()
+        float(loss)
+        return time.perf_counter() - start
+
+    timed(window_steps)  # trace and warm up
+    return [timed(window_steps) / window_steps for _ in range(windows)]
+
+
+def loop_window_seconds(config, window_steps: int, windows: int) -> list[float]:
+    """Seconds per step of the whole training loop, in-process, for `config` (a TrainConfig; its model directory
+    and length are replaced) in each of `windows` progress windows after the first, from its progress lines."""
+    from components.train.loop import Trainer
+
+    rates: list[float] = []
+
+    class ProgressRates(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found = RATE.search(record.getMessage())
+            if found:
+                rates.append(float(found.group(1)))
+
+    loop_logger = logging.getLogger("components.train.loop")
+    handler, level = ProgressRates(), loop_logger.level
+    loop_logger.addHandler(handler)
+    loop_logger.setLevel(logging.INFO)
+    with tempfile.TemporaryDirectory() as model_dir:
+        config = dataclasses.replace(
+            config,
+            model_dir=model_dir,
+            epochs=None,
+            train_steps=window_steps * (windows + 1),
+            log_every_steps=window_steps,
+            checkpoint_every_seconds=3600,
+        )
+        trainer = Trainer(config)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+            loop_logger.removeHandler(handler)
+            loop_logger.setLevel(level)
+    return [config.batch_size / rate for rate in rates[1:]]  # the first window includes tracing
