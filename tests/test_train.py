@@ -66,6 +66,34 @@ def test_resume_continues_at_the_saved_step(synthetic_data, tmp_path, caplog):
     assert steps == list(range(1, 10)), "no step trained twice, none skipped"
 
 
+def test_the_fast_preset_resumed_after_a_crash_ends_where_the_uninterrupted_run_ends(synthetic_data, tmp_path, caplog):
+    """airbench's state survives a restart: the whitening is restored, not refitted; lookahead's slow weights and
+    its started flag come back; the input stream continues mid-epoch; so the weights at the end are the same, bit
+    for bit."""
+    import shutil
+
+    def fast(model_dir):
+        return tiny_train_config(synthetic_data, model_dir, preset="fast", width_multiplier=0.125, batch_size=48,
+                                 learning_rate_batch_size=48, lookahead_start_epochs=0.0, lookahead_every_steps=3,
+                                 train_steps=8, checkpoint_every_steps=5)  # fmt: skip
+
+    loop.train(fast(tmp_path / "uninterrupted"))
+    shutil.copytree(tmp_path / "uninterrupted", tmp_path / "crashed")
+    for path in (tmp_path / "crashed").glob("ckpt-8.*"):
+        path.unlink()  # the run died after step 5's checkpoint
+    with caplog.at_level("INFO"):
+        result = loop.train(fast(tmp_path / "crashed"))
+
+    assert "at step 5" in caplog.text and "patch whitening fitted" not in caplog.text
+    assert result.step == 8
+    reader = tf.train.load_checkpoint(str(tmp_path / "uninterrupted" / "ckpt-8"))
+    resumed = tf.train.load_checkpoint(str(tmp_path / "crashed" / "ckpt-8"))
+    names = [name for name in reader.get_variable_to_shape_map() if name.startswith(("weights/", "lookahead/"))]
+    assert any(name.startswith("lookahead/") for name in names)
+    for name in names:
+        np.testing.assert_array_equal(resumed.get_tensor(name), reader.get_tensor(name), err_msg=name)
+
+
 def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(synthetic_data, tmp_path, caplog):
     model_dir = tmp_path / "model"
     loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=6, checkpoint_every_steps=3))

@@ -69,6 +69,26 @@ def test_airbench_augmentation_flips_every_image_in_exactly_one_of_two_epochs(sy
     assert flipped_in[0].isdisjoint(flipped_in[1]) and len(flipped_in[0] | flipped_in[1]) == count
 
 
+def test_a_resumed_airbench_stream_is_the_uninterrupted_one_from_that_step_on(synthetic_data):
+    """A run resumed at step 4 (mid-epoch: 160 images, batch 48) trains on exactly the batches the uninterrupted run
+    would have: same order, same translations, and the flips keep alternating."""
+    verified = open_dataset(synthetic_data, splits=("train",))
+
+    def batches(start_step: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        stream = data.train_dataset(
+            verified, tf.distribute.InputContext(), 48, seed=5, augmentation="airbench", start_step=start_step
+        )
+        return [(images.numpy(), labels.numpy()) for images, labels in stream.take(count)]
+
+    uninterrupted, resumed = batches(0, 9), batches(4, 5)
+    for step, ((images, labels), (resumed_images, resumed_labels)) in enumerate(
+        zip(uninterrupted[4:], resumed, strict=True), start=4
+    ):
+        np.testing.assert_array_equal(resumed_labels, labels, err_msg=f"step {step}: other images")
+        np.testing.assert_array_equal(resumed_images, images, err_msg=f"step {step}: other augmentation")
+    assert not np.array_equal(uninterrupted[4][0], uninterrupted[0][0])  # the stream does move on
+
+
 def test_airbench_augmentation_translates_with_reflected_borders():
     images = np.random.default_rng(1).integers(0, 256, size=(32, 32, 32, 3), dtype=np.uint8)
     flip = tf.zeros([32], tf.bool)

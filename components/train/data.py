@@ -79,16 +79,19 @@ def train_dataset(
     augment: bool = True,
     augmentation: str = "crop_flip",
     translate: int = 2,
-    first_epoch: int = 0,
+    start_step: int = 0,
 ) -> tf.data.Dataset:
-    """Endless (uint8 images augmented, int64 labels) batches of this pipeline's share of the global batch.
-    `first_epoch` (a resumed run's) keeps the alternating flips alternating across restarts."""
+    """Endless (uint8 images augmented, int64 labels) batches of this pipeline's share of the global batch, from
+    step `start_step` on (a resumed run's). The `airbench` stream is a function of `seed` and the step alone: a
+    resumed run gets exactly the batches an uninterrupted one would, and the flips keep alternating. The other
+    streams are drawn afresh from `seed + start_step` (a resumed run does not replay the batches it trained on)."""
     if augment and augmentation not in AUGMENTATIONS:
         raise ValueError(f"augmentation: {augmentation!r} is not one of {AUGMENTATIONS}")
     if augment and augmentation == "airbench":
         return _with_options(
-            _alternating_dataset(verified, context, global_batch_size, seed, shuffle_buffer, translate, first_epoch)
+            _alternating_dataset(verified, context, global_batch_size, seed, shuffle_buffer, translate, start_step)
         )
+    seed += start_step
     batch_size = context.get_per_replica_batch_size(global_batch_size)
     files = verified.files["train"]
     compression = "" if verified.manifest.compression == records.COMPRESSION_NONE else verified.manifest.compression
@@ -122,9 +125,10 @@ def train_dataset(
     return _with_options(dataset)
 
 
-def _alternating_dataset(verified, context, global_batch_size, seed, shuffle_buffer, translate, first_epoch):
+def _alternating_dataset(verified, context, global_batch_size, seed, shuffle_buffer, translate, start_step):
     """The training images of this pipeline, in memory, epoch by epoch (each shuffled with its own seed), with the
-    airbench augmentation: the epoch and each image's index decide its flip."""
+    airbench augmentation: the epoch and each image's index decide its flip. Batches run on across epoch
+    boundaries; step `start_step` starts at image `start_step x batch` of that endless sequence."""
     batch_size = context.get_per_replica_batch_size(global_batch_size)
     compression = "" if verified.manifest.compression == records.COMPRESSION_NONE else verified.manifest.compression
 
@@ -140,8 +144,10 @@ def _alternating_dataset(verified, context, global_batch_size, seed, shuffle_buf
         order = indexed.shuffle(count, seed=seed + epoch) if shuffle_buffer > 1 else indexed
         return order.map(lambda index: (epoch, index))
 
-    dataset = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_of).batch(batch_size, drop_remainder=True)
-    augment_seeds = tf.data.Dataset.random(seed=seed + context.input_pipeline_id).batch(2)
+    first_epoch, offset = divmod(start_step * batch_size, count)
+    dataset = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_of).skip(offset)
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    augment_seeds = tf.data.Dataset.random(seed=seed + context.input_pipeline_id).batch(2).skip(start_step)
 
     def augment(batch, pair):
         epochs, indexes = batch

@@ -291,13 +291,13 @@ class Trainer:
                 self.dataset,
                 context,
                 config.batch_size,
-                config.seed + start_step,
+                config.seed,
                 config.in_memory,
                 config.shuffle_buffer,
                 config.augment,
                 config.augmentation,
                 config.translate,
-                first_epoch=int(start_step // self.steps_per_epoch),
+                start_step=start_step,
             )
         )
         iterator = iter(distributed)
