@@ -94,18 +94,15 @@ def speed_round(data: str, round_number: int, window_steps: int, windows: int) -
 
     config = config_from_mapping(TrainConfig, {"data": data, "model_dir": "unused", "preset": "fast"}, "benchmark")
 
-    def bare() -> float:
+    def bare() -> list[float]:
         model = build_model("airbench", ModelSpec(batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
         optimizer = keras.optimizers.SGD(0.1, momentum=0.85, nesterov=True)
-        return statistics.median(timing.bare_window_seconds(model, optimizer, config.batch_size, window_steps, windows))
+        return timing.bare_window_seconds(model, optimizer, config.batch_size, window_steps, windows)
 
-    def loop() -> float:
-        return statistics.median(timing.loop_window_seconds(config, window_steps, windows))
-
-    sides = {"bare": bare, "loop": loop}
-    order = ("bare", "loop") if round_number % 2 else ("loop", "bare")
-    seconds = {side: sides[side]() for side in order}
-    return config.batch_size / seconds["bare"], config.batch_size / seconds["loop"]
+    bare_seconds, loop_seconds = timing.paired_round(
+        round_number, bare, lambda: timing.loop_window_seconds(config, window_steps, windows)
+    )
+    return config.batch_size / bare_seconds, config.batch_size / loop_seconds
 
 
 def print_accuracy_table(results: list[dict], epochs: float) -> None:

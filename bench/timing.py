@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 RATE = re.compile(r"step \d+/\d+ .* ([\d.]+) examples/s")
 
@@ -74,3 +76,14 @@ def loop_window_seconds(config, window_steps: int, windows: int) -> list[float]:
             loop_logger.removeHandler(handler)
             loop_logger.setLevel(level)
     return [config.batch_size / rate for rate in rates[1:]]  # the first window includes tracing
+
+
+def paired_round(
+    round_number: int, bare: Callable[[], list[float]], loop: Callable[[], list[float]]
+) -> tuple[float, float]:
+    """One round of a comparison: the median seconds per step of the bare step and of the loop; odd rounds start
+    with the bare step, even ones with the loop, so that neither side always runs on a fresh machine."""
+    sides = {"bare": bare, "loop": loop}
+    order = ("bare", "loop") if round_number % 2 else ("loop", "bare")
+    seconds = {side: statistics.median(sides[side]()) for side in order}
+    return seconds["bare"], seconds["loop"]

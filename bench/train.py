@@ -61,18 +61,15 @@ def speed_round(data: str, round_number: int, window_steps: int, windows: int) -
 
     from components.train.model import ModelSpec, build_resnet
 
-    def bare() -> float:
+    def bare() -> list[float]:
         model, optimizer = build_resnet(ModelSpec(depth=DEPTH)), keras.optimizers.SGD(0.1, momentum=0.9)
-        return statistics.median(timing.bare_window_seconds(model, optimizer, BATCH, window_steps, windows))
+        return timing.bare_window_seconds(model, optimizer, BATCH, window_steps, windows)
 
-    def loop() -> float:
-        config = TrainConfig(data=data, model_dir="unused", depth=DEPTH, batch_size=BATCH)
-        return statistics.median(timing.loop_window_seconds(config, window_steps, windows))
-
-    sides = {"bare": bare, "loop": loop}
-    order = ("bare", "loop") if round_number % 2 else ("loop", "bare")
-    seconds = {side: sides[side]() for side in order}
-    return BATCH / seconds["bare"], BATCH / seconds["loop"]
+    config = TrainConfig(data=data, model_dir="unused", depth=DEPTH, batch_size=BATCH)
+    bare_seconds, loop_seconds = timing.paired_round(
+        round_number, bare, lambda: timing.loop_window_seconds(config, window_steps, windows)
+    )
+    return BATCH / bare_seconds, BATCH / loop_seconds
 
 
 def workers_images_per_second(data: str, workers: int, steps: int) -> float:

@@ -1,0 +1,1 @@
+"""Building the container images (images/Dockerfile) with Docker or podman."""

@@ -1,0 +1,1 @@
+"""The test suite; builders.py makes small datasets and configurations, fake_*.py stand in for servers."""

@@ -46,6 +46,11 @@ def test_the_tag_changes_with_what_goes_into_the_images_and_only_with_it(tmp_pat
     assert images.content_tag.__wrapped__(repository) not in (tag, changed)
 
 
+def test_no_build_input_is_empty():
+    """An empty file (a bare __init__.py) is the kind a copy or archive may drop; the tag must not hang on one."""
+    assert [str(path) for path in images.build_inputs(REPOSITORY) if path.stat().st_size == 0] == []
+
+
 def test_the_compiled_pipeline_runs_each_step_in_the_content_tagged_image_of_its_kind():
     spec = next(yaml.safe_load_all((REPOSITORY / "pipeline" / "pipeline.yaml").read_text()))
     used = {label: executor["container"]["image"] for label, executor in spec["deploymentSpec"]["executors"].items()}

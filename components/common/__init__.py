@@ -1,0 +1,1 @@
+"""What the stages share: configuration, datasets and records, storage, the model directory, logging."""

@@ -1,1 +1,1 @@
-"""The train stage: synchronous data-parallel training of a ResNet on one or many workers."""
+"""The train stage: synchronous data-parallel training (ResNet or the airbench network) on one or many workers."""
