@@ -66,7 +66,7 @@ constraints:  ## re-pin every installed package into constraints.txt (after chan
 test:  ## run the whole test suite (but the container images': make test-images)
 	$(BIN)/python -m pytest -q
 
-test-images:  ## build the images and run the pipeline in them (podman or Docker; about 25 minutes, see README)
+test-images:  ## build the images and run the pipeline in them (podman or Docker; about 25 minutes, see docs/containers.md)
 	$(BIN)/python -m pytest -q -s -m images -p no:cacheprovider tests/test_images.py
 
 lint:  ## ruff check and format check

@@ -1,8 +1,9 @@
 """The container images, named in this one place.
 
 Two images, both built from images/Dockerfile (`make images`):
-- `cpu`: prepare_data, evaluate, promote and the TFJob-launching step (tensorflow-cpu);
-- `gpu`: train, in the step's own pod or as TFJob workers (TensorFlow's CUDA build; it runs on CPU nodes too).
+- `cpu`: prepare_data, evaluate, promote and the job-launching steps (tensorflow-cpu);
+- `gpu`: train, in the step's own pod or as the workers of a TrainJob or TFJob (TensorFlow's CUDA build; it runs on
+  CPU nodes too).
 Why two and not one per stage: the CPU stages need the same packages (the launching step only TensorFlow less), so
 one image is one build, one pull per node and one cache key; the CUDA libraries (about 3 GB) stay out of the steps
 that never train.

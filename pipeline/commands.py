@@ -83,33 +83,41 @@ def chosen_parameters(arguments: argparse.Namespace, pipeline) -> dict[str, Any]
 
 # -- checking parameters before anything runs ------------------------------------------------------------------
 
-LAUNCHERS = ("auto", "tfjob")
-# Pipeline parameters that become TrainConfig fields of the same name.
-TRAIN_PARAMETERS = ("workers", "depth", "batch_size", "learning_rate", "gpus_per_worker", "worker_cpu", "worker_memory")
-TRAIN_PARAMETERS += ("train_steps", "epochs", "preset")
+LAUNCHERS = ("auto", "trainjob", "tfjob", "pod")
+# Pipeline parameters that become TrainConfig fields (and LaunchConfig fields) of the same name.
+TRAIN_PARAMETERS = ("workers", "depth", "batch_size", "learning_rate", "train_steps", "epochs", "preset")
+LAUNCH_PARAMETERS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_image", "queue_name")
+LAUNCH_PARAMETERS += ("object_store_secret",)
 
 
 def check_parameters(pipeline, parameters: dict[str, Any]) -> None:
     """Refuse, in seconds and before any step runs, run parameters that the train step would refuse after the
     data was prepared: an unknown launcher, both epochs and train_steps, an option the train stage does not know
-    or a value it refuses, a train option that repeats a named parameter."""
+    or a value it refuses, a train option that repeats a named parameter, a bad worker setting."""
     from components.common.kfp_parameters import config_from_parameters
     from components.train.config import TrainConfig
+    from components.train.launch_config import LaunchConfig
 
     defaults = {name: default for name, (_kind, default) in _parameter_types(pipeline).items()}
     values = {**defaults, **parameters}
     if values["launcher"] not in LAUNCHERS:
         raise CommandError(f"launcher: {values['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
     options = dict(values.get("train_options") or {})
-    named = {*TRAIN_PARAMETERS, "warm_start", "model_dir", "data", "launcher"}
+    named = {*TRAIN_PARAMETERS, *LAUNCH_PARAMETERS, "warm_start", "model_dir", "data", "launcher"}
     repeated = sorted(set(options) & named)
     if repeated:
         raise CommandError(f"train_options: {repeated} are pipeline parameters; set them as such, not in train_options")
     train = {name: values[name] for name in TRAIN_PARAMETERS}
-    location = "s3://check/" if values["launcher"] == "tfjob" else "/check/"
-    train.update(data=location + "data", model_dir=location + "model", launcher=values["launcher"], **options)
+    job = values["launcher"] in ("trainjob", "tfjob")
+    location = "s3://check/" if job else "/check/"
+    train.update(data=location + "data", model_dir=location + "model", launcher="auto" if not job else "trainjob")
+    train.update(options)
+    launch = {name: values[name] for name in LAUNCH_PARAMETERS}
+    secret = values.get("image_pull_secret") or ""
+    launch["image_pull_secrets"] = (secret,) if secret else ()
     try:
         config_from_parameters(TrainConfig, train, "pipeline parameters")
+        config_from_parameters(LaunchConfig, launch, "pipeline parameters")
     except ValueError as error:
         raise CommandError(str(error)) from error
 
@@ -224,8 +232,11 @@ def local_run(pipeline, parameters: dict[str, Any], output_root: Path, runner: s
     from kfp import local
 
     check_parameters(pipeline, parameters)
-    if parameters.get("launcher") == "tfjob":
-        raise CommandError("launcher tfjob needs a Kubeflow cluster (make run); locally, workers are processes")
+    if parameters.get("launcher") in ("trainjob", "tfjob"):
+        raise CommandError(
+            f"launcher {parameters['launcher']} needs a Kubernetes cluster (make run); on this machine the workers are "
+            "processes (launcher auto or pod)"
+        )
 
     output_root = output_root.resolve()
     output_root.mkdir(parents=True, exist_ok=True)
@@ -263,19 +274,22 @@ def run_folders(pipeline, output_root: Path) -> list[Path]:
     return [path for path in output_root.glob(f"{pipeline.name}-*") if path.is_dir()]
 
 
+TRAINING_TASKS = "*train*-component*"  # train-component (in the pod), launch-training-job-component (a job)
+
+
 def describe_run(run_folder: Path, promotion_root: Path) -> list[str]:
     """Where the run's main outputs are, for a person reading the terminal."""
     lines = []
     for label, pattern in (
         ("dataset manifest", "prepare-data-component/dataset/manifest.json"),
-        ("model directory", "train-component*/model"),
+        ("model directory", f"{TRAINING_TASKS}/model"),
         ("evaluation report", "evaluate-component*/report"),
-        ("evaluation metrics", "train-component*/model/eval_metrics.json"),
+        ("evaluation metrics", f"{TRAINING_TASKS}/model/eval_metrics.json"),
     ):
         found = sorted(run_folder.glob(pattern))
         if found:
             lines.append(f"{label}: {found[0]}")
-    metrics = sorted(run_folder.glob("train-component*/model/eval_metrics.json"))
+    metrics = sorted(run_folder.glob(f"{TRAINING_TASKS}/model/eval_metrics.json"))
     if metrics:
         summary = json.loads(metrics[0].read_text())
         lines.append(
@@ -285,7 +299,7 @@ def describe_run(run_folder: Path, promotion_root: Path) -> list[str]:
     if pointer.exists():
         current = json.loads(pointer.read_text())
         lines.append(f"promoted model: {current['version']} at {current['saved_model']}")
-    models = sorted(run_folder.glob("train-component*/model"))
+    models = sorted(run_folder.glob(f"{TRAINING_TASKS}/model"))
     if models:
         lines.append(f"TensorBoard: make tensorboard LOGDIR={models[0]}")
     return lines

@@ -1,7 +1,7 @@
 """The cifar10-pipeline KFP pipeline: wiring only. Entry points: compile, local-run, run, schedule, tensorboard.
 
-source fingerprint -> prepare_data -> (warm start?) -> train (in the step's pod, or a TFJob) -> evaluate
--> if blessed: promote
+source fingerprint -> prepare_data -> (warm start?) -> train (a TrainJob or TFJob, or in the step's pod) -> evaluate
+-> if blessed: promote; and, when the run ends however it ends, delete its training job if one is left
 
 python -m pipeline.pipeline compile
 python -m pipeline.pipeline local-run --source synthetic --train-steps 200
@@ -19,8 +19,9 @@ from components.evaluate.config import EvaluateConfig
 from components.images import image
 from components.prepare_data.component import prepare_data_component, source_fingerprint_component
 from components.prepare_data.config import PrepareDataConfig
-from components.train.component import launch_tfjob_component, train_component
+from components.train.component import delete_training_job_component, launch_training_job_component, train_component
 from components.train.config import TrainConfig
+from components.train.launch_config import LaunchConfig
 
 PIPELINE_NAME = "cifar10-pipeline"
 # Every step reads and writes object storage with the standard AWS settings: the endpoint (and region) from this
@@ -31,14 +32,23 @@ OBJECT_STORE_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_REGION")
 SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}  # KFP's MinIO secret
 GPU = "nvidia.com/gpu"
 # The stages' defaults, from their config dataclasses (-1 and "" mean not given: components.common.kfp_parameters).
-PREPARE, TRAIN, EVALUATE = (parameter_defaults(config) for config in (PrepareDataConfig, TrainConfig, EvaluateConfig))
+PREPARE, TRAIN, LAUNCH, EVALUATE = (
+    parameter_defaults(config) for config in (PrepareDataConfig, TrainConfig, LaunchConfig, EvaluateConfig)
+)
+# Training steps end after this long, however stuck (the pod's activeDeadlineSeconds): a week, and for the launching
+# step an hour more than the job's own timeout, so that it times out first and deletes its job itself.
+TRAIN_STEP_TIMEOUT_SECONDS = 7 * 24 * 3600
+LAUNCH_STEP_TIMEOUT_SECONDS = int(LAUNCH.job_timeout_seconds) + 3600
 
 
-def with_object_store(task: dsl.PipelineTask, secret_name) -> dsl.PipelineTask:
+def with_pod_settings(task: dsl.PipelineTask, secret_name, image_pull_secret) -> dsl.PipelineTask:
+    """Every step: the object store's settings and keys, and the secret for pulling its image ("" for none: Kubernetes
+    warns about an empty name and pulls without one)."""
     kubernetes.use_secret_as_env(task, secret_name=secret_name, secret_key_to_env=SECRET_KEYS, optional=True)
     kubernetes.use_config_map_as_env(
         task, OBJECT_STORE_CONFIG_MAP, {name: name for name in OBJECT_STORE_SETTINGS}, optional=True
     )
+    kubernetes.set_image_pull_secrets(task, [image_pull_secret])
     return task
 
 
@@ -50,6 +60,7 @@ def evaluate_and_promote(
     baseline_tolerance: float,
     promotion_root: str,
     object_store_secret: str,
+    image_pull_secret: str,
 ):
     """Evaluate the trained model; promote it when blessed and a promotion root is set."""
     evaluation = evaluate_component(
@@ -61,7 +72,7 @@ def evaluate_and_promote(
     ).set_display_name("evaluate")
     evaluation.set_caching_options(False)
     evaluation.set_cpu_request("2").set_memory_request("4Gi")
-    with_object_store(evaluation, object_store_secret)
+    with_pod_settings(evaluation, object_store_secret, image_pull_secret)
 
     blessed = evaluation.outputs["Output"] == True  # noqa: E712 (a KFP condition, not a Python comparison)
     with dsl.If(blessed, name="blessed"), dsl.If(promotion_root != "", name="promotion-configured"):
@@ -69,7 +80,7 @@ def evaluate_and_promote(
             model=model, evaluation=evaluation.outputs["evaluation"], promotion_root=promotion_root
         ).set_display_name("promote")
         promotion.set_caching_options(False)
-        with_object_store(promotion, object_store_secret)
+        with_pod_settings(promotion, object_store_secret, image_pull_secret)
 
 
 TRAINING = ("dataset", "model_dir", "preset", "workers", "depth", "batch_size", "train_steps", "epochs")
@@ -82,13 +93,14 @@ def _arguments(scope: dict, names: tuple[str, ...]) -> dict:
     return {name: scope[name] for name in names}
 
 
-def _train_in_pod(training: dict, cpus, memory, object_store_secret) -> dsl.PipelineTask:
+def _train_in_pod(training: dict, cpus, memory, object_store_secret, image_pull_secret) -> dsl.PipelineTask:
     task = train_component(**training).set_display_name("train")
     # Training must run every time (a schedule retrains on new data), so it never comes from the cache; a retry
     # resumes from the last checkpoint in the run's model directory, e.g. after a preemption (exit 143).
     task.set_caching_options(False).set_retry(**TRAIN_RETRIES)
     task.set_cpu_request(cpus).set_memory_request(memory).set_memory_limit(memory)
-    return with_object_store(task, object_store_secret)
+    kubernetes.set_timeout(task, TRAIN_STEP_TIMEOUT_SECONDS)
+    return with_pod_settings(task, object_store_secret, image_pull_secret)
 
 
 # Resource settings that come from pipeline parameters live in these small sub-pipelines, whose own inputs they
@@ -110,10 +122,15 @@ def train_on_gpus(
     memory: str,
     gpus: int,
     object_store_secret: str,
+    image_pull_secret: str,
 ) -> dsl.Model:
     """Train in the step's own pod with `gpus` GPUs (the pod tolerates nvidia.com/gpu taints)."""
     task = _train_in_pod(
-        {**_arguments(locals(), TRAINING), "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}, cpus, memory, object_store_secret
+        {**_arguments(locals(), TRAINING), "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER},
+        cpus,
+        memory,
+        object_store_secret,
+        image_pull_secret,
     )
     task.set_accelerator_type(GPU).set_accelerator_limit(gpus)
     kubernetes.add_toleration(task, key=GPU, operator="Exists", effect="NoSchedule")
@@ -136,10 +153,15 @@ def train_on_cpus(
     cpus: str,
     memory: str,
     object_store_secret: str,
+    image_pull_secret: str,
 ) -> dsl.Model:
     """Train in the step's own pod on CPUs (no GPU request, no GPU toleration)."""
     task = _train_in_pod(
-        {**_arguments(locals(), TRAINING), "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}, cpus, memory, object_store_secret
+        {**_arguments(locals(), TRAINING), "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER},
+        cpus,
+        memory,
+        object_store_secret,
+        image_pull_secret,
     )
     return task.outputs["model"]
 
@@ -152,13 +174,15 @@ def cifar10_pipeline(
     preset: str = "",
     workers: int = 2,  # the pipeline's own choice: it exists to train on several workers
     launcher: str = "auto",
-    gpus_per_worker: int = TRAIN.gpus_per_worker,
-    worker_cpu: str = TRAIN.worker_cpu,
-    worker_memory: str = TRAIN.worker_memory,
+    gpus_per_worker: int = LAUNCH.gpus_per_worker,
+    worker_cpu: str = LAUNCH.worker_cpu,
+    worker_memory: str = LAUNCH.worker_memory,
     worker_image: str = image("train"),
+    image_pull_secret: str = "",
+    queue_name: str = LAUNCH.queue_name,
     train_step_gpus: int = 0,
-    train_step_cpus: str = TRAIN.worker_cpu,
-    train_step_memory: str = TRAIN.worker_memory,
+    train_step_cpus: str = LAUNCH.worker_cpu,
+    train_step_memory: str = LAUNCH.worker_memory,
     depth: int = TRAIN.depth,
     batch_size: int = TRAIN.batch_size,
     epochs: float = TRAIN.epochs,
@@ -171,7 +195,7 @@ def cifar10_pipeline(
     accuracy_threshold: float = 0.5,  # the pipeline's own gate; the evaluate stage alone blesses anything
     baseline_tolerance: float = EVALUATE.baseline_tolerance,
     promotion_root: str = "",
-    object_store_secret: str = TRAIN.object_store_secret,
+    object_store_secret: str = LAUNCH.object_store_secret,
     synthetic_train_per_class: int = PREPARE.synthetic_train_per_class,
 ):
     """Prepare CIFAR-10, train a ResNet on one or many workers, evaluate it, and promote it when it is good enough.
@@ -183,15 +207,20 @@ def cifar10_pipeline(
         preset: A training recipe: "fast" (airbench94: 94% on CIFAR-10 in 10 epochs, published) or "estimator"
             (the CIFAR-10 estimator example's ResNet recipe); its values apply wherever a parameter is left at its
             default.
-        workers: Training workers (synchronous all-reduce): local processes in the step's pod, or TFJob pods.
-        launcher: "auto" trains in the step's pod; "tfjob" starts the workers as a Kubeflow TFJob.
-        gpus_per_worker: launcher=tfjob: GPUs of each worker pod (such pods tolerate nvidia.com/gpu taints).
-        worker_cpu: launcher=tfjob: CPU request of each worker pod.
-        worker_memory: launcher=tfjob: memory request and limit of each worker pod.
-        worker_image: launcher=tfjob: the workers' image (default: the train image this pipeline was compiled with).
-        train_step_gpus: launcher=auto: GPUs of the training step's own pod (KFP backends before 2.4 ignore this).
-        train_step_cpus: launcher=auto: CPU request of the training step's pod.
-        train_step_memory: launcher=auto: memory request and limit of the training step's pod.
+        workers: Training workers (synchronous all-reduce): pods of a training job, or local processes in one pod.
+        launcher: Where the workers run: "auto" (the job kind the cluster serves: a TrainJob on Kubeflow 1.11 and
+            later, a TFJob on 1.10 and older; local processes under kfp.local), "trainjob", "tfjob", or "pod" (local
+            processes inside the training step's own pod).
+        gpus_per_worker: Training job: GPUs of each worker pod (such pods tolerate nvidia.com/gpu taints).
+        worker_cpu: Training job: CPU request of each worker pod.
+        worker_memory: Training job: memory request and limit of each worker pod.
+        worker_image: Training job: the workers' image (default: the train image this pipeline was compiled with).
+        image_pull_secret: The secret for pulling the images from a private registry, for every step and worker ("":
+            none).
+        queue_name: Training job: the Kueue LocalQueue to submit it to ("": none).
+        train_step_gpus: launcher=pod: GPUs of the training step's own pod (KFP backends before 2.4 ignore this).
+        train_step_cpus: launcher=pod: CPU request of the training step's pod.
+        train_step_memory: launcher=pod: memory request and limit of the training step's pod.
         depth: ResNet depth, 6n+2 (20, 32, 44, 56, 110).
         batch_size: Global batch size, split over all replicas.
         epochs: Epochs to train (-1: use train_steps, or the stage's default of 80000 steps).
@@ -207,80 +236,86 @@ def cifar10_pipeline(
         object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
         synthetic_train_per_class: source=synthetic: training images per class.
     """
-    fingerprint = source_fingerprint_component(source=source).set_display_name("fingerprint the source")
-    fingerprint.set_caching_options(False)  # it must look at the source every time
-    with_object_store(fingerprint, object_store_secret)
+    cleanup = delete_training_job_component(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    cleanup.set_display_name("clean up the training job").set_caching_options(False)
+    kubernetes.set_image_pull_secrets(cleanup, [image_pull_secret])
+    with dsl.ExitHandler(cleanup, name="run"):
+        fingerprint = source_fingerprint_component(source=source).set_display_name("fingerprint the source")
+        fingerprint.set_caching_options(False)  # it must look at the source every time
+        with_pod_settings(fingerprint, object_store_secret, image_pull_secret)
 
-    data = prepare_data_component(
-        source=source,
-        source_sha256=source_sha256,
-        validation_fraction=validation_fraction,
-        synthetic_train_per_class=synthetic_train_per_class,
-        source_fingerprint=fingerprint.output,
-    ).set_display_name("prepare data")
-    data.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
-    data.set_cpu_request("2").set_memory_request("8Gi").set_memory_limit("8Gi")
-    with_object_store(data, object_store_secret)
-    dataset = data.outputs["dataset"]
+        data = prepare_data_component(
+            source=source,
+            source_sha256=source_sha256,
+            validation_fraction=validation_fraction,
+            synthetic_train_per_class=synthetic_train_per_class,
+            source_fingerprint=fingerprint.output,
+        ).set_display_name("prepare data")
+        data.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
+        data.set_cpu_request("2").set_memory_request("8Gi").set_memory_limit("8Gi")
+        with_pod_settings(data, object_store_secret, image_pull_secret)
+        dataset = data.outputs["dataset"]
 
-    start = warm_start_component(
-        warm_start=warm_start, promotion_root=promotion_root, from_promoted=warm_start_from_promoted
-    ).set_display_name("choose the warm start")
-    start.set_caching_options(False)
-    with_object_store(start, object_store_secret)
+        start = warm_start_component(
+            warm_start=warm_start, promotion_root=promotion_root, from_promoted=warm_start_from_promoted
+        ).set_display_name("choose the warm start")
+        start.set_caching_options(False)
+        with_pod_settings(start, object_store_secret, image_pull_secret)
 
-    training = {
-        "dataset": dataset,
-        "model_dir": model_dir,
-        "preset": preset,
-        "workers": workers,
-        "depth": depth,
-        "batch_size": batch_size,
-        "train_steps": train_steps,
-        "epochs": epochs,
-        "learning_rate": learning_rate,
-        "warm_start": start.output,
-        "options": train_options,
-    }
-    gate = {
-        "dataset": dataset,
-        "accuracy_threshold": accuracy_threshold,
-        "baseline_tolerance": baseline_tolerance,
-        "promotion_root": promotion_root,
-        "object_store_secret": object_store_secret,
-    }
-    # Exactly one branch runs; each trains, then evaluates and promotes its own model.
-    with dsl.If(launcher == "tfjob", name="tfjob"):
-        launched = launch_tfjob_component(
-            **training,
-            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,  # names the TFJob: a retried step follows the same job
-            gpus_per_worker=gpus_per_worker,
-            worker_cpu=worker_cpu,
-            worker_memory=worker_memory,
-            worker_image=worker_image,
-            object_store_secret=object_store_secret,
-        ).set_display_name("train (TFJob)")
-        launched.set_caching_options(False).set_retry(**TRAIN_RETRIES)
-        launched.set_cpu_request("250m").set_memory_request("512Mi").set_memory_limit("1Gi")
-        kubernetes.use_field_path_as_env(launched, "POD_NAMESPACE", "metadata.namespace")
-        with_object_store(launched, object_store_secret)
-        evaluate_and_promote(model=launched.outputs["model"], **gate).set_caching_options(False)
-    with dsl.Elif(train_step_gpus > 0, name="gpu-pod"):
-        on_gpus = train_on_gpus(
-            **training,
-            cpus=train_step_cpus,
-            memory=train_step_memory,
-            gpus=train_step_gpus,
-            object_store_secret=object_store_secret,
-        ).set_display_name("train on GPUs")
-        on_gpus.set_caching_options(False)
-        evaluate_and_promote(model=on_gpus.output, **gate).set_caching_options(False)
-    with dsl.Else(name="cpu-pod"):
-        on_cpus = train_on_cpus(
-            **training, cpus=train_step_cpus, memory=train_step_memory, object_store_secret=object_store_secret
-        ).set_display_name("train on CPUs")
-        on_cpus.set_caching_options(False)
-        evaluate_and_promote(model=on_cpus.output, **gate).set_caching_options(False)
+        training = {
+            "dataset": dataset,
+            "model_dir": model_dir,
+            "preset": preset,
+            "workers": workers,
+            "depth": depth,
+            "batch_size": batch_size,
+            "train_steps": train_steps,
+            "epochs": epochs,
+            "learning_rate": learning_rate,
+            "warm_start": start.output,
+            "options": train_options,
+        }
+        gate = {
+            "dataset": dataset,
+            "accuracy_threshold": accuracy_threshold,
+            "baseline_tolerance": baseline_tolerance,
+            "promotion_root": promotion_root,
+            "object_store_secret": object_store_secret,
+            "image_pull_secret": image_pull_secret,
+        }
+        pod_settings = {"object_store_secret": object_store_secret, "image_pull_secret": image_pull_secret}
+        # Exactly one branch runs; each trains, then evaluates and promotes its own model.
+        with dsl.If(launcher != "pod", name="training-job"):
+            launched = launch_training_job_component(
+                **training,
+                launcher=launcher,
+                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,  # names the job: a retried step follows the same job
+                gpus_per_worker=gpus_per_worker,
+                worker_cpu=worker_cpu,
+                worker_memory=worker_memory,
+                worker_image=worker_image,
+                object_store_secret=object_store_secret,
+                image_pull_secret=image_pull_secret,
+                queue_name=queue_name,
+            ).set_display_name("train (training job)")
+            launched.set_caching_options(False).set_retry(**TRAIN_RETRIES)
+            launched.set_cpu_request("250m").set_memory_request("512Mi").set_memory_limit("1Gi")
+            kubernetes.set_timeout(launched, LAUNCH_STEP_TIMEOUT_SECONDS)
+            kubernetes.use_field_path_as_env(launched, "POD_NAMESPACE", "metadata.namespace")
+            with_pod_settings(launched, object_store_secret, image_pull_secret)
+            evaluate_and_promote(model=launched.outputs["model"], **gate).set_caching_options(False)
+        with dsl.Elif(train_step_gpus > 0, name="gpu-pod"):
+            on_gpus = train_on_gpus(
+                **training, cpus=train_step_cpus, memory=train_step_memory, gpus=train_step_gpus, **pod_settings
+            ).set_display_name("train on GPUs")
+            on_gpus.set_caching_options(False)
+            evaluate_and_promote(model=on_gpus.output, **gate).set_caching_options(False)
+        with dsl.Else(name="cpu-pod"):
+            on_cpus = train_on_cpus(
+                **training, cpus=train_step_cpus, memory=train_step_memory, **pod_settings
+            ).set_display_name("train on CPUs")
+            on_cpus.set_caching_options(False)
+            evaluate_and_promote(model=on_cpus.output, **gate).set_caching_options(False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,23 +1,35 @@
-"""A strict stand-in for the Kubernetes API server with training-operator v1.9, on 127.0.0.1, for the real
-`kubernetes` client. No API server can run here, so this one checks what it receives the way the real parts would:
+"""A strict stand-in for the Kubernetes API server of a Kubeflow cluster, on 127.0.0.1, for the real `kubernetes`
+client. No API server can run here, so this one checks what it receives the way the real parts would, and plays
+the clusters users run:
 
-- every TFJob body against the vendored CRD's openAPIV3Schema (tests/vendor/kubeflow.org_tfjobs.yaml), closed:
-  an unknown field is refused (the real server would drop it silently, which hides a misspelled setting);
-- the TFJob admission webhook's rules (DNS-1035 name, replica specs with containers, an image on every container,
-  a container named "tensorflow", at most one Chief/Master, a known runPolicy.managedBy) and the controller's
-  restart policies (the CRD has no enum for them);
-- the path's namespace against the body's.
+- `release="1.10"`: training-operator v1.9 serves TFJobs (kubeflow.org/v1); `release="1.11"` (and 26.03): Kubeflow
+  Trainer v2.3 serves TrainJobs, TrainingRuntimes, ClusterTrainingRuntimes (trainer.kubeflow.org/v1alpha1) and JobSet
+  v0.12 its JobSets, and there is no TFJob; `release="none"`: neither. The API's discovery says what is served,
+  and a request for anything else is the real server's 404.
+- Every body against the vendored CRD's openAPIV3Schema (tests/vendor/), closed: an unknown field is refused (the real
+  server would drop it silently, which hides a misspelled setting); the CRDs' CEL rules; the admission webhooks (the
+  TFJob webhook's rules; Trainer's TrainJob, runtime and JobSet-plugin validation: the runtime must exist, patches
+  may only name its jobs and containers and set no env for `node`, the manager is a domain-prefixed path).
+- Every request is authorized as RBAC would for the caller: the default client is a profile's `default-editor`, bound
+  in its namespace to `kubeflow-edit`, aggregated from the vendored role files; every authenticated user may read
+  ClusterTrainingRuntimes and the discovery. Anything else gets the real API's 403, worded as it words it.
 
-It plays a scripted world: each GET of the TFJob advances one tick of `timeline`, which says the job's conditions,
-worker 0's pod phase and restart count, or an HTTP error to answer instead (a transient API failure). Worker 0's
-log (per container instance) is served with RFC 3339 timestamps, in small chunks that cut lines anywhere, and the
-stream stays open while that container runs, as `kubectl logs -f` does; a Pending pod's log is a 400.
+The world the launcher sees comes from a scripted `timeline` (each GET of the job advances one tick: its conditions,
+worker 0's phase and restarts, or an HTTP error to answer instead) or, with `timeline=None`, from a test playing the
+operator: `on_create` is called with each new job, and the test adds pods (`add_pod`, with their logs) and sets the
+job's conditions (`set_conditions`). `trainjob_pods` and `job_failure`/`jobset_action` play the Trainer controller,
+PlainML and JobSet as the vendored sources do: each pod's env, host name and subdomain, and what the runtime's
+failure policies do with the workers' exit codes.
+
+Logs are served with RFC 3339 timestamps, in small chunks that cut lines anywhere, and a followed stream stays open
+while its container runs, as `kubectl logs -f` does; a Pending pod's log is a 400.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import http.server
 import json
 import re
@@ -31,12 +43,78 @@ from urllib.parse import parse_qs, urlparse
 import jsonschema
 import yaml
 
-CRD = Path(__file__).parent / "vendor" / "kubeflow.org_tfjobs.yaml"
-JOBS = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/(?P<namespace>[^/]+)/tfjobs(?:/(?P<name>[^/]+))?$")
-POD = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<name>[^/]+)(?P<log>/log)?$")
-RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}  # pkg/apis/kubeflow.org/v1/common_types.go
-MANAGERS = {"kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue"}  # pkg/common/util/webhooks.go
+VENDOR = Path(__file__).parent / "vendor"
+NAMESPACE = "team-a"
+EDITOR = f"system:serviceaccount:{NAMESPACE}:default-editor"
+ADMIN = "kubernetes-admin"
+TOKENS = {"editor-token": EDITOR, "admin-token": ADMIN}
+RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}  # training-operator pkg/apis/kubeflow.org/v1
+TFJOB_MANAGERS = {"kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue"}  # pkg/common/util/webhooks.go
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")  # k8s.io/apimachinery validation: httpPathFmt
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    crd: str  # the vendored CRD file
+
+
+TRAINER_VERSIONS = {  # release -> (Kubeflow Trainer, the JobSet it bundles)
+    "1.11": ("v2.1.0", "v0.10.1"),  # Kubeflow 1.11.0 and 26.03 install Trainer v2.1.0 by default
+    "trainer-2.3": ("v2.3.0", "v0.12.0"),  # the current Trainer, installed by the admin (standalone KFP 2.17...)
+}
+
+
+def release_resources(release: str) -> dict[str, Resource]:
+    """What a cluster of `release` serves, each with the CRD of the version it runs."""
+    if release == "1.10":
+        return {"tfjobs": Resource("kubeflow.org", "v1", "TFJob", "tfjobs", True, "kubeflow.org_tfjobs-v1.9.0.yaml")}
+    if release == "none":
+        return {}
+    trainer, jobset = TRAINER_VERSIONS[release]
+    runtimes = f"trainer.kubeflow.org_clustertrainingruntimes-{trainer}.yaml"  # trainingruntimes: the same schema
+    return {
+        "trainjobs": Resource(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "TrainJob",
+            "trainjobs",
+            True,
+            f"trainer.kubeflow.org_trainjobs-{trainer}.yaml",
+        ),
+        "clustertrainingruntimes": Resource(
+            "trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes", False, runtimes
+        ),
+        "trainingruntimes": Resource(
+            "trainer.kubeflow.org", "v1alpha1", "TrainingRuntime", "trainingruntimes", True, runtimes
+        ),
+        "jobsets": Resource(
+            "jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets", True, f"jobset.x-k8s.io_jobsets-{jobset}.yaml"
+        ),
+    }
+
+
+ROLE_FILES = {
+    "1.10": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-training-roles-v1.9.0.yaml"),
+    "1.11": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-trainer-roles-v2.3.0.yaml"),  # the same rules in v2.1.0
+    "trainer-2.3": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-trainer-roles-v2.3.0.yaml"),
+    "none": ("kubeflow-roles-v1.11.0.yaml",),
+}
+
+
+class Refused(Exception):  # noqa: N818 (an HTTP answer, not a bug)
+    def __init__(self, status: int, reason: str, message: str, details: dict | None = None):
+        super().__init__(message)
+        self.status, self.reason, self.details = status, reason, details
+
+
+# -- schemas and CEL rules -------------------------------------------------------------------------------------
 
 
 def closed(schema: Any) -> Any:
@@ -55,16 +133,127 @@ def closed(schema: Any) -> Any:
     return schema
 
 
-def tfjob_validator() -> jsonschema.Draft7Validator:
-    crd = yaml.safe_load(CRD.read_text())
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return jsonschema.Draft7Validator(closed(version["schema"]["openAPIV3Schema"]))
+@functools.cache
+def crd_schema(crd_file: str) -> dict:
+    crd = yaml.load((VENDOR / crd_file).read_text(), Loader=yaml.CSafeLoader)
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("served", True) and v.get("storage", True)]
+    return version["schema"]["openAPIV3Schema"]
 
 
-class Refused(Exception):  # noqa: N818 (an HTTP answer, not a bug)
-    def __init__(self, status: int, reason: str, message: str):
-        super().__init__(message)
-        self.status, self.reason = status, reason
+@functools.cache
+def validator(crd_file: str) -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(closed(crd_schema(crd_file)))
+
+
+def unknown_fields(schema: dict, value: Any, path: str = "") -> list[str]:
+    """The fields of `value` its schema does not declare (what the API server prunes, or refuses when strict)."""
+    found = []
+    if isinstance(value, dict) and "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        for key, child in value.items():
+            where = f"{path}.{key}" if path else key
+            if key not in schema["properties"]:
+                if not isinstance(schema.get("additionalProperties"), dict):
+                    found.append(where)
+                    continue
+                found += unknown_fields(schema["additionalProperties"], child, where)
+            else:
+                found += unknown_fields(schema["properties"][key], child, where)
+    elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for key, child in value.items():
+            found += unknown_fields(schema["additionalProperties"], child, f"{path}.{key}" if path else key)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            found += unknown_fields(schema["items"], item, f"{path}[{index}]")
+    return found
+
+
+def pruned(value: Any, unknown: list[str]) -> Any:
+    """`value` without the fields at the `unknown` paths (dotted, with [i] for list items)."""
+    value = copy.deepcopy(value)
+    for path in unknown:
+        parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+        node = value
+        for part in parts[:-1]:
+            node = node[int(part[1:-1])] if part.startswith("[") else node[part]
+        node.pop(parts[-1], None)
+    return value
+
+
+def _no_in_order_with_depends_on(spec: dict) -> bool:
+    in_order = (spec.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
+    return not (in_order and any("dependsOn" in job for job in spec.get("replicatedJobs", [])))
+
+
+# The CEL rules of the vendored CRDs, each as what it checks on create ("self == oldSelf" holds on create). A rule
+# not in this table makes the stand-in fail loudly, so a newer CRD cannot be half-checked.
+CEL_RULES = {
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')": lambda o: bool(
+        DNS_1035.match(o.get("metadata", {}).get("name", ""))
+    ),
+    "size(self.metadata.name) <= 63": lambda o: len(o.get("metadata", {}).get("name", "")) <= 63,
+    "self == oldSelf": lambda _o: True,
+    "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')": lambda o: (
+        o == "" or bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$", o))
+    ),
+    "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']": lambda o: (
+        o in ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue")
+    ),
+    "has(self.lastUpdatedTime)": lambda o: "lastUpdatedTime" in o,
+    "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)].filter(x, x).size() <= 1": (
+        lambda o: sum(key in o for key in ("torch", "mpi", "jax", "xgboost", "flux")) <= 1
+    ),
+    "self >= 1": lambda o: o >= 1,
+    # Trainer v2.1.0's runtime CRD:
+    "self > 0 || self in ['auto', 'cpu', 'gpu']": lambda o: (
+        o in ("auto", "cpu", "gpu") or (isinstance(o, int) and o > 0)
+    ),
+    "!(has(self.torch) && has(self.mpi))": lambda o: not ("torch" in o and "mpi" in o),
+    "!(has(self.numNodes) && (has(self.torch) && has(self.torch.elasticPolicy)))": lambda o: (
+        not ("numNodes" in o and "elasticPolicy" in (o.get("torch") or {}))
+    ),
+    "!self.exists(c, c == 'node')": lambda o: "node" not in o,
+    "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
+    "self.replicatedJobs.exists(x, has(x.dependsOn)))": _no_in_order_with_depends_on,
+    "self.templates.all(t, !has(t.metadata.namespace) || size(t.metadata.namespace) == 0)": lambda o: all(
+        not (t.get("metadata") or {}).get("namespace") for t in o.get("templates", [])
+    ),
+}
+
+
+def cel_problems(schema: dict, value: Any, path: str = "") -> list[str]:
+    """Evaluate every x-kubernetes-validations rule of `schema` on `value`, where `value` has that field."""
+    problems = []
+    for rule in schema.get("x-kubernetes-validations") or []:
+        check = CEL_RULES.get(rule["rule"])
+        if check is None:
+            raise AssertionError(f"the stand-in does not know the CEL rule {rule['rule']!r} at {path or '.'}")
+        if not check(value):
+            problems.append(f"{path or '<root>'}: Invalid value: {rule.get('message') or rule['rule']}")
+    if isinstance(value, dict):
+        for key, child in (schema.get("properties") or {}).items():
+            if key in value:
+                problems += cel_problems(child, value[key], f"{path}.{key}" if path else key)
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            problems += cel_problems(schema["items"], item, f"{path}[{index}]")
+    return problems
+
+
+def schema_problems(resource: Resource, body: dict, closed_schema: bool = False) -> list[str]:
+    """What the API server's validation refuses (types, enums, patterns, required fields, CEL rules); unknown fields
+    are the field validation's business (see `create`) unless `closed_schema`."""
+    check = validator(resource.crd) if closed_schema else open_validator(resource.crd)
+    errors = sorted(check.iter_errors(body), key=lambda error: list(error.absolute_path))
+    problems = [f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors]
+    return problems + cel_problems(crd_schema(resource.crd), body)
+
+
+@functools.cache
+def open_validator(crd_file: str) -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(crd_schema(crd_file))
+
+
+# -- admission webhooks ----------------------------------------------------------------------------------------
 
 
 def webhook_problems(job: dict) -> list[str]:
@@ -95,19 +284,388 @@ def webhook_problems(job: dict) -> list[str]:
     if masters > 1:
         problems.append("spec.tfReplicaSpecs: Forbidden: must not have more than 1 Chief or Master role")
     manager = job.get("spec", {}).get("runPolicy", {}).get("managedBy")
-    if manager is not None and manager not in MANAGERS:
+    if manager is not None and manager not in TFJOB_MANAGERS:
         problems.append(f"spec.runPolicy.managedBy: Unsupported value: {manager!r}")
     return problems
 
 
+def runtime_webhook_problems(runtime: dict) -> list[str]:
+    """Trainer v2.3.0 validateReplicatedJobs (pkg/webhooks/trainingruntime_webhook.go)."""
+    expected = {
+        "trainer": "node",
+        "model-initializer": "model-initializer",
+        "dataset-initializer": "dataset-initializer",
+    }
+    problems = []
+    for index, job in enumerate(runtime.get("spec", {}).get("template", {}).get("spec", {}).get("replicatedJobs", [])):
+        ancestor = ((job.get("template") or {}).get("metadata") or {}).get("labels", {}).get(ANCESTOR_LABEL)
+        if ancestor not in expected:
+            continue
+        path = f"spec.template.spec.replicatedJobs[{index}]"
+        if job.get("replicas", 1) != 1:
+            problems.append(f"{path}.replicas: Invalid value: {job.get('replicas')}: always must be 1")
+        containers = job["template"]["spec"]["template"]["spec"].get("containers", [])
+        if not any(container.get("name") == expected[ancestor] for container in containers):
+            problems.append(
+                f"{path}.template.spec.template.spec.containers: must contain the required container for the "
+                f"ancestor: {ancestor}"
+            )
+    return problems
+
+
+def _dns_1123_subdomain(name: str) -> bool:
+    return bool(DNS_1123_SUBDOMAIN.match(name)) and len(name) <= 253
+
+
+def trainjob_webhook_problems(job: dict, runtime: dict | None, runtime_name: str) -> list[str]:
+    """Trainer v2.3.0's TrainJob validation: the runtime exists (ClusterTrainingRuntime.ValidateObjects) and the
+    JobSet plugin's checks of runtime patches (pkg/runtime/framework/plugins/jobset/jobset.go Validate)."""
+    if runtime is None:
+        return [
+            f'spec.runtimeRef: Invalid value: clustertrainingruntimes.trainer.kubeflow.org "{runtime_name}" not '
+            "found: specified clusterTrainingRuntime must be created before the TrainJob is created"
+        ]
+    problems = []
+    containers_of = {
+        replicated["name"]: {
+            container["name"]
+            for key in ("containers", "initContainers")
+            for container in replicated["template"]["spec"]["template"]["spec"].get(key, [])
+        }
+        for replicated in runtime["spec"]["template"]["spec"].get("replicatedJobs", [])
+    }
+    for override in job.get("spec", {}).get("podTemplateOverrides", []):  # Trainer v2.1
+        pod = override.get("spec") or {}
+        for target in override.get("targetJobs", []):
+            known = containers_of.get(target["name"])
+            if known is None:
+                problems.append(
+                    "spec.podTemplateOverrides: must not have targetJob that doesn't exist in the runtime job template"
+                )
+                continue
+            for container in pod.get("containers", []) + pod.get("initContainers", []):
+                if container["name"] not in known:
+                    problems.append(f"spec.podTemplateOverrides: must not have container that doesn't exist in the "
+                                    f"runtime job {target['name']}")  # fmt: skip
+                elif container.get("env") and container["name"] in ("node", "dataset-initializer", "model-initializer"):
+                    problems.append("spec.podTemplateOverrides: must not have envs for the dataset-initializer, "
+                                    "model-initializer, node containers")  # fmt: skip
+    for patch in job.get("spec", {}).get("runtimePatches", []):  # Trainer v2.2 and later
+        manager = patch.get("manager", "")
+        host, _, path = manager.partition("/")
+        if not host or not path or not _dns_1123_subdomain(host) or not HTTP_PATH.match(path):
+            problems.append(f'spec.runtimePatches.manager: Invalid value: "{manager}": must be a domain-prefixed path')
+        replicated_jobs = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
+            "replicatedJobs", []
+        )
+        for replicated in replicated_jobs:
+            known = containers_of.get(replicated["name"])
+            if known is None:
+                problems.append(
+                    "spec.runtimePatches: must not have replicated job that doesn't exist in the runtime job template"
+                )
+                continue
+            pod = (((replicated.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            for container in pod.get("containers", []) + pod.get("initContainers", []):
+                if container["name"] not in known:
+                    problems.append(
+                        f"spec.runtimePatches: must not have container that doesn't exist in the runtime job "
+                        f"{replicated['name']}"
+                    )
+                elif container.get("env") and container["name"] in ("node", "dataset-initializer", "model-initializer"):
+                    problems.append(
+                        "spec.runtimePatches: must not have envs for the dataset-initializer, model-initializer, node "
+                        "containers"
+                    )
+    return problems
+
+
+# -- RBAC -------------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def aggregated_rules(release: str, role: str = "kubeflow-edit") -> tuple:
+    """The rules of a ClusterRole after aggregation (to a fixed point, as the aggregation controller makes them)."""
+    roles = [
+        document
+        for name in ROLE_FILES[release]
+        for document in yaml.safe_load_all((VENDOR / name).read_text())
+        if document and document.get("kind") == "ClusterRole"
+    ]
+    rules = {document["metadata"]["name"]: list(document.get("rules") or []) for document in roles}
+    changed = True
+    while changed:
+        changed = False
+        for document in roles:
+            for selector in (document.get("aggregationRule") or {}).get("clusterRoleSelectors", []):
+                wanted = selector.get("matchLabels", {})
+                for other in roles:
+                    labels = other["metadata"].get("labels") or {}
+                    if other is document or any(labels.get(key) != value for key, value in wanted.items()):
+                        continue
+                    for rule in rules[other["metadata"]["name"]]:
+                        if rule not in rules[document["metadata"]["name"]]:
+                            rules[document["metadata"]["name"]].append(rule)
+                            changed = True
+    return tuple(json.dumps(rule, sort_keys=True) for rule in rules[role])
+
+
+def _rule_allows(rule: dict, verb: str, group: str, resource: str) -> bool:
+    return (
+        (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+        and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
+        and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
+    )
+
+
+def authorized(release: str, user: str, verb: str, group: str, resource: str, namespace: str | None) -> bool:
+    if user == ADMIN:
+        return True
+    if resource == "clustertrainingruntimes" and verb in ("get", "list", "watch"):
+        return True  # kubeflow-trainer-view-cluster-runtimes, bound to system:authenticated
+    if user != EDITOR or namespace != NAMESPACE:
+        return False  # default-editor is bound to kubeflow-edit in its own namespace only
+    return any(_rule_allows(json.loads(rule), verb, group, resource) for rule in aggregated_rules(release))
+
+
+def forbidden(user: str, verb: str, group: str, resource: str, namespace: str | None) -> Refused:
+    qualified = f"{resource}.{group}" if group else resource
+    where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+    message = (
+        f'{qualified} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "{group}" {where}'
+    )
+    return Refused(403, "Forbidden", message, {"group": group, "kind": resource})
+
+
+# -- the Trainer controller, PlainML and JobSet, as far as pods go ------------------------------------------------
+
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """One pod of a TrainJob as Trainer v2.3 + JobSet v0.12 + Kubernetes would make it."""
+
+    name: str  # `<job>-node-0-<index>` is the host name; the pod's own name gets a random suffix
+    hostname: str
+    subdomain: str
+    index: int
+    labels: dict
+    annotations: dict
+    container: dict  # the `node` container: image, command, args, env (value or valueFrom), resources, ports
+    pod_spec: dict  # the rest of the pod spec (service account, tolerations, pull secrets, grace period...)
+
+
+def _merge_by_name(base: list, patch: list, merge) -> list:
+    merged = [copy.deepcopy(item) for item in base]
+    for item in patch:
+        found = next((existing for existing in merged if existing.get("name") == item.get("name")), None)
+        if found is None:
+            merged.append(copy.deepcopy(item))
+        else:
+            merged[merged.index(found)] = merge(found, item)
+    return merged
+
+
+def strategic_merge(base: Any, patch: Any, key: str = "") -> Any:
+    """The strategic merge patch of the JobSet spec fields a runtime patch may set: lists of named things (replicated
+    jobs, containers, env, volumes, pull secrets) merge by name; tolerations and other lists are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = copy.deepcopy(base)
+        for name, value in patch.items():
+            merged[name] = strategic_merge(base.get(name), value, name) if name in base else copy.deepcopy(value)
+        return merged
+    if isinstance(base, list) and isinstance(patch, list) and key in (
+        "replicatedJobs", "containers", "initContainers", "env", "volumes", "imagePullSecrets", "volumeMounts"
+    ):  # fmt: skip
+        return _merge_by_name(base, patch, lambda old, new: strategic_merge(old, new))
+    return copy.deepcopy(patch)
+
+
+def upsert_env(environment: list[dict], additions: list[dict]) -> list[dict]:
+    """apply.UpsertEnvVars: replace a variable of the same name, else append."""
+    result = [dict(variable) for variable in environment]
+    for addition in additions:
+        names = [variable["name"] for variable in result]
+        if addition["name"] in names:
+            result[names.index(addition["name"])] = dict(addition)
+        else:
+            result.append(dict(addition))
+    return result
+
+
+def jobset_for(trainjob: dict, runtime: dict) -> dict:
+    """The JobSet Trainer v2.3 builds from a TrainJob and its runtime (runtime patches merged, PlainML's node count
+    and env, resourcesPerNode merged, the trainer's image, command and args; jobset.go Build, builder.go Trainer)."""
+    spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
+    for patch in trainjob["spec"].get("runtimePatches", []):
+        template_patch = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec")
+        if template_patch:
+            spec = strategic_merge(spec, template_patch)
+    for override in trainjob["spec"].get("podTemplateOverrides", []):  # Trainer v2.1: onto each target's pod template
+        targets = {target["name"] for target in override.get("targetJobs", [])}
+        for replicated in spec["replicatedJobs"]:
+            if replicated["name"] in targets:
+                pod_template = replicated["template"]["spec"]["template"]
+                patch = {key: override[key] for key in ("metadata", "spec") if key in override}
+                replicated["template"]["spec"]["template"] = strategic_merge(pod_template, patch)
+    trainer = trainjob["spec"].get("trainer") or {}
+    nodes = trainer.get("numNodes", runtime["spec"].get("mlPolicy", {}).get("numNodes", 1))
+    for replicated in spec["replicatedJobs"]:
+        if (replicated["template"].get("metadata") or {}).get("labels", {}).get(ANCESTOR_LABEL) != "trainer":
+            continue
+        replicated["replicas"] = 1
+        job = replicated["template"]["spec"]
+        job["parallelism"] = job["completions"] = nodes
+        job.setdefault("completionMode", "Indexed")  # JobSet's default
+        for container in job["template"]["spec"]["containers"]:
+            if container["name"] != "node":
+                continue
+            for key in ("image", "command", "args"):
+                if key in trainer:
+                    container[key] = copy.deepcopy(trainer[key])
+            container["env"] = upsert_env(container.get("env", []), trainer.get("env", []))
+            resources = container.setdefault("resources", {})
+            for kind, values in (trainer.get("resourcesPerNode") or {}).items():
+                resources[kind] = {**resources.get(kind, {}), **values}
+    name, namespace = trainjob["metadata"]["name"], trainjob["metadata"]["namespace"]
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(trainjob["metadata"].get("labels", {}))},
+            "spec": spec}  # fmt: skip
+
+
+def job_problems(job: dict, where: str) -> list[str]:
+    """Kubernetes' Job validation of what the runtime's failure handling relies on (apis/batch/validation)."""
+    problems = []
+    pod = job["template"]["spec"]
+    policy = job.get("podFailurePolicy")
+    if policy is None:
+        return problems
+    if pod.get("restartPolicy") != "Never":
+        problems.append(
+            f"{where}.template.spec.restartPolicy: Invalid value: only Never is supported with podFailurePolicy"
+        )
+    names = {container["name"] for container in pod.get("containers", [])}
+    for index, rule in enumerate(policy.get("rules", [])):
+        path = f"{where}.podFailurePolicy.rules[{index}]"
+        if rule.get("action") not in ("FailJob", "FailIndex", "Ignore", "Count"):
+            problems.append(f"{path}.action: Unsupported value: {rule.get('action')!r}")
+        if ("onExitCodes" in rule) == ("onPodConditions" in rule):
+            problems.append(f"{path}: Invalid value: exactly one of onExitCodes and onPodConditions is required")
+        codes = rule.get("onExitCodes")
+        if codes:
+            values = codes.get("values", [])
+            if values != sorted(set(values)) or not 0 < len(values) <= 255:
+                problems.append(f"{path}.onExitCodes.values: Invalid value: must be unique, ascending, 1 to 255 values")
+            if codes.get("operator") == "In" and 0 in values:
+                problems.append(f"{path}.onExitCodes.values: Invalid value: 0: must not be 0 for the In operator")
+            if codes.get("operator") not in ("In", "NotIn"):
+                problems.append(f"{path}.onExitCodes.operator: Unsupported value: {codes.get('operator')!r}")
+            if "containerName" in codes and codes["containerName"] not in names:
+                problems.append(f"{path}.onExitCodes.containerName: Invalid value: no container of that name")
+    return problems
+
+
+def trainjob_pods(trainjob: dict, runtime: dict, release: str = "trainer-2.3") -> list[PodPlan]:
+    """Each trainer pod of the TrainJob: its host name `<job>-node-0-<i>` under the JobSet's subdomain (jobset.go
+    IdentifyPodNetwork), the labels and annotations JobSet and Kubernetes give it, its `node` container. The JobSet
+    is checked against the vendored JobSet CRD, and its Jobs against Kubernetes' Job rules, first."""
+    jobset = jobset_for(trainjob, runtime)
+    problems = schema_problems(release_resources(release)["jobsets"], jobset, closed_schema=True)
+    for index, replicated in enumerate(jobset["spec"]["replicatedJobs"]):
+        problems += job_problems(replicated["template"]["spec"], f"spec.replicatedJobs[{index}].template.spec")
+    if problems:
+        raise AssertionError("the JobSet built from the TrainJob and its runtime is invalid: " + "; ".join(problems))
+    name = trainjob["metadata"]["name"]
+    subdomain = (jobset["spec"].get("network") or {}).get("subdomain") or name
+    plans = []
+    for replicated in jobset["spec"]["replicatedJobs"]:
+        if (replicated["template"].get("metadata") or {}).get("labels", {}).get(ANCESTOR_LABEL) != "trainer":
+            continue
+        job = replicated["template"]["spec"]
+        pod_spec = copy.deepcopy(job["template"]["spec"])
+        (container,) = [c for c in pod_spec.pop("containers") if c["name"] == "node"]
+        for index in range(job["parallelism"]):
+            host = f"{name}-{replicated['name']}-0-{index}"
+            labels = {
+                **((job["template"].get("metadata") or {}).get("labels") or {}),
+                "jobset.sigs.k8s.io/jobset-name": name,
+                "jobset.sigs.k8s.io/replicatedjob-name": replicated["name"],
+                "jobset.sigs.k8s.io/job-index": "0",
+                "batch.kubernetes.io/job-completion-index": str(index),
+            }
+            annotations = {
+                **((job["template"].get("metadata") or {}).get("annotations") or {}),
+                "batch.kubernetes.io/job-completion-index": str(index),
+            }
+            plans.append(PodPlan(host, host, subdomain, index, labels, annotations, copy.deepcopy(container), pod_spec))
+    return plans
+
+
+def resolve_env(plan: PodPlan, namespace: str, secrets: dict) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: values, field references, secret keys (a missing
+    optional secret leaves the variable out), and Kubernetes' JOB_COMPLETION_INDEX for an Indexed Job's pod."""
+    environment = {"JOB_COMPLETION_INDEX": str(plan.index)}
+    fields = {"metadata.namespace": namespace, "metadata.name": plan.name}
+    fields.update({f"metadata.labels['{key}']": value for key, value in plan.labels.items()})
+    fields.update({f"metadata.annotations['{key}']": value for key, value in plan.annotations.items()})
+    for variable in plan.container.get("env", []):
+        if "value" in variable:
+            environment[variable["name"]] = variable["value"]
+            continue
+        source = variable.get("valueFrom", {})
+        if "fieldRef" in source:
+            environment[variable["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in source:
+            reference = source["secretKeyRef"]
+            value = secrets.get((namespace, reference["name"]), {}).get(reference["key"])
+            if value is None and not reference.get("optional"):
+                raise AssertionError(f"secret {reference['name']}/{reference['key']} is missing and not optional")
+            if value is not None:
+                environment[variable["name"]] = value
+    return environment
+
+
+def job_failure(job_spec: dict, pod_name: str, namespace: str, exit_code: int) -> tuple[str, str]:
+    """Why the Job of a pod that exited with `exit_code` fails: its podFailurePolicy's first matching FailJob rule
+    (reason PodFailurePolicy, the Job controller's message), else backoffLimit (the runtime's is 0)."""
+    for index, rule in enumerate((job_spec.get("podFailurePolicy") or {}).get("rules", [])):
+        codes = rule.get("onExitCodes")
+        if not codes or exit_code == 0:
+            continue
+        matched = (exit_code in codes["values"]) == (codes["operator"] == "In")
+        if matched and rule["action"] == "FailJob":
+            return "PodFailurePolicy", (
+                f"Container node for pod {namespace}/{pod_name} failed with exit code {exit_code} matching FailJob "
+                f"rule at index {index}"
+            )
+        if matched:
+            raise AssertionError(f"the stand-in does not play the {rule['action']} action")
+    return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+
+
+def jobset_action(jobset_spec: dict, reason: str, message: str) -> tuple[str, str]:
+    """The JobSet failure policy's action for a failed Job (failure_policy.go: the first rule whose reasons and
+    message patterns both match, else RestartJobSet) and its rule's name."""
+    for rule in (jobset_spec.get("failurePolicy") or {}).get("rules", []):
+        reasons = rule.get("onJobFailureReasons") or []
+        patterns = rule.get("onJobFailureMessagePatterns") or []
+        if (not reasons or reason in reasons) and (not patterns or any(re.search(p, message) for p in patterns)):
+            return rule["action"], rule["name"]
+    return "RestartJobSet", "default"
+
+
+# -- the scripted world ------------------------------------------------------------------------------------------
+
+
 @dataclass
 class Tick:
-    """The world at one GET of the TFJob."""
+    """The world at one GET of the job."""
 
     conditions: list[dict] = field(default_factory=list)
     pod: str | None = "Running"  # worker 0's phase, None while it does not exist
-    restarts: int = 0
-    error: int | None = None  # answer the TFJob GET with this HTTP status instead
+    restarts: int = 0  # TFJob: container restarts; TrainJob: JobSet restarts (each makes a new pod)
+    error: int | None = None  # answer the job GET with this HTTP status instead
 
 
 def condition(kind: str, status: str = "True", reason: str = "", message: str = "") -> dict:
@@ -121,22 +679,67 @@ FAILED = [
     condition("Running", "False"),
     condition("Failed", reason="TFJobFailed", message="TFJob has failed because 1 Worker replica(s) failed."),
 ]
+# TrainJob conditions: Trainer copies the JobSet's Completed and Failed conditions as Complete and Failed.
+TRAINJOB_RUNNING: list[dict] = []
+TRAINJOB_SUSPENDED = [condition("Suspended", reason="Suspended", message="TrainJob is suspended")]
+TRAINJOB_COMPLETE = [condition("Complete", reason="AllJobsCompleted", message="jobset completed successfully")]
+TRAINJOB_FAILED = [
+    condition(
+        "Failed",
+        reason="FailJobSetFailurePolicyAction",
+        message="applying FailJobSet failure policy action (first failed job: cifar10-node-0)",
+    )
+]
+
+
+@dataclass
+class PodRecord:
+    """A pod the test's operator made: its phase, restarts and each container instance's log."""
+
+    namespace: str
+    name: str
+    labels: dict
+    annotations: dict
+    container: str
+    phase: str = "Pending"
+    restarts: int = 0
+    logs: dict[int, list[str]] = field(default_factory=dict)
+    created: str = field(default_factory=lambda: _now())
+    attempt: int | None = None  # scripted TrainJob pods: the JobSet restart that made this pod (keys its log)
+
+    @property
+    def instance(self) -> int:
+        """Which log this container instance writes: its restart count, or the JobSet attempt of its pod."""
+        return self.restarts if self.attempt is None else self.attempt
 
 
 class FakeKubernetesApi:
-    def __init__(self, timeline: list[Tick], logs: dict[int, str] | None = None, chunk_bytes: int = 7):
+    def __init__(
+        self,
+        timeline: list[Tick] | None = None,
+        logs: dict[int, str] | None = None,
+        chunk_bytes: int = 7,
+        release: str = "1.10",
+        on_create=None,
+    ):
         self.timeline = timeline
         self.logs = logs or {}
         self.chunk_bytes = chunk_bytes
-        self.validator = tfjob_validator()
-        self.jobs: dict[tuple[str, str], dict] = {}
+        self.release = release
+        self.served = release_resources(release)
+        self.on_create = on_create
+        self.objects: dict[tuple[str, str | None, str], dict] = {}  # (plural, namespace, name) -> object
+        self.secrets: dict[tuple[str, str], dict[str, str]] = {}
+        self.pods: dict[tuple[str, str], PodRecord] = {}
         self.created: list[dict] = []
         self.deleted: list[tuple[str, str]] = []
         self.refused: list[str] = []
+        self.pruned: list[str] = []  # unknown fields dropped from objects created without strict field validation
+        self.requests: list[tuple[str, str, str]] = []  # (user, method, path)
         self.tick = 0
         self.pod_errors: list[int] = []  # HTTP statuses to answer the next pod GETs with
-        self.on_job_get = None  # called with the tick number at each TFJob GET (e.g. to send a signal)
-        self.lock = threading.Lock()
+        self.on_job_get = None  # called with the tick number at each job GET (e.g. to send a signal)
+        self.lock = threading.RLock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -153,22 +756,30 @@ class FakeKubernetesApi:
         self._server.shutdown()
         self._server.server_close()
 
-    def clients(self):
-        """The real kubernetes client's CustomObjectsApi and CoreV1Api, pointed at this server."""
+    @property
+    def jobs(self) -> dict[tuple[str, str], dict]:
+        """The TFJobs and TrainJobs there are now, by (namespace, name)."""
+        return {
+            (ns, name): job for (plural, ns, name), job in self.objects.items() if plural in ("tfjobs", "trainjobs")
+        }
+
+    def clients(self, token: str = "editor-token"):
+        """The real kubernetes client's CustomObjectsApi and CoreV1Api, pointed at this server as `token`'s user."""
         from kubernetes import client
 
         configuration = client.Configuration()
         configuration.host = self.url
+        configuration.api_key = {"authorization": f"Bearer {token}"}
         api_client = client.ApiClient(configuration)
         return client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
 
-    def kubeconfig(self, path: Path, namespace: str = "team-a") -> Path:
+    def kubeconfig(self, path: Path, namespace: str = NAMESPACE, token: str = "editor-token") -> Path:
         """A kubeconfig file for this server (for a launcher running in another process)."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake"}}],
+            "users": [{"name": "fake", "user": {"token": token}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
             "current-context": "fake",
         }
@@ -178,73 +789,188 @@ class FakeKubernetesApi:
     def world(self) -> Tick:
         return self.timeline[min(self.tick, len(self.timeline) - 1)]
 
-    # -- requests ----------------------------------------------------------------------------------------------
+    # -- objects -----------------------------------------------------------------------------------------------
 
-    def create_job(self, namespace: str, body: dict) -> dict:
-        if body.get("apiVersion") != "kubeflow.org/v1" or body.get("kind") != "TFJob":
+    def resource(self, group: str, version: str, plural: str) -> Resource:
+        resource = self.served.get(plural)
+        if resource is None or (resource.group, resource.version) != (group, version):
+            raise Refused(404, "NotFound", "the server could not find the requested resource")
+        return resource
+
+    def create(self, plural: str, namespace: str | None, body: dict, field_validation: str = "Strict") -> dict:
+        """Create an object as the API server would. Unknown fields: refused with `Strict` field validation, else
+        dropped (the server's default since Kubernetes 1.23 is Warn: a warning header nobody reads)."""
+        resource = self.served.get(plural)
+        if resource is None:
+            raise Refused(404, "NotFound", "the server could not find the requested resource")
+        if body.get("apiVersion") != f"{resource.group}/{resource.version}" or body.get("kind") != resource.kind:
             raise Refused(
-                400, "BadRequest", f"expected kubeflow.org/v1 TFJob, got {body.get('apiVersion')} {body.get('kind')}"
-            )
-        if body.get("metadata", {}).get("namespace", namespace) != namespace:
+                400, "BadRequest",
+                f"expected {resource.group}/{resource.version} {resource.kind}, got {body.get('apiVersion')} "
+                f"{body.get('kind')}",
+            )  # fmt: skip
+        if resource.namespaced and body.get("metadata", {}).get("namespace", namespace) != namespace:
             raise Refused(400, "BadRequest", "the namespace of the provided object does not match the request's")
-        errors = sorted(self.validator.iter_errors(body), key=lambda error: list(error.absolute_path))
-        problems = [f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors]
-        problems += webhook_problems(body)
+        unknown = unknown_fields(crd_schema(resource.crd), body)
+        if unknown and field_validation == "Strict":
+            raise Refused(
+                400, "BadRequest",
+                f'{resource.kind} in version "{resource.version}" cannot be handled as a {resource.kind}: strict '
+                "decoding error: " + ", ".join(f'unknown field "{field}"' for field in unknown),
+            )  # fmt: skip
+        if unknown:
+            self.pruned += unknown
+            body = pruned(body, unknown)
+        problems = schema_problems(resource, body)
+        if plural == "tfjobs":
+            problems += webhook_problems(body)
+        elif plural in ("clustertrainingruntimes", "trainingruntimes"):
+            problems += runtime_webhook_problems(body)
+        elif plural == "trainjobs" and not problems:
+            reference = body["spec"]["runtimeRef"]
+            if reference.get("kind", "ClusterTrainingRuntime") != "ClusterTrainingRuntime":
+                raise AssertionError("the stand-in plays ClusterTrainingRuntime references only")
+            runtime = self.objects.get(("clustertrainingruntimes", None, reference["name"]))
+            problems += trainjob_webhook_problems(body, runtime, reference["name"])
+        name = body.get("metadata", {}).get("name")
         if problems:
             self.refused.append("; ".join(problems))
             raise Refused(
-                422,
-                "Invalid",
-                f"TFJob.kubeflow.org {body['metadata'].get('name')!r} is invalid: " + "; ".join(problems),
+                422, "Invalid", f"{resource.kind}.{resource.group} {name!r} is invalid: " + "; ".join(problems)
             )
-        key = (namespace, body["metadata"]["name"])
-        if key in self.jobs:
-            raise Refused(409, "AlreadyExists", f'tfjobs.kubeflow.org "{key[1]}" already exists')
-        stored = copy.deepcopy(body)
-        stored["metadata"].update(namespace=namespace, uid=f"uid-{len(self.created)}", creationTimestamp=_now())
-        self.jobs[key] = stored
-        self.created.append(copy.deepcopy(body))
+        key = (plural, namespace if resource.namespaced else None, name)
+        with self.lock:
+            if key in self.objects:
+                raise Refused(409, "AlreadyExists", f'{plural}.{resource.group} "{name}" already exists')
+            stored = copy.deepcopy(body)
+            stored["metadata"].update(uid=f"uid-{len(self.created)}", creationTimestamp=_now())
+            if resource.namespaced:
+                stored["metadata"]["namespace"] = namespace
+            self.objects[key] = stored
+            if plural in ("tfjobs", "trainjobs"):
+                self.created.append(copy.deepcopy(body))
+        if plural in ("tfjobs", "trainjobs") and self.on_create is not None:
+            self.on_create(self, copy.deepcopy(stored))
         return stored
 
-    def get_job(self, namespace: str, name: str) -> dict:
-        if (namespace, name) not in self.jobs:
-            raise Refused(404, "NotFound", f'tfjobs.kubeflow.org "{name}" not found')
+    def create_job(self, namespace: str, body: dict) -> dict:
+        """Create a TFJob or TrainJob directly (as an earlier attempt of a step would have)."""
+        return self.create(body["kind"].lower() + "s", namespace, body)
+
+    def get(self, plural: str, namespace: str | None, name: str) -> dict:
+        resource = self.served[plural]
+        key = (plural, namespace if resource.namespaced else None, name)
+        if key not in self.objects:
+            raise Refused(404, "NotFound", f'{plural}.{resource.group} "{name}" not found')
+        if plural not in ("tfjobs", "trainjobs"):
+            return copy.deepcopy(self.objects[key])
         with self.lock:
             if self.on_job_get:
                 self.on_job_get(self.tick)
+            job = copy.deepcopy(self.objects[key])
+            if self.timeline is None:
+                return job
             world = self.world()
             self.tick += 1
         if world.error:
             raise Refused(world.error, "ServiceUnavailable", "the server is currently unable to handle the request")
-        job = copy.deepcopy(self.jobs[(namespace, name)])
         job["status"] = {"conditions": world.conditions}
         return job
 
-    def delete_job(self, namespace: str, name: str) -> dict:
-        if self.jobs.pop((namespace, name), None) is None:
-            raise Refused(404, "NotFound", f'tfjobs.kubeflow.org "{name}" not found')
-        self.deleted.append((namespace, name))
+    def delete(self, plural: str, namespace: str | None, name: str) -> dict:
+        resource = self.served[plural]
+        with self.lock:
+            if self.objects.pop((plural, namespace if resource.namespaced else None, name), None) is None:
+                raise Refused(404, "NotFound", f'{plural}.{resource.group} "{name}" not found')
+            if plural in ("tfjobs", "trainjobs"):
+                self.deleted.append((namespace, name))
         return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
 
-    def get_pod(self, namespace: str, name: str) -> dict:
+    def set_conditions(self, namespace: str, name: str, conditions: list[dict], plural: str = "trainjobs") -> None:
+        with self.lock:
+            job = self.objects.get((plural, namespace, name))
+            if job is not None:
+                job["status"] = {"conditions": copy.deepcopy(conditions)}
+
+    def add_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        self.secrets[(namespace, name)] = dict(data)
+
+    # -- pods --------------------------------------------------------------------------------------------------
+
+    def add_pod(self, record: PodRecord) -> PodRecord:
+        with self.lock:
+            self.pods[(record.namespace, record.name)] = record
+        return record
+
+    def _scripted_pods(self, namespace: str) -> list[PodRecord]:
+        """Worker 0 as the timeline has it, for each job there is."""
+        world = self.world()
+        records = []
+        for plural, job_namespace, name in list(self.objects):
+            if job_namespace != namespace or plural not in ("tfjobs", "trainjobs") or world.pod is None:
+                continue
+            if plural == "tfjobs":
+                records.append(
+                    PodRecord(namespace, f"{name}-worker-0", {}, {}, "tensorflow", world.pod, world.restarts)
+                )
+            else:
+                labels = {"jobset.sigs.k8s.io/jobset-name": name,
+                          "jobset.sigs.k8s.io/restart-attempt": str(world.restarts)}  # fmt: skip
+                annotations = {"batch.kubernetes.io/job-completion-index": "0"}
+                records.append(PodRecord(namespace, f"{name}-node-0-0-r{world.restarts}", labels, annotations, "node",
+                                         world.pod, attempt=world.restarts))  # fmt: skip
+        return records
+
+    def pod_records(self, namespace: str) -> list[PodRecord]:
+        if self.timeline is not None:
+            return self._scripted_pods(namespace)
+        with self.lock:
+            return [record for (ns, _name), record in self.pods.items() if ns == namespace]
+
+    def pod_record(self, namespace: str, name: str) -> PodRecord:
         if self.pod_errors:
             raise Refused(self.pod_errors.pop(0), "InternalError", "etcdserver: request timed out")
-        world = self.world()
-        job_name = name.rsplit("-worker-", 1)[0]
-        if world.pod is None or (namespace, job_name) not in self.jobs:
-            raise Refused(404, "NotFound", f'pods "{name}" not found')
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "status": {
-                "phase": world.pod,
-                "containerStatuses": [
-                    {"name": "tensorflow", "restartCount": world.restarts, "ready": world.pod == "Running",
-                     "image": "i", "imageID": "", "started": world.pod == "Running"}
-                ],
-            },
-        }  # fmt: skip
+        for record in self.pod_records(namespace):
+            if record.name == name:
+                return record
+        raise Refused(404, "NotFound", f'pods "{name}" not found')
+
+    def pod_log_lines(self, record: PodRecord, instance: int) -> list[str]:
+        if self.timeline is not None:
+            return self.logs.get(instance, "").splitlines(keepends=True)
+        return list(record.logs.get(instance, []))
+
+    def pod_running(self, record: PodRecord, instance: int) -> bool:
+        """Whether the container instance whose log is followed still runs (its stream stays open meanwhile)."""
+        if self.timeline is not None:
+            world = self.world()
+            return world.pod == "Running" and world.restarts == instance and world.conditions[-1:] == RUNNING[-1:]
+        with self.lock:
+            current = self.pods.get((record.namespace, record.name))
+            return current is not None and current.phase == "Running" and current.instance == instance
+
+
+def pod_json(record: PodRecord) -> dict:
+    running = record.phase == "Running"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": record.name, "namespace": record.namespace, "labels": record.labels,
+                     "annotations": record.annotations, "creationTimestamp": record.created},
+        "status": {
+            "phase": record.phase,
+            "containerStatuses": [{"name": record.container, "restartCount": record.restarts, "ready": running,
+                                   "image": "i", "imageID": "", "started": running}],
+        },
+    }  # fmt: skip
+
+
+def _selected(record: PodRecord, selector: str) -> bool:
+    for requirement in filter(None, selector.split(",")):
+        key, _, value = requirement.partition("=")
+        if record.labels.get(key) != value:
+            return False
+    return True
 
 
 def _flag(query: dict, name: str) -> bool:
@@ -261,15 +987,20 @@ def _stamp(instance: int, line: int) -> str:
     return (start + datetime.timedelta(milliseconds=line)).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
 
 
-def _status(status: int, reason: str, message: str) -> dict:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": status,
-    }
+def _status(refused: Refused) -> dict:
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": str(refused),
+              "reason": refused.reason, "code": refused.status}  # fmt: skip
+    if refused.details:
+        status["details"] = refused.details
+    return status
+
+
+CUSTOM = re.compile(
+    r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)(?:/namespaces/(?P<namespace>[^/]+))?(?:/(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+))?)?$"
+)
+OPENAPI = re.compile(r"^/openapi/v3/apis/(?P<group>[^/]+)/(?P<version>[^/]+)$")
+PODS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<log>/log)?)?$")
 
 
 def _handler_class(api: FakeKubernetesApi):
@@ -282,52 +1013,118 @@ def _handler_class(api: FakeKubernetesApi):
             self.end_headers()
             self.wfile.write(content)
 
+        def _user(self) -> str:
+            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+            if token not in TOKENS:
+                raise Refused(401, "Unauthorized", "Unauthorized")
+            return TOKENS[token]
+
+        def _authorize(self, user, verb, group, resource, namespace):
+            if not authorized(api.release, user, verb, group, resource, namespace):
+                raise forbidden(user, verb, group, resource, namespace)
+
         def _dispatch(self, method: str) -> None:
             url = urlparse(self.path)
-            query = parse_qs(url.query)
+            query = self.query = parse_qs(url.query)
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
             try:
-                if match := JOBS.match(url.path):
-                    namespace, name = match["namespace"], match["name"]
-                    if method == "POST" and name is None:
-                        return self._reply(201, api.create_job(namespace, body))
-                    if method == "GET" and name:
-                        return self._reply(200, api.get_job(namespace, name))
-                    if method == "DELETE" and name:
-                        return self._reply(200, api.delete_job(namespace, name))
-                if (match := POD.match(url.path)) and method == "GET":
-                    if match["log"]:
-                        return self._stream_log(match["namespace"], match["name"], query)
-                    return self._reply(200, api.get_pod(match["namespace"], match["name"]))
+                user = self._user()
+                api.requests.append((user, method, url.path))
+                if (match := OPENAPI.match(url.path)) and method == "GET":
+                    return self._reply(200, self._openapi(match["group"], match["version"]))
+                if (match := CUSTOM.match(url.path)) and match["plural"] is None and method == "GET":
+                    return self._reply(200, self._discovery(match["group"], match["version"]))
+                if match := CUSTOM.match(url.path):
+                    return self._custom(user, method, match, body)
+                if (match := PODS.match(url.path)) and method == "GET":
+                    return self._pods(user, match, query)
                 raise Refused(404, "NotFound", f"{method} {url.path}: not served by this stand-in")
             except Refused as refused:
-                self._reply(refused.status, _status(refused.status, refused.reason, str(refused)))
+                self._reply(refused.status, _status(refused))
+
+        def _discovery(self, group: str, version: str) -> dict:
+            resources = [r for r in api.served.values() if (r.group, r.version) == (group, version)]
+            if not resources:
+                raise Refused(404, "NotFound", "the server could not find the requested resource")
+            return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
+                    "resources": [{"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
+                                   "kind": r.kind, "verbs": ["create", "delete", "get", "list", "watch"]}
+                                  for r in resources]}  # fmt: skip
+
+        def _openapi(self, group: str, version: str) -> dict:
+            """The OpenAPI v3 document of a group version: every served kind's schema, as the API server publishes a
+            CRD's structural schema (for every authenticated user: system:discovery)."""
+            resources = [r for r in api.served.values() if (r.group, r.version) == (group, version)]
+            if not resources:
+                raise Refused(404, "NotFound", "the server could not find the requested resource")
+            prefix = ".".join(reversed(group.split(".")))
+            schemas = {
+                f"{prefix}.{version}.{r.kind}": {
+                    **crd_schema(r.crd),
+                    "x-kubernetes-group-version-kind": [{"group": group, "version": version, "kind": r.kind}],
+                }
+                for r in resources
+            }
+            return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.0"},
+                    "components": {"schemas": schemas}}  # fmt: skip
+
+        def _custom(self, user, method, match, body) -> None:
+            namespace, plural, name = match["namespace"], match["plural"], match["name"]
+            resource = api.resource(match["group"], match["version"], plural)
+            if resource.namespaced != (namespace is not None):
+                raise Refused(404, "NotFound", "the server could not find the requested resource")
+            verb = {"POST": "create", "DELETE": "delete", "GET": "get" if name else "list"}[method]
+            self._authorize(user, verb, resource.group, plural, namespace)
+            if method == "POST" and name is None:
+                validation = self.query.get("fieldValidation", ["Warn"])[0]
+                return self._reply(201, api.create(plural, namespace, body, field_validation=validation))
+            if method == "GET" and name:
+                return self._reply(200, api.get(plural, namespace, name))
+            if method == "DELETE" and name:
+                return self._reply(200, api.delete(plural, namespace, name))
+            raise Refused(405, "MethodNotAllowed", f"{method} is not supported here by this stand-in")
+
+        def _pods(self, user, match, query) -> None:
+            namespace, name = match["namespace"], match["name"]
+            if name is None:
+                self._authorize(user, "list", "", "pods", namespace)
+                selector = query.get("labelSelector", [""])[0]
+                items = [pod_json(r) for r in api.pod_records(namespace) if _selected(r, selector)]
+                return self._reply(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+            if match["log"]:
+                self._authorize(user, "get", "", "pods/log", namespace)
+                return self._stream_log(namespace, name, query)
+            self._authorize(user, "get", "", "pods", namespace)
+            return self._reply(200, pod_json(api.pod_record(namespace, name)))
 
         def _stream_log(self, namespace: str, name: str, query: dict) -> None:
-            if query.get("container") != ["tensorflow"]:
+            record = api.pod_record(namespace, name)
+            if query.get("container") != [record.container]:
                 raise Refused(400, "BadRequest", "a container name must be given: the pod has several")
-            pod = api.get_pod(namespace, name)
-            if pod["status"]["phase"] == "Pending":
+            if record.phase == "Pending":
                 raise Refused(
-                    400, "BadRequest", f'container "tensorflow" in pod "{name}" is waiting to start: ContainerCreating'
-                )
-            instance = pod["status"]["containerStatuses"][0]["restartCount"]
+                    400, "BadRequest",
+                    f'container "{record.container}" in pod "{name}" is waiting to start: ContainerCreating',
+                )  # fmt: skip
+            instance = record.instance
             stamps = _flag(query, "timestamps")
-            lines = api.logs.get(instance, "").splitlines(keepends=True)
-            text = "".join(f"{_stamp(instance, i)} {line}" if stamps else line for i, line in enumerate(lines))
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.end_headers()
-            content = text.encode()
-            for start in range(0, len(content), api.chunk_bytes):
-                self.wfile.write(content[start : start + api.chunk_bytes])
-                self.wfile.flush()
-            follow = _flag(query, "follow")
-            while follow:  # the stream stays open while this container instance runs
-                world = api.world()
-                if world.pod != "Running" or world.restarts != instance or world.conditions[-1:] != RUNNING[-1:]:
-                    break
+            sent, follow = 0, _flag(query, "follow")
+            while True:
+                lines = api.pod_log_lines(record, instance)
+                text = "".join(f"{_stamp(instance, i)} {line}" if stamps else line for i, line in enumerate(lines))
+                content = text.encode()[sent:]
+                for start in range(0, len(content), api.chunk_bytes):
+                    self.wfile.write(content[start : start + api.chunk_bytes])
+                    self.wfile.flush()
+                sent += len(content)
+                if not follow or not api.pod_running(record, instance):
+                    if not content:
+                        break  # the container ended and its whole log was sent
+                    continue
                 time.sleep(0.02)
 
         def do_GET(self):

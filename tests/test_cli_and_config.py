@@ -43,7 +43,9 @@ def test_options_parse_to_typed_fields_and_file_values_are_overridden_by_the_com
 def test_unknown_field_in_a_config_file_names_the_file_and_the_field(tmp_path):
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps({"name": "x", "cuont": 1}))
-    with pytest.raises(ValueError, match=rf"{config_file}.*unknown configuration field\(s\) \['cuont'\]"):
+    with pytest.raises(
+        ValueError, match=rf"{config_file}.*unknown configuration field\(s\) 'cuont' \(did you mean 'count'\?\)"
+    ):
         parse_config(Example, ["--config", str(config_file)], "test")
 
 
@@ -146,12 +148,14 @@ def test_numbers_from_kfp_parameters_keep_their_meaning():
 def test_kfp_options_cannot_override_the_steps_named_parameters():
     from types import SimpleNamespace
 
-    from components.train.kfp_run import train_config
+    from components.train.kfp_run import training_configs
 
     dataset = SimpleNamespace(uri="/d", path="/d", name="dataset", metadata={})
     model = SimpleNamespace(uri="/m", path="/m", name="model", metadata={})
     with pytest.raises(ValueError, match=r"options: \['depth'\] are parameters of the step"):
-        train_config(dataset, model, "auto", model_dir="", depth=20, options={"depth": 56}, run_id="")
+        training_configs(dataset, model, "auto", model_dir="", depth=20, options={"depth": 56}, run_id="")
+    with pytest.raises(ValueError, match=r"options: \['worker_cpu'\] are parameters of the step"):
+        training_configs(dataset, model, "auto", model_dir="", worker_cpu="2", options={"worker_cpu": "8"}, run_id="")
 
 
 def test_evaluate_imports_nothing_from_train_but_the_model_definition():

@@ -57,7 +57,8 @@ def test_the_compiled_pipeline_runs_each_step_in_the_content_tagged_image_of_its
     tag = images.content_tag()
     assert set(used.values()) == {f"{images.DEFAULT_REGISTRY}/cpu:{tag}", f"{images.DEFAULT_REGISTRY}/gpu:{tag}"}
     assert used["exec-train-component"].endswith(f"/gpu:{tag}")
-    assert used["exec-launch-tfjob-component"].endswith(f"/cpu:{tag}")
+    assert used["exec-launch-training-job-component"].endswith(f"/cpu:{tag}")
+    assert used["exec-delete-training-job-component"].endswith(f"/cpu:{tag}")
     assert used["exec-prepare-data-component"].endswith(f"/cpu:{tag}")
 
 

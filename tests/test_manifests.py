@@ -12,18 +12,22 @@ TFJOB_TEMPLATE = Path(__file__).resolve().parents[1] / "components" / "train" / 
 
 
 def documents():
-    for path in [*sorted(MANIFESTS.glob("*.yaml")), TFJOB_TEMPLATE]:
+    for path in [*sorted(MANIFESTS.glob("*.yaml")), *sorted(MANIFESTS.glob("admin/*.yaml")), TFJOB_TEMPLATE]:
         for document in yaml.safe_load_all(path.read_text()):
             if document:
                 yield path.name, document
 
 
 def pod_specs():
-    """Every pod template in the manifests: TFJob replica templates, and workload templates if any."""
+    """Every pod template in the manifests: TFJob replica templates, the TrainJob runtime's jobs, workloads."""
     for name, document in documents():
         if document["kind"] == "TFJob":
             for replica, spec in document["spec"]["tfReplicaSpecs"].items():
                 yield f"{name}:{replica}", spec["template"]["spec"]
+        if document["kind"] == "ClusterTrainingRuntime":
+            for job in document["spec"]["template"]["spec"]["replicatedJobs"]:
+                yield f"{name}:{job['name']}", job["template"]["spec"]["template"]["spec"]
+            continue
         template = document.get("spec", {}).get("template") if isinstance(document.get("spec"), dict) else None
         if template:
             yield name, template["spec"]
@@ -33,6 +37,7 @@ def test_every_manifest_parses_and_has_a_kind_and_name():
     found = list(documents())
     assert {document["kind"] for _, document in found} >= {
         "TFJob",
+        "ClusterTrainingRuntime",
         "ServiceAccount",
         "Role",
         "RoleBinding",
@@ -73,7 +78,7 @@ def test_tfjob_template_retries_preemption_and_injects_tf_config():
     assert [c["name"] for c in worker["template"]["spec"]["containers"]] == ["tensorflow"]  # gets TF_CONFIG
 
 
-def test_rbac_lets_the_launcher_create_watch_and_delete_tfjobs_and_read_logs():
+def test_rbac_lets_the_launcher_create_watch_and_delete_trainjobs_and_tfjobs_and_read_logs():
     (role,) = [document for _, document in documents() if document["kind"] == "Role"]
     rules = {
         (group, resource): set(rule["verbs"])
@@ -82,6 +87,8 @@ def test_rbac_lets_the_launcher_create_watch_and_delete_tfjobs_and_read_logs():
         for resource in rule["resources"]
     }
     assert {"create", "get", "watch", "delete"} <= rules[("kubeflow.org", "tfjobs")]
+    assert {"create", "get", "watch", "delete"} <= rules[("trainer.kubeflow.org", "trainjobs")]
+    assert "list" in rules[("", "pods")]  # a TrainJob's worker 0 is found among its pods by label
     assert "get" in rules[("", "pods/log")]
     (binding,) = [document for _, document in documents() if document["kind"] == "RoleBinding"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -92,7 +99,7 @@ def test_rbac_lets_the_launcher_create_watch_and_delete_tfjobs_and_read_logs():
 def test_no_credentials_anywhere():
     """No key material and no key files: Workload Identity for gs://, and for s3:// only references to the optional
     KFP MinIO secret that the cluster already holds."""
-    for path in [*MANIFESTS.glob("*.yaml"), TFJOB_TEMPLATE]:
+    for path in [*MANIFESTS.glob("**/*.yaml"), TFJOB_TEMPLATE]:
         text = path.read_text().lower()
         for marker in ("private_key", "google_application_credentials", "kind: secret", "user-gcp-sa", "minio123"):
             assert marker not in text, (path.name, marker)
@@ -124,7 +131,10 @@ def test_tensorboard_runs_as_the_pipelines_service_account_and_reads_the_object_
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
-def test_kustomization_lists_existing_files():
-    kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+@pytest.mark.parametrize("folder", [MANIFESTS, MANIFESTS / "admin"])
+def test_kustomization_lists_existing_files(folder):
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
     for resource in kustomization["resources"]:
-        assert (MANIFESTS / resource).exists(), resource
+        assert (folder / resource).exists(), resource
+    listed = {path.name for path in folder.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == set(kustomization["resources"])  # nothing left out

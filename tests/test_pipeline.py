@@ -12,6 +12,7 @@ import yaml
 
 from components.common.dataset import open_dataset
 from components.images import image
+from components.train.launch_config import LaunchConfig
 from pipeline import commands
 from pipeline.pipeline import cifar10_pipeline
 
@@ -34,7 +35,7 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
     (manifest,) = run.glob("prepare-data-component/dataset/manifest.json")
     verified = open_dataset(str(manifest.parent))
     assert verified.manifest.synthetic and verified.manifest.splits["train"].num_examples == 160
-    (model_dir,) = run.glob("train-component*/model")
+    (model_dir,) = run.glob(f"{commands.TRAINING_TASKS}/model")
     assert (model_dir / "ckpt-40.index").exists()
     trained = json.loads((model_dir / "train_metrics.json").read_text())
     assert trained["step"] == 40 and 0 < trained["metrics"]["loss"] < 5
@@ -59,14 +60,14 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
     (model_artifact,) = promoted_outputs["artifacts"]["promoted"]["artifacts"]
     assert model_artifact["metadata"]["saved_model"] == pointer["saved_model"]
     assert promoted_outputs["parameterValues"]["Output"] == 1
-    (ui_metadata,) = run.glob("train-component*/mlpipeline_ui_metadata")
+    (ui_metadata,) = run.glob(f"{commands.TRAINING_TASKS}/mlpipeline_ui_metadata")
     assert json.loads(ui_metadata.read_text()) == {"outputs": [{"type": "tensorboard", "source": str(model_dir)}]}
 
     # A scheduled run: same source, warm-started from whatever is promoted at the time it runs.
     second = commands.local_run(
         cifar10_pipeline, {**SMALL, "warm_start_from_promoted": True, "train_steps": 10}, tmp_path
     )
-    (second_model,) = second.glob("train-component*/model")
+    (second_model,) = second.glob(f"{commands.TRAINING_TASKS}/model")
     assert json.loads((second_model / "config.json").read_text())["warm_start"] == pointer["checkpoint"]
 
 
@@ -145,14 +146,16 @@ def test_caching_retries_resources_and_tolerations_in_the_compiled_pipeline():
         if "executorLabel" in spec["components"][task["componentRef"]["name"]]
     }
     assert {name for name, cached in caching.items() if cached} == {"comp-prepare-data-component"}  # keyed on data
-    prepare_inputs = spec["root"]["dag"]["tasks"]["prepare-data-component"]["inputs"]["parameters"]
+    (prepare,) = tasks_of(spec, "comp-prepare-data-component")
+    prepare_inputs = prepare[1]["inputs"]["parameters"]
     assert prepare_inputs["source_fingerprint"]["taskOutputParameter"]["producerTask"] == "source-fingerprint-component"
     executors = spec["deploymentSpec"]["executors"]
 
-    trains = tasks_of(spec, "comp-train-component") + tasks_of(spec, "comp-launch-tfjob-component")
-    assert len(trains) == 3  # on GPUs, on CPUs, as a TFJob: exactly one runs
-    for _dag, task, _executor in trains:
+    trains = tasks_of(spec, "comp-train-component") + tasks_of(spec, "comp-launch-training-job-component")
+    assert len(trains) == 3  # on GPUs, on CPUs, as a training job: exactly one runs
+    for _dag, task, executor in trains:
         assert task["retryPolicy"]["maxRetryCount"] >= 2 and task["taskInfo"]["name"].startswith("train")
+        assert int(platform[executor]["activeDeadlineSeconds"]) >= 7 * 24 * 3600  # stuck steps end
     gpu_trains = [executor for dag, _task, executor in trains if dag == "comp-train-on-gpus"]
     assert len(gpu_trains) == 1
     for _dag, _task, executor in trains:
@@ -163,12 +166,20 @@ def test_caching_retries_resources_and_tolerations_in_the_compiled_pipeline():
             assert [t["key"] for t in tolerations] == ["nvidia.com/gpu"]
         else:
             assert "accelerator" not in container.get("resources", {}) and tolerations == [], executor
-    (launch,) = tasks_of(spec, "comp-launch-tfjob-component")
+    (launch,) = tasks_of(spec, "comp-launch-training-job-component")
+    # The launching step times out after the job's own timeout, so that it deletes its job itself.
+    assert int(platform[launch[2]]["activeDeadlineSeconds"]) > LaunchConfig().job_timeout_seconds
+    (cleanup,) = [
+        task for task in spec["root"]["dag"]["tasks"].values() if "delete-training" in task["componentRef"]["name"]
+    ]
+    assert cleanup["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"  # runs however the run ended
     assert executors[launch[2]]["container"]["image"] == image("launcher")  # the CPU image, no GPU libraries
     for name in executors:
         if "train-component" not in name:
             assert not platform.get(name, {}).get("tolerations"), f"{name} is CPU-only and must not tolerate GPUs"
-        assert platform[name]["secretAsEnv"][0]["optional"] is True  # object-store keys, when the secret exists
+        if "delete-training-job" not in name:  # the exit handler touches no object store
+            assert platform[name]["secretAsEnv"][0]["optional"] is True  # object-store keys, when the secret exists
+        assert "imagePullSecret" in platform[name], name  # every step can pull from a private registry
     worker_image = spec["root"]["inputDefinitions"]["parameters"]["worker_image"]["defaultValue"]
     assert worker_image == image("train")  # the workers run the image the pipeline was compiled with
 
@@ -181,7 +192,7 @@ def test_every_pipeline_parameter_has_a_description_shown_in_help():
     run_help = subprocess.run(
         [sys.executable, "-m", "pipeline.pipeline", "run", "--help"], capture_output=True, text=True, cwd=REPOSITORY
     ).stdout
-    assert "launcher=tfjob: GPUs of each worker pod" in " ".join(run_help.split())
+    assert "Training job: GPUs of each worker pod" in " ".join(run_help.split())
 
 
 def test_docker_runner_without_an_engine_says_why_and_what_to_do_instead(tmp_path):
@@ -223,7 +234,8 @@ def test_every_compiled_component_program_runs_on_its_own(tmp_path):
         namespace = runpy.run_path(str(program))
         assert callable(namespace.get(function)), f"{label}: {function} is not defined by its program"
         loaded.append(function)
-    assert {"train_component", "launch_tfjob_component", "prepare_data_component", "evaluate_component"} <= set(loaded)
+    assert {"train_component", "launch_training_job_component", "prepare_data_component", "evaluate_component",
+            "delete_training_job_component"} <= set(loaded)  # fmt: skip
 
 
 def test_component_and_pipeline_defaults_are_the_configs_defaults():
@@ -236,18 +248,22 @@ def test_component_and_pipeline_defaults_are_the_configs_defaults():
     from components.evaluate.config import EvaluateConfig
     from components.prepare_data.component import prepare_data_component
     from components.prepare_data.config import PrepareDataConfig
-    from components.train.component import launch_tfjob_component, train_component
+    from components.train.component import launch_training_job_component, train_component
     from components.train.config import TrainConfig
+    from components.train.launch_config import LaunchConfig
 
-    own_choices = {"workers", "accuracy_threshold"}  # the pipeline's and the TFJob step's own, said where they are set
+    # the pipeline's and the job step's own, said where they are set
+    own_choices = {"workers", "accuracy_threshold", "worker_image"}
     checked = []
-    prepare, train, evaluate = (vars(parameter_defaults(c)) for c in (PrepareDataConfig, TrainConfig, EvaluateConfig))
+    prepare, train, launch, evaluate = (
+        vars(parameter_defaults(c)) for c in (PrepareDataConfig, TrainConfig, LaunchConfig, EvaluateConfig)
+    )
     for function, defaults in (
         (prepare_data_component.python_func, prepare),
         (train_component.python_func, train),
-        (launch_tfjob_component.python_func, train),
+        (launch_training_job_component.python_func, {**train, **launch}),
         (evaluate_component.python_func, evaluate),
-        (cifar10_pipeline.pipeline_func, {**evaluate, **train, **prepare}),  # batch_size is the training's
+        (cifar10_pipeline.pipeline_func, {**evaluate, **train, **launch, **prepare}),  # batch_size is the training's
     ):
         for name, parameter in inspect.signature(function).parameters.items():
             if parameter.default is inspect.Parameter.empty or name not in defaults:

@@ -165,7 +165,7 @@ def test_make_run_and_make_schedule_pass_every_train_option_the_user_set(kfp_api
     ("arguments", "message"),
     [
         (["--epochs", "1", "--train-steps", "300"], "train_steps and epochs: give one of them"),
-        (["--launcher", "bogus"], "launcher: 'bogus' is not one of auto, tfjob"),
+        (["--launcher", "bogus"], "launcher: 'bogus' is not one of auto, trainjob, tfjob, pod"),
         (["--train-options", '{"optimiser": "sgd"}'], "optimiser"),
         (["--train-options", '{"depth": 56}'], "are pipeline parameters"),
         (["--depth", "21"], "depth: 21 is not of the form 6n+2"),

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from components.train import launch_tfjob
+from components.train import cluster_job, launch_tfjob
 from components.train.config import TrainConfig
+from components.train.launch_config import LaunchConfig
 from tests.fake_kubernetes_api import FAILED, RUNNING, SUCCEEDED, FakeKubernetesApi, Tick
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -30,10 +31,6 @@ def config(**overrides) -> TrainConfig:
         "model_dir": "s3://bucket/runs/42/model-directory",
         "workers": 4,
         "batch_size": 512,
-        "gpus_per_worker": 2,
-        "worker_cpu": "8",
-        "worker_memory": "30Gi",
-        "tfjob_image": "registry.example/cifar10/train:1.2.3",
         "launcher": "tfjob",
         "train_steps": 1000,
     }
@@ -41,20 +38,31 @@ def config(**overrides) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def launch(**overrides) -> LaunchConfig:
+    values = {
+        "gpus_per_worker": 2,
+        "worker_cpu": "8",
+        "worker_memory": "30Gi",
+        "worker_image": "registry.example/cifar10/train:1.2.3",
+    }
+    values.update(overrides)
+    return LaunchConfig(**values)
+
+
 @pytest.fixture
 def namespace_file(tmp_path, monkeypatch):
     """This pod's namespace, as a KFP step in a profile namespace sees it."""
     path = tmp_path / "namespace"
     path.write_text("team-a\n")
-    monkeypatch.setattr(launch_tfjob, "SERVICE_ACCOUNT_NAMESPACE", path)
+    monkeypatch.setattr(cluster_job, "SERVICE_ACCOUNT_NAMESPACE", path)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio-service.kubeflow:9000")
     monkeypatch.delenv("AWS_REGION", raising=False)
     return path
 
 
-def launcher(api: FakeKubernetesApi) -> launch_tfjob.TFJobLauncher:
+def launcher(api: FakeKubernetesApi) -> cluster_job.ClusterJobLauncher:
     custom, core = api.clients()
-    return launch_tfjob.TFJobLauncher(custom, core, poll_seconds=0.3, backoff_seconds=0.01, log_poll_seconds=0.02)
+    return launch_tfjob.tfjob_launcher(custom, core, poll_seconds=0.3, backoff_seconds=0.01, log_poll_seconds=0.02)
 
 
 def logged_lines(caplog, pod: str) -> list[str]:
@@ -75,7 +83,7 @@ def test_the_tfjob_sent_passes_the_crd_and_webhook_and_the_chiefs_log_survives_p
         Tick(SUCCEEDED, pod="Succeeded", restarts=1),
     ]
     with FakeKubernetesApi(timeline, CHIEF_LOG) as api, caplog.at_level("INFO"):
-        outcome = launcher(api).run(config(), name="cifar10-train-run42")
+        outcome = launcher(api).run(config(), launch(), name="cifar10-train-run42")
     assert outcome.succeeded and api.refused == []
     (body,) = api.created
     assert body["metadata"] == {
@@ -111,7 +119,7 @@ def test_the_tfjob_sent_passes_the_crd_and_webhook_and_the_chiefs_log_survives_p
 
 def test_cpu_workers_neither_request_nor_tolerate_gpus(namespace_file):
     with FakeKubernetesApi([Tick(SUCCEEDED, pod="Succeeded")]) as api:
-        launcher(api).run(config(gpus_per_worker=0), name="cpu-job")
+        launcher(api).run(config(), launch(gpus_per_worker=0), name="cpu-job")
     pod = api.created[0]["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
     assert "tolerations" not in pod and "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
 
@@ -120,24 +128,24 @@ def test_transient_api_errors_are_retried_and_never_delete_the_running_job(names
     timeline = [Tick(RUNNING), Tick(error=503), Tick(error=500), Tick(RUNNING), Tick(error=503), Tick(SUCCEEDED)]
     with FakeKubernetesApi(timeline, {0: "one\n"}) as api, caplog.at_level("WARNING"):
         api.pod_errors = [500, 500]
-        assert launcher(api).run(config(), name="flaky-api").succeeded
+        assert launcher(api).run(config(), launch(), name="flaky-api").succeeded
     assert api.deleted == [("team-a", "flaky-api")]  # once, at the end
     assert "transient API error" in caplog.text
 
 
 def test_an_api_that_stays_down_fails_the_step_but_leaves_the_job_for_the_retry(namespace_file):
-    timeline = [Tick(RUNNING)] + [Tick(error=503)] * (launch_tfjob.READ_ATTEMPTS + 1)
+    timeline = [Tick(RUNNING)] + [Tick(error=503)] * (cluster_job.READ_ATTEMPTS + 1)
     with FakeKubernetesApi(timeline) as api, pytest.raises(Exception, match="503"):
-        launcher(api).run(config(), name="api-down")
+        launcher(api).run(config(), launch(), name="api-down")
     assert api.deleted == [] and ("team-a", "api-down") in api.jobs
 
 
 def test_a_failed_job_fails_the_step_and_is_deleted(namespace_file):
     with (
         FakeKubernetesApi([Tick(RUNNING), Tick(FAILED, pod="Failed")]) as api,
-        pytest.raises(launch_tfjob.TFJobError, match=r"TFJob team-a/job-1 failed: TFJobFailed: .*1 Worker"),
+        pytest.raises(cluster_job.JobError, match=r"TFJob team-a/job-1 failed: TFJobFailed: .*1 Worker"),
     ):
-        launcher(api).run(config(), name="job-1")
+        launcher(api).run(config(), launch(), name="job-1")
     assert api.deleted == [("team-a", "job-1")]
 
 
@@ -145,34 +153,36 @@ def test_succeeded_with_status_false_is_not_success(namespace_file):
     not_yet = [*RUNNING, {"type": "Succeeded", "status": "False", "reason": "", "message": ""}]
     with (
         FakeKubernetesApi([Tick(not_yet), Tick(not_yet), Tick(FAILED)]) as api,
-        pytest.raises(launch_tfjob.TFJobError, match="failed"),
+        pytest.raises(cluster_job.JobError, match="failed"),
     ):
-        launcher(api).run(config(), name="job-2")
+        launcher(api).run(config(), launch(), name="job-2")
 
 
 def test_a_job_that_never_ends_times_out_and_is_deleted(namespace_file):
     with (
         FakeKubernetesApi([Tick(RUNNING)]) as api,
-        pytest.raises(launch_tfjob.TFJobError, match=r"did not finish within 1 s; it was deleted"),
+        pytest.raises(cluster_job.JobError, match=r"did not finish within 1 s; it was deleted"),
     ):
-        launcher(api).run(config(tfjob_timeout_seconds=1), name="job-3")
+        launcher(api).run(config(), launch(job_timeout_seconds=1), name="job-3")
     assert api.deleted == [("team-a", "job-3")]
 
 
 def test_sigterm_cancels_the_step_and_deletes_the_job(namespace_file):
     with FakeKubernetesApi([Tick(RUNNING)]) as api:
         api.on_job_get = lambda tick: tick == 2 and os.kill(os.getpid(), signal.SIGTERM)
-        with pytest.raises(launch_tfjob.Cancelled):
-            launcher(api).run(config(), name="cancelled")
+        with pytest.raises(cluster_job.Cancelled):
+            launcher(api).run(config(), launch(), name="cancelled")
     assert api.deleted == [("team-a", "cancelled")]
     assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
 
 
 def test_a_retried_step_follows_the_job_its_earlier_attempt_started(namespace_file, caplog):
-    name = launch_tfjob.job_name_for_run("8d3f2a10-run-of-the-pipeline")
+    name = cluster_job.job_name_for_run("8d3f2a10-run-of-the-pipeline")
     with FakeKubernetesApi([Tick(RUNNING), Tick(SUCCEEDED)]) as api, caplog.at_level("WARNING"):
-        api.create_job("team-a", launch_tfjob.build_tfjob(config(), name, "team-a"))  # the first attempt's
-        assert launcher(api).run(config(), name=name).succeeded
+        api.create_job(
+            "team-a", launch_tfjob.TFJobKind().build(config(), launch(), name, "team-a")
+        )  # the first attempt's
+        assert launcher(api).run(config(), launch(), name=name).succeeded
     assert "exists already (an earlier attempt of this step): following it" in caplog.text
     assert len(api.created) == 1 and api.deleted == [("team-a", name)]
 
@@ -189,7 +199,10 @@ def _container(job):
     ("change", "message"),
     [
         (lambda job: _worker(job)["template"]["spec"].update(tolerations="gpu"), "is not of type 'array'"),
-        (lambda job: _worker(job).update(restartPolicies="ExitCode"), "'restartPolicies' was unexpected"),
+        (
+            lambda job: _worker(job).update(restartPolicies="ExitCode"),
+            'unknown field "spec.tfReplicaSpecs.Worker.restartPolicies"',
+        ),
         (lambda job: _container(job).update(name="tf"), "container with name tensorflow"),
         (lambda job: _container(job).update(image=""), "image: Required value"),
         (lambda job: job["metadata"].update(name="1st-job"), "DNS-1035"),
@@ -199,7 +212,7 @@ def _container(job):
 def test_the_stand_in_refuses_what_the_api_server_or_webhook_would(namespace_file, change, message):
     from tests.fake_kubernetes_api import Refused
 
-    job = launch_tfjob.build_tfjob(config(), "good-name", "team-a")
+    job = launch_tfjob.TFJobKind().build(config(), launch(), "good-name", "team-a")
     change(job)
     with FakeKubernetesApi([Tick(RUNNING)]) as api, pytest.raises(Refused, match=message):
         api.create_job("team-a", job)
@@ -217,33 +230,34 @@ def test_a_refused_tfjob_fails_clearly_with_the_apis_reason(namespace_file, monk
     with (
         FakeKubernetesApi([Tick(RUNNING)]) as api,
         pytest.raises(
-            launch_tfjob.TFJobError, match=r"could not create TFJob team-a/job-9: .*'cleanPodPolicies' was unexpected"
+            cluster_job.JobError,
+            match=r'could not create TFJob team-a/job-9: .*unknown field "spec.runPolicy.cleanPodPolicies"',
         ),
     ):
-        launcher(api).run(config(), name="job-9")
+        launcher(api).run(config(), launch(), name="job-9")
 
 
 def test_job_names_are_dns_1035_labels():
-    first = launch_tfjob.job_name_for_run("run-1")
-    assert first == launch_tfjob.job_name_for_run("run-1") != launch_tfjob.job_name_for_run("run-2")
-    assert len({launch_tfjob.unique_job_name() for _ in range(50)}) == 50
+    first = cluster_job.job_name_for_run("run-1")
+    assert first == cluster_job.job_name_for_run("run-1") != cluster_job.job_name_for_run("run-2")
+    assert len({cluster_job.unique_job_name() for _ in range(50)}) == 50
     for bad in ("1st-run", "Bad_Name", "x" * 60, "trailing-"):
-        with pytest.raises(ValueError, match=r"tfjob_name: .* is not a DNS-1035 label"):
-            config(tfjob_name=bad)
+        with pytest.raises(ValueError, match=r"job_name: .* is not a DNS-1035 label"):
+            launch(job_name=bad)
 
 
 def test_pod_local_locations_are_refused_for_a_tfjob_at_once():
-    with pytest.raises(ValueError, match=r"model_dir: /minio/mlpipeline/.* is a local path, and the TFJob's workers"):
+    with pytest.raises(ValueError, match=r"model_dir: /minio/mlpipeline/.* is a local path, and a tfjob's workers"):
         config(model_dir="/minio/mlpipeline/v2/artifacts/run/model")
 
 
 def test_outside_a_pod_the_namespace_must_be_given(tmp_path, monkeypatch):
-    monkeypatch.setattr(launch_tfjob, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "missing")
+    monkeypatch.setattr(cluster_job, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "missing")
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    with pytest.raises(ValueError, match="give --tfjob-namespace"):
-        launch_tfjob.own_namespace()
+    with pytest.raises(ValueError, match="give --job-namespace"):
+        cluster_job.own_namespace()
     monkeypatch.setenv("POD_NAMESPACE", "team-b")
-    assert launch_tfjob.own_namespace() == "team-b"
+    assert cluster_job.own_namespace() == "team-b"
 
 
 def test_the_tfjob_cli_launches_without_tensorflow_through_a_kubeconfig(tmp_path):
@@ -257,8 +271,8 @@ def test_the_tfjob_cli_launches_without_tensorflow_through_a_kubeconfig(tmp_path
         )
         completed = subprocess.run(
             [sys.executable, "-c", program, "--launcher", "tfjob", "--workers", "2", "--data", "s3://b/data",
-             "--model-dir", "s3://b/model", "--tfjob-namespace", "team-a", "--tfjob-name", "cli-job",
-             "--tfjob-image", "registry.example/train:1"],
+             "--model-dir", "s3://b/model", "--job-namespace", "team-a", "--job-name", "cli-job",
+             "--worker-image", "registry.example/train:1"],
             cwd=REPOSITORY, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True,
             timeout=120,
         )  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import types
@@ -140,10 +141,7 @@ def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], ori
     """Build `config_class` from a mapping (over its preset, if it names one), naming `origin` and the key in every
     error."""
     values = with_preset(config_class, values)
-    known = {field.name for field in dataclasses.fields(config_class)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{origin}: unknown configuration field(s) {unknown}; known fields: {sorted(known)}")
+    check_known(values, (config_class,), origin)
     hints = typing.get_type_hints(config_class)
     converted = {}
     for name, value in values.items():
@@ -163,6 +161,20 @@ def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], ori
         return config_class(**converted)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{origin}: {error}") from error
+
+
+def check_known(values: dict[str, Any], config_classes: tuple[type, ...], origin: str) -> None:
+    """Every key names a field of one of `config_classes`; an unknown one is an error that says what was probably
+    meant (the nearest field names), not a list of every field."""
+    known = {field.name for config_class in config_classes for field in dataclasses.fields(config_class)}
+    unknown = sorted(set(values) - known)
+    if not unknown:
+        return
+    described = []
+    for name in unknown:
+        near = difflib.get_close_matches(str(name), known, n=3, cutoff=0.6)
+        described.append(f"{name!r} (did you mean {' or '.join(map(repr, near))}?)" if near else repr(name))
+    raise ValueError(f"{origin}: unknown configuration field(s) {', '.join(described)}; --help lists them all")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -191,15 +203,17 @@ def parse_config(
     config_class: type[ConfigT], argv: Sequence[str] | None, description: str, program: str | None = None
 ) -> tuple[ConfigT, argparse.Namespace]:
     """Parse `argv` into a `config_class`; returns the config and the namespace (for the non-config options)."""
-    parser = build_parser(config_class, description, program)
+    (config,), namespace = parse_configs((config_class,), argv, description, program)
+    return config, namespace
+
+
+def parse_configs(
+    config_classes: tuple[type, ...], argv: Sequence[str] | None, description: str, program: str | None = None
+) -> tuple[tuple, argparse.Namespace]:
+    """Parse `argv` into one config of each class (their fields are distinct options of one command line, and keys
+    of one --config file); returns the configs, in order, and the namespace."""
+    parser = build_parser(config_classes, description, program)
     namespace = parser.parse_args(argv)
-    values: dict[str, Any] = {}
-    if namespace.config:
-        values.update(read_config_file(namespace.config))
-    for field in dataclasses.fields(config_class):
-        given = getattr(namespace, field.name)
-        if given is not None:
-            values[field.name] = given
     source = (
         ""
         if not namespace.config
@@ -208,18 +222,33 @@ def parse_config(
         else f" and {namespace.config}"
     )
     origin = f"configuration (command line{source})"
-    return config_from_mapping(config_class, values, origin), namespace
+    values: dict[str, Any] = read_config_file(namespace.config) if namespace.config else {}
+    check_known(values, config_classes, origin)
+    configs = []
+    for config_class in config_classes:
+        mine = {field.name: values[field.name] for field in dataclasses.fields(config_class) if field.name in values}
+        for field in dataclasses.fields(config_class):
+            given = getattr(namespace, field.name)
+            if given is not None:
+                mine[field.name] = given
+        configs.append(config_from_mapping(config_class, mine, origin))
+    return tuple(configs), namespace
 
 
-def build_parser(config_class: type, description: str, program: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=program, description=description)
+def build_parser(
+    config_classes: type | tuple[type, ...], description: str, program: str | None = None
+) -> argparse.ArgumentParser:
+    """One option per field of each config class; no abbreviations (a misspelt `--learning-rat` is an error, not
+    `--learning-rate`)."""
+    parser = argparse.ArgumentParser(prog=program, description=description, allow_abbrev=False)
     parser.add_argument(
         "--config",
         default=None,
         help="JSON file (or inline JSON object) of field names to values; command-line options override it",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    add_config_arguments(parser, config_class)
+    for config_class in config_classes if isinstance(config_classes, tuple) else (config_classes,):
+        add_config_arguments(parser, config_class)
     return parser
 
 

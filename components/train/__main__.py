@@ -12,14 +12,18 @@ termination.block_for_this_process()
 from components.common.cli import run_stage  # noqa: E402 (after the signal block above)
 from components.common.model_directory import CheckpointError  # noqa: E402
 from components.train.config import TrainConfig  # noqa: E402
+from components.train.launch_config import LaunchConfig  # noqa: E402
 from components.train.launcher import run  # noqa: E402
 
-DESCRIPTION = "Train a ResNet on a prepared CIFAR-10 dataset, on one worker or many (synchronous all-reduce)."
+DESCRIPTION = (
+    "Train a model on a prepared CIFAR-10 dataset, on one worker or many (synchronous all-reduce): in this process, as "
+    "local worker processes, or as a Kubernetes job (a Kubeflow Trainer v2 TrainJob or a training-operator TFJob)."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     return run_stage(
-        TrainConfig,
+        (TrainConfig, LaunchConfig),
         run,
         argv,
         DESCRIPTION,

@@ -1,9 +1,10 @@
 """The train KFP components: lightweight Python components whose images hold this project.
 
 - `train_component` trains in its own pod: in-process (one worker) or with local worker processes.
-- `launch_tfjob_component` starts the workers as a Kubeflow TFJob and follows it; it needs no GPU and no
-  TensorFlow, so it runs in the small launcher image. The workers run `worker_image` (the pipeline passes the train
-  image it was compiled with).
+- `launch_training_job_component` starts the workers as a Kubernetes job (a Kubeflow Trainer v2 TrainJob, or a
+  training-operator TFJob) and follows it; it needs no GPU and no TensorFlow, so it runs in a small pod. The workers
+  run `worker_image` (the pipeline passes the train image it was compiled with).
+- `delete_training_job_component` is the pipeline's exit handler: no job outlives its run.
 
 Defaults are literals, because KFP runs a lightweight component's source alone, with nothing of this module defined;
 they are the TrainConfig defaults (`components.common.kfp_parameters`: -1 and "" mean not given), which a test checks.
@@ -47,7 +48,7 @@ def train_component(
         dataset,
         model,
         mlpipeline_ui_metadata,
-        launcher="auto",
+        launcher="pod",
         model_dir=model_dir,
         preset=preset,
         workers=workers,
@@ -63,10 +64,11 @@ def train_component(
 
 
 @dsl.component(base_image=image("launcher"), install_kfp_package=False)
-def launch_tfjob_component(
+def launch_training_job_component(
     dataset: dsl.Input[dsl.Dataset],
     model: dsl.Output[dsl.Model],
     mlpipeline_ui_metadata: dsl.Output[dsl.Artifact],
+    launcher: str = "auto",
     model_dir: str = "",
     preset: str = "",
     workers: int = 2,
@@ -75,6 +77,8 @@ def launch_tfjob_component(
     worker_memory: str = "16Gi",
     worker_image: str = "",
     object_store_secret: str = "mlpipeline-minio-artifact",
+    image_pull_secret: str = "",
+    queue_name: str = "",
     depth: int = 20,
     batch_size: int = 128,
     train_steps: int = -1,
@@ -84,11 +88,13 @@ def launch_tfjob_component(
     options: dict = {},  # noqa: B006 (KFP parameters take literal defaults; never mutated)
     run_id: str = "",
 ):
-    """Train on `dataset` as a TFJob of `workers` pods (each `worker_cpu`, `worker_memory`, `gpus_per_worker`) in
-    this pod's namespace. The dataset and model directory must be in an object store every worker reaches (KFP's
-    default MinIO/SeaweedFS store or a gs:// / s3:// pipeline root). `run_id` names the TFJob, so a retried step
-    follows the job its earlier attempt started instead of starting another. worker_image "" is the train image of
-    this release; the pipeline passes the one it was compiled with."""
+    """Train on `dataset` as a Kubernetes job of `workers` pods (each `worker_cpu`, `worker_memory`,
+    `gpus_per_worker`) in this pod's namespace: `launcher` "trainjob" (Kubeflow Trainer v2, Kubeflow 1.11 and later),
+    "tfjob" (training-operator v1, Kubeflow 1.10 and older) or "auto" (whichever the cluster serves; outside a cluster,
+    local worker processes). The dataset and model directory must be in an object store every worker reaches (KFP's
+    default store or a gs:// / s3:// pipeline root). `run_id` names the job, so a retried step follows the job its
+    earlier attempt started instead of starting another. worker_image "" is the train image of this release; the
+    pipeline passes the one it was compiled with. `image_pull_secret` and `queue_name` (Kueue) are optional."""
     from components.common.logs import setup_logging
     from components.train.kfp_run import run_train
 
@@ -97,15 +103,17 @@ def launch_tfjob_component(
         dataset,
         model,
         mlpipeline_ui_metadata,
-        launcher="tfjob",
+        launcher=launcher,
         model_dir=model_dir,
         preset=preset,
         workers=workers,
         gpus_per_worker=gpus_per_worker,
         worker_cpu=worker_cpu,
         worker_memory=worker_memory,
-        tfjob_image=worker_image,
+        worker_image=worker_image,
         object_store_secret=object_store_secret,
+        image_pull_secret=image_pull_secret,
+        queue_name=queue_name,
         depth=depth,
         batch_size=batch_size,
         train_steps=train_steps,
@@ -115,3 +123,17 @@ def launch_tfjob_component(
         options=options,
         run_id=run_id,
     )
+
+
+@dsl.component(base_image=image("launcher"), install_kfp_package=False)
+def delete_training_job_component(run_id: str, status: dsl.PipelineTaskFinalStatus):
+    """The pipeline's exit handler: when the run ends, however it ends, delete its training job if a launching step
+    died (out of memory, node lost, retries exhausted) without deleting it. Nothing to do outside a cluster."""
+    import logging
+
+    from components.common.logs import setup_logging
+    from components.train.kfp_run import delete_run_jobs
+
+    setup_logging()
+    logging.getLogger("cleanup").info("the run ended %s", status.state)
+    delete_run_jobs(run_id)

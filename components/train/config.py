@@ -17,7 +17,8 @@ from components.train.presets import LENGTH_FIELDS, PRESETS
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULES = ("piecewise", "cosine", "triangular", "constant")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-LAUNCHERS = ("auto", "inprocess", "local", "tfjob", "worker")
+LAUNCHERS = ("auto", "inprocess", "local", "trainjob", "tfjob", "worker")
+CLUSTER_LAUNCHERS = ("trainjob", "tfjob")  # start the workers as a Kubernetes job, each in its own pod
 MODELS = ("resnet", "airbench")
 
 
@@ -34,19 +35,6 @@ def parse_assignments(entries: tuple[str, ...], field_name: str) -> list[tuple[s
             raise ValueError(f"{field_name}: {pattern!r} is not a valid regular expression ({error})") from error
         pairs.append((pattern, value))
     return pairs
-
-
-def check_dns_1035_label(name: str, field_name: str, reserve: int = 0) -> str:
-    """A Kubernetes DNS-1035 label (what the TFJob webhook requires of a job's name): lowercase letters, digits and
-    '-', starting with a letter, ending with a letter or digit, at most 63 characters less `reserve` (the
-    training operator appends `-worker-<i>` to name pods and services)."""
-    limit = 63 - reserve
-    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > limit:
-        raise ValueError(
-            f"{field_name}: {name!r} is not a DNS-1035 label of at most {limit} characters (lowercase letters, "
-            "digits and '-', starting with a letter, ending with a letter or digit)"
-        )
-    return name
 
 
 def _check_regex(value: str | None, field_name: str) -> None:
@@ -191,14 +179,11 @@ class TrainConfig:
     launcher: str = field(
         default="auto",
         metadata={
-            "help": "auto: TF_CONFIG set -> run as a worker, --workers 1 -> in-process, else local processes",
+            "help": "auto: TF_CONFIG (or a TrainJob pod's identity) set -> run as that worker; --workers 1 -> "
+            "in-process; in a Kubernetes pod -> the job kind the cluster serves (trainjob: Kubeflow Trainer v2, "
+            "tfjob: training-operator v1); else local worker processes",
             "choices": LAUNCHERS,
         },
-    )
-    gpus_per_worker: int = field(default=0, metadata={"help": "GPUs per TFJob worker (nvidia.com/gpu)"})
-    worker_cpu: str = field(default="4", metadata={"help": "CPU request of each TFJob worker (a Kubernetes quantity)"})
-    worker_memory: str = field(
-        default="16Gi", metadata={"help": "memory request and limit of each TFJob worker (a Kubernetes quantity)"}
     )
     worker_failure_timeout_seconds: float = field(
         default=30.0, metadata={"help": "local launcher: after one worker fails, how long others get to exit"}
@@ -206,22 +191,6 @@ class TrainConfig:
     peer_timeout_seconds: float = field(
         default=600.0,
         metadata={"help": "how long a worker waits for the other workers to start before failing, naming them"},
-    )
-    tfjob_namespace: str | None = field(
-        default=None, metadata={"help": "namespace of the TFJob (default: this pod's own, e.g. the KFP profile's)"}
-    )
-    tfjob_image: str | None = field(default=None, metadata={"help": "worker image (default: the train image)"})
-    tfjob_name: str | None = field(
-        default=None, metadata={"help": "TFJob name, a DNS-1035 label (default: unique per run)"}
-    )
-    tfjob_timeout_seconds: float = field(default=7 * 24 * 3600.0, metadata={"help": "give up waiting after this"})
-    tfjob_service_account: str = field(default="cifar10-pipeline", metadata={"help": "service account of the pods"})
-    object_store_secret: str | None = field(
-        default="mlpipeline-minio-artifact",
-        metadata={
-            "help": "TFJob workers: the secret whose accesskey/secretkey become AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY (KFP's MinIO secret by default; optional)"
-        },
     )
 
     def __post_init__(self) -> None:
@@ -245,6 +214,8 @@ class TrainConfig:
             raise ValueError("learning_rate_batch_size and max_to_keep: must be at least 1")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: {self.batch_size} must be at least 1")
+        if self.workers < 1:
+            raise ValueError(f"workers: {self.workers} must be at least 1")
         if self.batch_size % self.workers:
             raise ValueError(f"batch_size: {self.batch_size} does not split evenly over {self.workers} workers")
         if self.train_steps is not None and self.epochs is not None:
@@ -253,8 +224,6 @@ class TrainConfig:
             raise ValueError(f"train_steps: {self.train_steps} must be at least 1")
         if self.epochs is not None and self.epochs <= 0:
             raise ValueError(f"epochs: {self.epochs} must be positive")
-        if self.workers < 1:
-            raise ValueError(f"workers: {self.workers} must be at least 1")
         if self.schedule == "piecewise" and len(self.boundary_epochs) != len(self.decay_factors):
             raise ValueError(
                 f"boundary_epochs and decay_factors: {len(self.boundary_epochs)} boundaries need as many factors, "
@@ -264,7 +233,7 @@ class TrainConfig:
             raise ValueError(f"boundary_epochs: {self.boundary_epochs} must increase")
         for name in (
             "clip_global_norm", "clip_norm", "clip_value", "ema_decay",
-            "peer_timeout_seconds", "worker_failure_timeout_seconds", "tfjob_timeout_seconds",
+            "peer_timeout_seconds", "worker_failure_timeout_seconds",
         ):  # fmt: skip
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -296,14 +265,12 @@ class TrainConfig:
             except ValueError as error:
                 raise ValueError(f"gradient_multipliers: {factor!r} (for {pattern!r}) is not a number") from error
         parse_assignments(self.warm_start_map, "warm_start_map")
-        if self.tfjob_name is not None:
-            check_dns_1035_label(self.tfjob_name, "tfjob_name", reserve=len("-worker-") + len(str(self.workers)))
-        if self.launcher == "tfjob":
+        if self.launcher in CLUSTER_LAUNCHERS:
             for name in ("data", "model_dir"):
                 if not is_remote(getattr(self, name)):
                     raise ValueError(
-                        f"{name}: {getattr(self, name)} is a local path, and the TFJob's workers run in other pods: "
-                        "give a gs:// or s3:// location"
+                        f"{name}: {getattr(self, name)} is a local path, and a {self.launcher}'s workers run in other "
+                        "pods: give a gs:// or s3:// location"
                     )
 
     def total_steps(self, train_examples: int) -> int:

@@ -1,4 +1,5 @@
-"""Which strategy to train with, from TF_CONFIG, validated so that a cluster is never silently a single worker.
+"""Which strategy to train with, from TF_CONFIG (or a TrainJob pod's identity), validated so that a cluster is
+never silently a single worker.
 
 - several workers (TF_CONFIG with more than one task): `MultiWorkerMirroredStrategy`, synchronous
   all-reduce (the TF2 form of `SyncReplicasOptimizer`);
@@ -23,6 +24,15 @@ from components.common import storage
 logger = logging.getLogger(__name__)
 
 TF_CONFIG = "TF_CONFIG"
+# A TrainJob's pods (launch_trainjob.py): the job's name and size come from the TrainJob's env, the index from
+# Kubernetes (every pod of an Indexed Job has it), the host names from JobSet: `<job>-node-0-<i>.<job>`.
+TRAINJOB_NAME = "TRAINJOB_NAME"
+TRAINJOB_NUM_NODES = "TRAINJOB_NUM_NODES"
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+WORKER_PORT = 2222  # the port each worker serves on (the runtime's containerPort, manifests/admin/)
+# Tests only: {"host:port": "127.0.0.1:port"}, so that worker processes on one machine stand in for a TrainJob's
+# pods under the host names JobSet would give them.
+ADDRESS_MAP = "CIFAR10_PIPELINE_TEST_ADDRESS_MAP"
 
 
 class ClusterError(ValueError):
@@ -70,7 +80,7 @@ def parse_tf_config(text: str | None, expected_workers: int) -> Cluster | None:
         if expected_workers > 1:
             raise ClusterError(
                 f"TF_CONFIG is empty but {expected_workers} workers were asked for: this process would train "
-                "alone. Start the workers with the local or tfjob launcher, or set TF_CONFIG."
+                "alone. Start the workers with the local, trainjob or tfjob launcher, or set TF_CONFIG."
             )
         return None
     try:
@@ -97,10 +107,17 @@ def parse_tf_config(text: str | None, expected_workers: int) -> Cluster | None:
     task_type, task_index = task["type"], task["index"]
     if task_type not in cluster:
         raise ClusterError(f"TF_CONFIG task type {task_type!r} is not in the cluster {sorted(cluster)}")
-    if not isinstance(task_index, int) or not 0 <= task_index < len(cluster[task_type]):
+    if isinstance(task_index, bool) or not isinstance(task_index, int) or not 0 <= task_index < len(cluster[task_type]):
         raise ClusterError(
             f"TF_CONFIG task index {task_index!r} is out of range: cluster[{task_type!r}] has "
             f"{len(cluster[task_type])} address(es)"
+        )
+    listed = [address for addresses in cluster.values() for address in addresses]
+    twice = sorted({address for address in listed if listed.count(address) > 1})
+    if twice:
+        raise ClusterError(
+            f"TF_CONFIG lists {', '.join(twice)} more than once: every task needs an address of its own (two tasks "
+            "cannot both listen there, and the cluster would wait for ever for the second)"
         )
     result = Cluster({key: list(value) for key, value in cluster.items()}, task_type, task_index)
     if result.size != expected_workers:
@@ -111,8 +128,44 @@ def parse_tf_config(text: str | None, expected_workers: int) -> Cluster | None:
     return result
 
 
+def has_jobset_identity(environment=None) -> bool:
+    environment = os.environ if environment is None else environment
+    return bool(environment.get(TRAINJOB_NAME))
+
+
+def tf_config_from_jobset(environment, expected_workers: int) -> str:
+    """TF_CONFIG for a TrainJob's pod, from its job's name and size (the TrainJob's env) and its completion index
+    (set by Kubernetes), checked like TF_CONFIG itself: the sizes agree, the index is in range."""
+    name = environment.get(TRAINJOB_NAME, "")
+    index_text = environment.get(JOB_COMPLETION_INDEX, "")
+    nodes_text = environment.get(TRAINJOB_NUM_NODES, "")
+    if not index_text.isdigit():
+        raise ClusterError(
+            f"{TRAINJOB_NAME} is set ({name!r}) but {JOB_COMPLETION_INDEX} is {index_text!r}, not a worker index: "
+            "this pod is not one of an Indexed Job's (run it through the cifar10-pipeline TrainJob runtime)"
+        )
+    if not nodes_text.isdigit() or int(nodes_text) != expected_workers:
+        raise ClusterError(
+            f"the TrainJob has {nodes_text or 'an unknown number of'} node(s) ({TRAINJOB_NUM_NODES}) but --workers is "
+            f"{expected_workers}; refusing to train with a different cluster than the one asked for"
+        )
+    index = int(index_text)
+    if index >= expected_workers:
+        raise ClusterError(f"{JOB_COMPLETION_INDEX} {index} is out of range for {expected_workers} workers")
+    addresses = [f"{name}-node-0-{worker}.{name}:{WORKER_PORT}" for worker in range(expected_workers)]
+    mapping = json.loads(environment.get(ADDRESS_MAP) or "{}")
+    addresses = [mapping.get(address, address) for address in addresses]
+    return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
+
+
 def cluster_from_environment(expected_workers: int) -> Cluster | None:
-    return parse_tf_config(os.environ.get(TF_CONFIG), expected_workers)
+    """The cluster this process is a worker of: TF_CONFIG when set, else a TrainJob pod's identity, else None."""
+    text = os.environ.get(TF_CONFIG)
+    if not (text and text.strip()) and has_jobset_identity():
+        text = tf_config_from_jobset(os.environ, expected_workers)
+        os.environ[TF_CONFIG] = text  # MultiWorkerMirroredStrategy reads it from the environment
+        logger.info("TF_CONFIG from the TrainJob's pod identity: %s", text)
+    return parse_tf_config(text, expected_workers)
 
 
 class PeersMissingError(RuntimeError):

@@ -1,6 +1,7 @@
-"""What the train KFP components run: their parameters -> a TrainConfig -> training -> the artifacts' contents.
+"""What the train KFP components run: their parameters -> a TrainConfig (and a LaunchConfig) -> training -> the
+artifacts' contents.
 
-No TensorFlow here: the TFJob launcher imports this."""
+No TensorFlow here: the job-launching step imports this."""
 
 from __future__ import annotations
 
@@ -12,21 +13,45 @@ from typing import Any
 from components.common import exit_codes, storage
 from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import TRAIN_METRICS, artifact_location, pipeline_model_directory
-from components.train.config import TrainConfig
+from components.train.config import CLUSTER_LAUNCHERS, TrainConfig
+from components.train.launch_config import LaunchConfig
 
 logger = logging.getLogger(__name__)
 
+# Component parameters that configure the launch, not the training (LaunchConfig's fields; image_pull_secret is
+# one name, or "", where the config takes a list).
+LAUNCH_PARAMETERS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_image", "object_store_secret")
+LAUNCH_PARAMETERS += ("image_pull_secret", "queue_name")
 
-def train_config(dataset: Any, model: Any, launcher: str, **parameters: Any) -> TrainConfig:
-    """The TrainConfig a component's parameters describe. `options` may set any other field, but not one that a
-    named parameter sets (that would silently override it)."""
+
+def resolve_launcher(launcher: str, workers: int) -> str:
+    """The launcher a component's choice means here. `pod`: train in this pod (in-process, or local worker
+    processes); `auto`: on a cluster the job kind it serves, elsewhere (kfp.local) as the CLI's auto does."""
+    from components.train.cluster_job import in_kubernetes_pod
+
+    if launcher == "pod":
+        return "inprocess" if workers == 1 else "local"
+    if launcher == "auto" and in_kubernetes_pod():
+        from components.train.launcher import cluster_job_kind
+
+        return cluster_job_kind()
+    return launcher
+
+
+def training_configs(dataset: Any, model: Any, launcher: str, **parameters: Any) -> tuple[TrainConfig, LaunchConfig]:
+    """The TrainConfig and LaunchConfig a component's parameters describe. `options` may set any other field of
+    TrainConfig, but not one that a named parameter sets (that would silently override it)."""
     options = dict(parameters.pop("options") or {})
     run_id = parameters.pop("run_id", "")
     explicit_model_dir = parameters.pop("model_dir") or None
-    overlap = sorted(set(options) & (set(parameters) | {"data", "model_dir", "launcher"}))
+    launch_values = {name: parameters.pop(name) for name in LAUNCH_PARAMETERS if name in parameters}
+    overlap = sorted(set(options) & (set(parameters) | set(launch_values) | {"data", "model_dir", "launcher"}))
     if overlap:
         raise ValueError(f"options: {overlap} are parameters of the step; set them there, not in options")
-    shared = launcher == "tfjob"
+    secret = launch_values.pop("image_pull_secret", "")
+    launch_values["image_pull_secrets"] = (secret,) if secret else ()
+    launcher = resolve_launcher(launcher, int(parameters.get("workers", 1)))
+    shared = launcher in CLUSTER_LAUNCHERS
     values = {
         **parameters,
         "data": artifact_location(dataset, shared=shared),
@@ -35,36 +60,38 @@ def train_config(dataset: Any, model: Any, launcher: str, **parameters: Any) -> 
         **options,
     }
     if run_id and shared:
-        from components.train.launch_tfjob import job_name_for_run
+        from components.train.cluster_job import job_name_for_run
 
-        values["tfjob_name"] = job_name_for_run(run_id)
-    return config_from_parameters(TrainConfig, values, "train component parameters")
+        launch_values["job_name"] = job_name_for_run(run_id)
+    train = config_from_parameters(TrainConfig, values, "train component parameters")
+    launch = config_from_parameters(LaunchConfig, launch_values, "train component parameters")
+    return train, launch
 
 
 def run_train(dataset: Any, model: Any, ui_metadata: Any, launcher: str, **parameters: Any) -> dict:
-    config = train_config(dataset, model, launcher, **parameters)
+    train, launch = training_configs(dataset, model, launcher, **parameters)
     from components.train.launcher import run
 
-    code = run(config)
+    code = run(train, launch)
     if code == exit_codes.PREEMPTED:
         sys.exit(exit_codes.PREEMPTED)  # retryable: the step's retry resumes from the saved checkpoint
     if code != 0:
         raise RuntimeError(f"training failed with exit code {code}; see the log above")
-    summary = json.loads(storage.read_bytes(storage.join(config.model_dir, TRAIN_METRICS)))
+    summary = json.loads(storage.read_bytes(storage.join(train.model_dir, TRAIN_METRICS)))
     model.metadata.update(
         {
-            "model_dir": config.model_dir,
+            "model_dir": train.model_dir,
             "checkpoint": summary["checkpoint"],
             "step": summary["step"],
             "metrics": summary["metrics"],
             "weights_sha256": summary["weights_sha256"],
             "dataset_manifest_sha256": dataset.metadata.get("manifest_sha256", ""),
-            "depth": config.depth,
-            "workers": config.workers,
+            "depth": train.depth,
+            "workers": train.workers,
         }
     )
-    write_tensorboard_metadata(ui_metadata, config.model_dir)
-    logger.info("model directory: %s", config.model_dir)
+    write_tensorboard_metadata(ui_metadata, train.model_dir)
+    logger.info("model directory: %s", train.model_dir)
     return summary
 
 
@@ -72,3 +99,35 @@ def write_tensorboard_metadata(artifact: Any, log_dir: str) -> None:
     """The KFP UI shows a "Start TensorBoard" button for an output artifact named mlpipeline-ui-metadata."""
     with open(artifact.path, "w") as handle:
         json.dump({"outputs": [{"type": "tensorboard", "source": log_dir}]}, handle)
+
+
+def delete_run_jobs(run_id: str) -> list[str]:
+    """The pipeline's exit handler: delete the training job of this run (TrainJob or TFJob, whichever the cluster
+    serves) if a launching step died without deleting it. Nothing to do outside a cluster; returns what it deleted."""
+    from components.train.cluster_job import (
+        ClusterJobLauncher,
+        in_kubernetes_pod,
+        job_name_for_run,
+        kubernetes_apis,
+        own_namespace,
+    )
+    from components.train.launch_tfjob import TFJobKind
+    from components.train.launch_trainjob import TrainJobKind
+    from components.train.launcher import served_job_kinds
+
+    if not in_kubernetes_pod():
+        logger.info("not on a Kubernetes cluster: no training job to clean up")
+        return []
+    custom, core = kubernetes_apis()
+    name, namespace = job_name_for_run(run_id), own_namespace()
+    deleted = []
+    for kind_name in served_job_kinds(custom):
+        kind = TrainJobKind() if kind_name == "trainjob" else TFJobKind()
+        launcher = ClusterJobLauncher(kind, custom, core)
+        if launcher.get(name, namespace) is not None:
+            logger.warning("%s is still there after the run: deleting it", launcher.describe(namespace, name))
+            launcher.delete(name, namespace)
+            deleted.append(launcher.describe(namespace, name))
+    if not deleted:
+        logger.info("no training job of this run is left (%s/%s)", namespace, name)
+    return deleted

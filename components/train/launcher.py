@@ -1,6 +1,8 @@
-"""Choosing how training runs: in this process, as local worker processes, as a TFJob, or as one TFJob worker.
+"""Choosing how training runs: in this process, as local worker processes, as a Kubernetes job (TrainJob or TFJob),
+or as one worker of such a job.
 
-auto: TF_CONFIG set -> this process is one worker; workers == 1 -> in-process; otherwise local processes.
+auto: TF_CONFIG (or a TrainJob pod's identity) set -> this process is one worker; workers == 1 -> in-process; in a
+Kubernetes pod -> the job kind the cluster serves; otherwise local processes.
 """
 
 from __future__ import annotations
@@ -10,40 +12,78 @@ import os
 import signal
 
 from components.common import exit_codes
-from components.train.config import TrainConfig
+from components.train.config import CLUSTER_LAUNCHERS, TrainConfig
+from components.train.launch_config import LaunchConfig
 
 logger = logging.getLogger(__name__)
 
+# What serves each job kind: (group, version, resource), probed through the API's discovery.
+SERVED_BY = {"trainjob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"), "tfjob": ("kubeflow.org", "v1", "tfjobs")}
+NEITHER_SERVED = (
+    "this cluster serves neither Kubeflow Trainer v2 TrainJobs (trainer.kubeflow.org/v1alpha1) nor training-operator "
+    "TFJobs (kubeflow.org/v1), so multi-worker training has nothing to run on: install Kubeflow Trainer v2.3 (the "
+    "default of Kubeflow 1.11 and later) and apply manifests/admin/ once, or run with launcher=pod to train inside "
+    "the step's own pod"
+)
+
+
+def served_job_kinds(custom_objects_api) -> list[str]:
+    """The job kinds the cluster's API serves, TrainJob first (the current operator), from its discovery."""
+    from components.train.cluster_job import status_of
+
+    served = []
+    for kind, (group, version, resource) in SERVED_BY.items():
+        try:
+            resources = custom_objects_api.get_api_resources(group, version)
+        except Exception as error:
+            if status_of(error) == 404:
+                continue
+            raise
+        if resource in {item.name for item in (resources.resources or [])}:
+            served.append(kind)
+    return served
+
+
+def cluster_job_kind(custom_objects_api=None) -> str:
+    """trainjob where the cluster serves TrainJobs, tfjob where it serves only TFJobs; ValueError naming what to
+    install where it serves neither."""
+    if custom_objects_api is None:
+        from components.train.cluster_job import kubernetes_apis
+
+        custom_objects_api, _core = kubernetes_apis()
+    served = served_job_kinds(custom_objects_api)
+    if not served:
+        raise ValueError(NEITHER_SERVED)
+    logger.info("the cluster serves %s: launching a %s", " and ".join(served), served[0])
+    return served[0]
+
 
 def choose_launcher(config: TrainConfig) -> str:
+    from components.train.cluster_job import in_kubernetes_pod
+    from components.train.distribution import TF_CONFIG, has_jobset_identity
+
     if config.launcher != "auto":
         return config.launcher
-    if os.environ.get("TF_CONFIG", "").strip():
+    if os.environ.get(TF_CONFIG, "").strip() or has_jobset_identity():
         return "worker"
-    return "inprocess" if config.workers == 1 else "local"
+    if config.workers == 1:
+        return "inprocess"
+    return cluster_job_kind() if in_kubernetes_pod() else "local"
 
 
-def run(config: TrainConfig) -> int:
+def run(config: TrainConfig, launch: LaunchConfig | None = None) -> int:
     """Train as `config` says; the exit code (0 done, 1 failed for good, 143 preempted: a retry resumes)."""
     launcher = choose_launcher(config)
-    if launcher in ("local", "tfjob"):
-        # These launch and watch; their own SIGTERM handlers pass the signal on or delete the job. (The block
+    if launcher in ("local", *CLUSTER_LAUNCHERS):
+        # These launch and watch; their own handlers pass SIGTERM and SIGINT on or delete the job. (The block
         # `python -m components.train` starts with is for the processes that train; see termination.py.)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     if launcher == "local":
         from components.train.launch_local import launch_local
 
         return launch_local(config)
-    if launcher == "tfjob":
-        from components.train.launch_tfjob import Cancelled, TFJobError, launch_tfjob
-
-        try:
-            return launch_tfjob(config)
-        except TFJobError as error:
-            logger.error("%s", error)
-            return exit_codes.FAILED
-        except Cancelled:
-            return exit_codes.PREEMPTED
+    if launcher in CLUSTER_LAUNCHERS:
+        return run_cluster_job(launcher, config, launch or LaunchConfig())
     from components.train import termination
 
     termination.block_for_this_process()  # before TensorFlow starts a thread: see termination.py
@@ -63,3 +103,21 @@ def run(config: TrainConfig) -> int:
         logger.error("%s", error)
         return exit_codes.FAILED
     return exit_codes.PREEMPTED if result.preempted else exit_codes.SUCCESS
+
+
+def run_cluster_job(launcher: str, config: TrainConfig, launch: LaunchConfig) -> int:
+    from components.train.cluster_job import Cancelled, JobError, kubernetes_apis
+
+    custom, core = kubernetes_apis()
+    if launcher == "trainjob":
+        from components.train.launch_trainjob import trainjob_launcher as make_launcher
+    else:
+        from components.train.launch_tfjob import tfjob_launcher as make_launcher
+    try:
+        make_launcher(custom, core).run(config, launch)
+    except JobError as error:
+        logger.error("%s", error)
+        return exit_codes.FAILED
+    except Cancelled:
+        return exit_codes.PREEMPTED
+    return exit_codes.SUCCESS

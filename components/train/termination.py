@@ -1,4 +1,5 @@
-"""SIGTERM at any moment of a training process: never swallowed, always an exit with the retryable code 143.
+"""SIGTERM (or SIGINT, Ctrl-C) at any moment of a training process: never swallowed, always an exit with the
+retryable code 143, after a checkpoint when a step was taken.
 
 TensorFlow installs its own SIGTERM handler (its preemption notifier, which only logs) while it creates a
 multi-worker strategy, and holds the GIL while it waits there for the peers, so a Python handler cannot be
@@ -19,15 +20,15 @@ import threading
 
 logger = logging.getLogger(__name__)
 
-_SIGNALS = {signal.SIGTERM}
+_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 class Terminated(Exception):  # noqa: N818 (a signal, not an error)
-    """SIGTERM came before the first step of this attempt: nothing to keep, exit 143 at once."""
+    """SIGTERM or SIGINT came before the first step of this attempt: nothing to keep, exit 143 at once."""
 
 
 def block_for_this_process() -> None:
-    """Block SIGTERM in this thread and in every thread started after it (TensorFlow's): call first thing
+    """Block SIGTERM and SIGINT in this thread and in every thread started after it (TensorFlow's): call first thing
     (`python -m components.train` does it before any import)."""
     if threading.current_thread() is threading.main_thread():
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
@@ -38,10 +39,11 @@ class Termination:
 
     def __init__(self):
         self.requested = False
+        self.signal_name = "SIGTERM"
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._previous_mask: set | None = None
-        self._previous_handler = None
+        self._previous_handlers: dict = {}
 
     def install(self) -> Termination:
         if threading.current_thread() is not threading.main_thread():
@@ -49,25 +51,29 @@ class Termination:
         self._previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # blocked already in a CLI run
         # A thread started before the block (when training runs inside another program) may still receive it:
         # record it there too, instead of dying by the default action.
-        self._previous_handler = signal.signal(signal.SIGTERM, lambda _number, _frame: self._record())
+        self._previous_handlers = {
+            number: signal.signal(number, lambda number, _frame: self._record(number)) for number in _SIGNALS
+        }
         self._watcher = threading.Thread(target=self._watch, name="sigterm-watcher", daemon=True)
         self._watcher.start()
         return self
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            if signal.sigtimedwait(_SIGNALS, 0.2) is not None:
-                self._record()
+            received = signal.sigtimedwait(_SIGNALS, 0.2)
+            if received is not None:
+                self._record(received.si_signo)
 
-    def _record(self) -> None:
+    def _record(self, number: int = signal.SIGTERM) -> None:
         if not self.requested:
-            logger.warning("SIGTERM received: stopping (after a checkpoint if a step was taken), exit 143")
+            self.signal_name = signal.Signals(number).name
+            logger.warning("%s received: stopping (after a checkpoint if a step was taken), exit 143", self.signal_name)
         self.requested = True
 
     def check(self, phase: str) -> None:
         """Between start-up phases: stop now if SIGTERM came."""
         if self.requested:
-            raise Terminated(f"SIGTERM during start-up ({phase}); nothing was trained in this attempt")
+            raise Terminated(f"{self.signal_name} during start-up ({phase}); nothing was trained in this attempt")
 
     def uninstall(self) -> None:
         """Stop watching and put the thread's signal mask back (in a CLI run: SIGTERM stays blocked to the end)."""
@@ -75,5 +81,6 @@ class Termination:
             self._stop.set()
             self._watcher.join()
             self._watcher = None
-            signal.signal(signal.SIGTERM, self._previous_handler)
+            for number, handler in self._previous_handlers.items():
+                signal.signal(number, handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, self._previous_mask)

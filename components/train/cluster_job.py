@@ -1,0 +1,457 @@
+"""Training as a Kubernetes job, followed to its end: what the TrainJob (Kubeflow Trainer v2) and TFJob
+(training-operator v1) launchers share.
+
+A `JobKind` knows its own object: how to build it from the configs, which of its conditions are final, and which pod
+and container is worker 0 right now. `ClusterJobLauncher` does the rest, the same for both:
+- create the job in the launching pod's own namespace (a KFP profile's), with strict field validation (a field the
+  cluster's operator does not know is an error, never silently dropped); when an earlier attempt of the step created
+  it already, follow that one instead of starting a second writer of the same model directory;
+- wait for a final condition, at most `job_timeout_seconds`, while streaming worker 0's log as whole lines (waiting
+  while its pod is Pending, re-attaching when a new container or pod takes over);
+- retry reads after transient API errors with bounded back-off, so a flaky API server never ends a job;
+- delete the job when it ended, failed or timed out, and when the step is cancelled (SIGTERM or SIGINT); when the
+  API stays unreachable, leave it for the step's retry, which follows it again (and the pipeline's exit handler
+  deletes it when the run ends).
+
+Imports no TensorFlow: the launching step runs in a small pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from components.common.config import config_to_dict
+from components.images import image
+from components.train.config import TrainConfig
+from components.train.launch_config import GPU_RESOURCE, LaunchConfig
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 10.0
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# Non-secret object-store settings the workers get from the launching step's own environment (the secret's keys are
+# referenced, never copied).
+PASSED_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
+SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "accesskey", "AWS_SECRET_ACCESS_KEY": "secretkey"}  # KFP's object-store secret
+TRANSIENT_STATUSES = {408, 429, 500, 502, 503, 504}
+READ_ATTEMPTS = 8  # with back-off from 1 s doubling to 30 s: about two and a half minutes of API trouble
+LOG_WAIT_SECONDS = 60.0  # after the job ended: how long worker 0's log may take to be read to its end
+DELETION_WAIT_SECONDS = 300.0
+JOB_LABELS = {"app.kubernetes.io/name": "cifar10-pipeline", "app.kubernetes.io/component": "train"}
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+class JobError(RuntimeError):
+    """The job failed, could not be created, or did not finish in time."""
+
+
+class Cancelled(BaseException):
+    """SIGTERM or SIGINT reached the launcher (a cancelled run, an evicted pod, Ctrl-C)."""
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    succeeded: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Worker0:
+    """Worker 0's pod as it is now; `instance` changes whenever another container instance (a restart, a new pod)
+    takes over, whose log then starts anew."""
+
+    pod: str
+    container: str
+    phase: str
+    instance: tuple
+    description: str = ""  # what took over, for the log: "restart 1", "a new pod after JobSet restart 1"
+
+
+class JobKind(Protocol):
+    kind: str
+    group: str
+    version: str
+    plural: str
+    operator: str  # what serves this kind, for messages ("Kubeflow Trainer v2")
+
+    def prepare(self, launcher: ClusterJobLauncher, launch: LaunchConfig) -> None: ...
+    def build(self, train: TrainConfig, launch: LaunchConfig, name: str, namespace: str) -> dict[str, Any]: ...
+    def outcome(self, job: dict[str, Any]) -> JobOutcome | None: ...
+    def waiting(self, job: dict[str, Any]) -> str | None: ...
+    def worker0(self, core, name: str, namespace: str) -> Worker0 | None: ...
+
+
+def unique_job_name(prefix: str = "cifar10-train") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def job_name_for_run(run_id: str, prefix: str = "cifar10-train") -> str:
+    """The same name for every attempt of one pipeline run's train step, different for every run."""
+    return f"{prefix}-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
+
+
+def own_namespace() -> str:
+    """The namespace this pod runs in (a KFP profile's namespace in multi-user Kubeflow)."""
+    with contextlib.suppress(OSError):
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    raise ValueError(
+        "job_namespace: not set, and this is not a pod that knows its namespace "
+        f"({SERVICE_ACCOUNT_NAMESPACE} is missing): give --job-namespace"
+    )
+
+
+def in_kubernetes_pod() -> bool:
+    """Whether this process runs in a Kubernetes pod (every pod gets the API server's address)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+# -- what both kinds put into a worker's pod -----------------------------------------------------------------------
+
+
+def worker_arguments(train: TrainConfig) -> list[str]:
+    """The workers run the train CLI with the exact resolved configuration, as workers."""
+    return ["--config", json.dumps(config_to_dict(dataclasses.replace(train, launcher="worker")), sort_keys=True)]
+
+
+def worker_image(launch: LaunchConfig) -> str:
+    return launch.worker_image or image("train")
+
+
+def worker_resources(launch: LaunchConfig) -> dict[str, dict]:
+    limits: dict[str, Any] = {"memory": launch.worker_memory}
+    if launch.gpus_per_worker:
+        limits[GPU_RESOURCE] = launch.gpus_per_worker
+    return {"requests": {"cpu": launch.worker_cpu, "memory": launch.worker_memory}, "limits": limits}
+
+
+def gpu_tolerations(launch: LaunchConfig) -> list[dict]:
+    """GPU workers tolerate GPU nodes' taint; CPU workers stay off them."""
+    if not launch.gpus_per_worker:
+        return []
+    return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def object_store_environment(launch: LaunchConfig) -> list[dict]:
+    """The launching step's own object-store settings, and its secret's keys by reference."""
+    environment = [{"name": key, "value": os.environ[key]} for key in PASSED_ENVIRONMENT if os.environ.get(key)]
+    if launch.object_store_secret:
+        environment += [
+            {
+                "name": variable,
+                "valueFrom": {"secretKeyRef": {"name": launch.object_store_secret, "key": key, "optional": True}},
+            }
+            for variable, key in SECRET_KEYS.items()
+        ]
+    return environment
+
+
+def job_labels(launch: LaunchConfig) -> dict[str, str]:
+    labels = dict(JOB_LABELS)
+    if launch.queue_name:
+        labels[KUEUE_QUEUE_LABEL] = launch.queue_name
+    return labels
+
+
+# -- talking to the API ----------------------------------------------------------------------------------------
+
+
+def status_of(error: BaseException) -> int | None:
+    """The HTTP status of a Kubernetes API error (None for network errors)."""
+    status = getattr(error, "status", None)
+    return int(status) if isinstance(status, int) or (isinstance(status, str) and status.isdigit()) else None
+
+
+def is_transient(error: BaseException) -> bool:
+    status = status_of(error)
+    if status is None:
+        return isinstance(error, OSError) or type(error).__module__.startswith("urllib3")
+    return status in TRANSIENT_STATUSES
+
+
+def api_reason(error: BaseException) -> str:
+    """The API's own message for an ApiException (its body is a Status object), else the error's text."""
+    body = getattr(error, "body", None)
+    if body:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            return json.loads(body).get("message") or str(body)
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def whole_lines(chunks) -> Iterator[bytes]:
+    """Reassemble lines from a byte stream cut anywhere (the client reads 64 KiB at a time)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk if isinstance(chunk, bytes) else str(chunk).encode()
+        *lines, pending = pending.split(b"\n")
+        yield from lines
+    if pending:
+        yield pending
+
+
+def kubernetes_apis():
+    """CustomObjectsApi and CoreV1Api with the cluster's credentials (in-cluster, else ~/.kube/config)."""
+    from kubernetes import client
+    from kubernetes import config as kubernetes_config
+
+    try:
+        kubernetes_config.load_incluster_config()
+    except kubernetes_config.ConfigException:
+        kubernetes_config.load_kube_config()
+    return client.CustomObjectsApi(), client.CoreV1Api()
+
+
+@contextlib.contextmanager
+def signals_cancel():
+    """While waiting, SIGTERM and SIGINT raise Cancelled (so the job is deleted), when this is the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def cancel(_signal_number, _frame):
+        raise Cancelled()
+
+    previous = {number: signal.signal(number, cancel) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+class ClusterJobLauncher:
+    """Runs one job of `kind` through the `kubernetes` client (real in tests too, against a strict stand-in)."""
+
+    def __init__(
+        self,
+        kind: JobKind,
+        custom_objects_api,
+        core_api,
+        poll_seconds: float = POLL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        backoff_seconds: float = 1.0,
+        log_poll_seconds: float = 2.0,
+    ):
+        self.kind = kind
+        self.custom = custom_objects_api
+        self.core = core_api
+        self.poll_seconds = poll_seconds
+        self.clock = clock
+        self.sleep = sleep
+        self.backoff_seconds = backoff_seconds
+        self.log_poll_seconds = log_poll_seconds
+        self._finished = threading.Event()
+
+    def describe(self, namespace: str, name: str) -> str:
+        return f"{self.kind.kind} {namespace}/{name}"
+
+    def read(self, what: str, call: Callable[[], Any]) -> Any:
+        """`call()`, retried with bounded exponential back-off while the API answers with a transient error."""
+        delay = self.backoff_seconds
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                return call()
+            except Exception as error:
+                if not is_transient(error) or attempt == READ_ATTEMPTS:
+                    raise
+                logger.warning("%s: transient API error (%s); retry %d in %.0f s", what, error, attempt, delay)
+                self.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        raise AssertionError("unreachable")
+
+    # -- the job ------------------------------------------------------------------------------------------------
+
+    def run(self, train: TrainConfig, launch: LaunchConfig, name: str | None = None) -> JobOutcome:
+        namespace = launch.job_namespace or own_namespace()
+        self.kind.prepare(self, launch)
+        job = self.kind.build(train, launch, name or launch.job_name or unique_job_name(), namespace)
+        job_name = job["metadata"]["name"]
+        self._create(job, namespace)
+        delete = True
+        try:
+            outcome = self._wait(job_name, namespace, launch.job_timeout_seconds)
+        except Cancelled:
+            logger.warning("cancelled: deleting %s", self.describe(namespace, job_name))
+            raise
+        except JobError:
+            raise
+        except Exception:
+            delete = False  # the API is unreachable: leave the job; a retried step follows it again
+            logger.error("lost contact with the Kubernetes API; %s is left running", self.describe(namespace, job_name))
+            raise
+        finally:
+            if delete:
+                self.delete(job_name, namespace)
+        if not outcome.succeeded:
+            raise JobError(f"{self.describe(namespace, job_name)} failed: {outcome.reason}: {outcome.message}")
+        logger.info("%s succeeded", self.describe(namespace, job_name))
+        return outcome
+
+    def _create(self, job: dict[str, Any], namespace: str) -> None:
+        name = job["metadata"]["name"]
+        described = self.describe(namespace, name)
+        logger.info("creating %s", described)
+        deadline = self.clock() + DELETION_WAIT_SECONDS
+        while True:
+            try:
+                self.read(f"create {described}", lambda: self.custom.create_namespaced_custom_object(
+                    self.kind.group, self.kind.version, namespace, self.kind.plural, job, field_validation="Strict"
+                ))  # fmt: skip
+                return
+            except Exception as error:
+                if status_of(error) != 409:
+                    raise JobError(self._refusal(described, namespace, error)) from error
+            existing = self.read(f"get {described}", lambda: self.get(name, namespace))
+            if existing is None:
+                continue  # deleted in between: create it
+            if not (existing.get("metadata") or {}).get("deletionTimestamp"):
+                # An earlier attempt of this step created it and died; follow that job rather than start a second
+                # one writing into the same model directory.
+                logger.warning("%s exists already (an earlier attempt of this step): following it", described)
+                return
+            if self.clock() >= deadline:
+                raise JobError(f"{described} is still being deleted after {DELETION_WAIT_SECONDS:.0f} s")
+            logger.info("%s is being deleted (a cancelled attempt): waiting to start it", described)
+            self.sleep(max(self.poll_seconds, 1.0))
+
+    def _refusal(self, described: str, namespace: str, error: BaseException) -> str:
+        status, reason = status_of(error), api_reason(error)
+        if status == 404:
+            return (
+                f"could not create {described}: this cluster does not serve {self.kind.plural}.{self.kind.group}/"
+                f"{self.kind.version} ({self.kind.operator} is not installed). {LAUNCHER_HINT}"
+            )
+        if status == 403:
+            return (
+                f"could not create {described}: the step's service account may not ({reason}). In a Kubeflow "
+                "profile the pipeline runs as default-editor, which may; elsewhere apply manifests/rbac.yaml"
+            )
+        return f"could not create {described}: {reason}"
+
+    def get(self, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(
+                self.kind.group, self.kind.version, namespace, self.kind.plural, name
+            )
+        except Exception as error:
+            if status_of(error) == 404:
+                return None
+            raise
+
+    def _wait(self, name: str, namespace: str, timeout: float) -> JobOutcome:
+        described = self.describe(namespace, name)
+        deadline = self.clock() + timeout
+        self._finished.clear()
+        streaming = threading.Thread(target=self._stream_worker0_log, args=(name, namespace), daemon=True)
+        streaming.start()
+        waiting_said = None
+        try:
+            with signals_cancel():
+                while True:
+                    job = self.read(f"get {described}", lambda: self.get(name, namespace))
+                    if job is None:
+                        raise JobError(f"{described} disappeared (deleted by someone else)")
+                    outcome = self.kind.outcome(job)
+                    if outcome is not None:
+                        self._finished.set()
+                        streaming.join(timeout=LOG_WAIT_SECONDS)  # worker 0's last lines
+                        return outcome
+                    waiting = self.kind.waiting(job)
+                    if waiting != waiting_said:
+                        if waiting:
+                            logger.warning("%s is %s", described, waiting)
+                        waiting_said = waiting
+                    if self.clock() >= deadline:
+                        raise JobError(f"{described} did not finish within {timeout:.0f} s; it was deleted")
+                    self.sleep(self.poll_seconds)
+        finally:
+            self._finished.set()
+            streaming.join(timeout=2.0)
+
+    # -- worker 0's log -----------------------------------------------------------------------------------------
+
+    def _stream_worker0_log(self, name: str, namespace: str) -> None:
+        """Follow worker 0's log: wait while it is Pending, print whole lines, re-attach after restarts."""
+        seen, last_stamp, pod = None, "", f"{name} worker 0"
+        try:
+            while True:
+                worker = self._worker0(name, namespace)
+                if worker is None or worker.phase == "Pending":
+                    if self._finished.is_set():
+                        return
+                    self.sleep(self.log_poll_seconds)
+                    continue
+                pod = worker.pod
+                if worker.instance != seen:
+                    if seen is not None:
+                        logger.info("%s was restarted (%s): following the new container's log", pod, worker.description)
+                    seen, last_stamp = worker.instance, ""
+                last_stamp = self._follow(worker, namespace, last_stamp)
+                after = self._worker0(name, namespace)
+                if self._finished.is_set() and (after is None or after.instance == seen):
+                    return  # the job ended and this container's log was read to its end
+                if after is not None and after.instance == seen and after.phase in ("Succeeded", "Failed"):
+                    self.sleep(self.log_poll_seconds)  # exited; the job's status (or a restart) comes next
+        except Exception as error:  # the job's outcome decides success; a lost log stream only warns
+            if not self._finished.is_set():
+                logger.warning("stopped streaming the log of %s: %s", pod, error)
+
+    def _worker0(self, name: str, namespace: str) -> Worker0 | None:
+        return self.read(f"get {name}'s worker 0", lambda: self.kind.worker0(self.core, name, namespace))
+
+    def _follow(self, worker: Worker0, namespace: str, after_stamp: str) -> str:
+        """Print the container's log lines stamped after `after_stamp` until the stream ends; the last stamp."""
+        try:
+            response = self.core.read_namespaced_pod_log(
+                worker.pod, namespace, container=worker.container, follow=True, timestamps=True,
+                _preload_content=False,
+            )  # fmt: skip
+        except Exception as error:
+            if status_of(error) in (400, 404):  # "waiting to start", or replaced: not running after all
+                self.sleep(self.log_poll_seconds)
+                return after_stamp
+            raise
+        try:
+            for line in whole_lines(response.stream()):
+                stamp, _, text = line.decode(errors="replace").partition(" ")
+                if stamp <= after_stamp:
+                    continue  # already printed before the stream broke
+                after_stamp = stamp
+                logger.info("[%s] %s", worker.pod, text.rstrip("\r"))
+        finally:
+            response.release_conn()
+        return after_stamp
+
+    def delete(self, name: str, namespace: str) -> None:
+        described = self.describe(namespace, name)
+        try:
+            self.read(f"delete {described}", lambda: self.custom.delete_namespaced_custom_object(
+                self.kind.group, self.kind.version, namespace, self.kind.plural, name,
+                propagation_policy="Foreground",
+            ))  # fmt: skip
+            logger.info("deleted %s", described)
+        except Exception as error:
+            if status_of(error) != 404:
+                logger.warning("could not delete %s: %s", described, api_reason(error))
+
+
+LAUNCHER_HINT = (
+    "Kubeflow 1.11 and later serve TrainJobs (launcher trainjob), Kubeflow 1.10 and older TFJobs (launcher tfjob); "
+    "launcher auto picks what the cluster serves, and launcher pod trains inside the step's own pod"
+)
