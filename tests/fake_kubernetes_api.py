@@ -928,8 +928,6 @@ class FakeKubernetesApi:
             return [record for (ns, _name), record in self.pods.items() if ns == namespace]
 
     def pod_record(self, namespace: str, name: str) -> PodRecord:
-        if self.pod_errors:
-            raise Refused(self.pod_errors.pop(0), "InternalError", "etcdserver: request timed out")
         for record in self.pod_records(namespace):
             if record.name == name:
                 return record
@@ -1087,6 +1085,8 @@ def _handler_class(api: FakeKubernetesApi):
 
         def _pods(self, user, match, query) -> None:
             namespace, name = match["namespace"], match["name"]
+            if api.pod_errors:  # a flaky API server: the next pod reads (get, list or log) fail
+                raise Refused(api.pod_errors.pop(0), "InternalError", "etcdserver: request timed out")
             if name is None:
                 self._authorize(user, "list", "", "pods", namespace)
                 selector = query.get("labelSelector", [""])[0]

@@ -637,3 +637,15 @@ def test_the_exit_handler_deletes_the_job_a_dead_launching_step_left(monkeypatch
         assert kfp_run.delete_run_jobs(run_id) == []  # already gone: a no-op (the launcher deleted it, usually)
     assert api.deleted == [(NAMESPACE, name)]
     assert "is still there after the run: deleting it" in caplog.text
+
+
+def test_transient_api_errors_are_retried_and_never_delete_the_running_job(caplog):
+    timeline = [Tick(TRAINJOB_RUNNING), Tick(error=503), Tick(error=500), Tick(TRAINJOB_RUNNING), Tick(error=429),
+                Tick(TRAINJOB_COMPLETE)]  # fmt: skip
+    with FakeKubernetesApi(timeline, {0: "one\n"}, release="1.11") as api, caplog.at_level("WARNING"):
+        install_runtime(api)
+        api.pod_errors = [500, 503, 500]
+        assert trainjob_launcher(api).run(config(), launch(), name="flaky-api").succeeded
+    assert api.deleted == [(NAMESPACE, "flaky-api")]  # once, at the end
+    assert "transient API error" in caplog.text and api.pod_errors == []
+    assert "stopped streaming" not in caplog.text

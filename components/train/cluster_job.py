@@ -418,10 +418,10 @@ class ClusterJobLauncher:
     def _follow(self, worker: Worker0, namespace: str, after_stamp: str) -> str:
         """Print the container's log lines stamped after `after_stamp` until the stream ends; the last stamp."""
         try:
-            response = self.core.read_namespaced_pod_log(
+            response = self.read(f"read {worker.pod}'s log", lambda: self.core.read_namespaced_pod_log(
                 worker.pod, namespace, container=worker.container, follow=True, timestamps=True,
                 _preload_content=False,
-            )  # fmt: skip
+            ))  # fmt: skip
         except Exception as error:
             if status_of(error) in (400, 404):  # "waiting to start", or replaced: not running after all
                 self.sleep(self.log_poll_seconds)
