@@ -371,30 +371,35 @@ def schedule(
 
 
 def build_parser(pipeline) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.pipeline", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.pipeline", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    compile_parser = commands.add_parser("compile", help="write pipeline/pipeline.yaml")
+    compile_parser = commands.add_parser("compile", help="write pipeline/pipeline.yaml", allow_abbrev=False)
     compile_parser.add_argument("--output", type=Path, default=COMPILED)
-    local = commands.add_parser("local-run", help="the whole pipeline on this machine (kfp.local)")
+    local = commands.add_parser("local-run", help="the whole pipeline on this machine (kfp.local)", allow_abbrev=False)
     local.add_argument("--runner", choices=("subprocess", "docker"), default="subprocess")
     local.add_argument("--output-root", type=Path, default=Path("outputs"))
     add_parameter_options(local, pipeline)
-    run = commands.add_parser("run", help="compile and submit a run to the KFP endpoint")
+    run = commands.add_parser("run", help="compile and submit a run to the KFP endpoint", allow_abbrev=False)
     run.add_argument("--host", required=True)
     run.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
     run.add_argument("--run-name")
     add_parameter_options(run, pipeline)
-    recurring = commands.add_parser("schedule", help="create a recurring retraining run")
+    recurring = commands.add_parser("schedule", help="create a recurring retraining run", allow_abbrev=False)
     recurring.add_argument("--host", required=True)
     recurring.add_argument("--cron", required=True, help="six fields, seconds first: '0 0 3 * * *'")
     recurring.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
     recurring.add_argument("--name", default=f"{pipeline.name}-retraining")
     recurring.add_argument("--max-concurrency", type=int, default=1)
     add_parameter_options(recurring, pipeline)
-    board = commands.add_parser("tensorboard", help="TensorBoard on a model directory (local, gs:// or s3://)")
+    board = commands.add_parser(
+        "tensorboard", help="TensorBoard on a model directory (local, gs:// or s3://)", allow_abbrev=False
+    )
     board.add_argument("--logdir", required=True)
     board.add_argument("--port", type=int, default=6006)
     board.add_argument("--refresh-seconds", type=float, default=30.0, help="how often a remote logdir is mirrored")
+    board.add_argument("--bind-all", action="store_true", help="listen on every interface, not only localhost")
     return parser
 
 
@@ -427,7 +432,7 @@ def main(pipeline, argv: list[str] | None = None) -> int:
         elif arguments.command == "tensorboard":
             from components.common.tensorboard import serve
 
-            return serve(arguments.logdir, arguments.port, arguments.refresh_seconds)
+            return serve(arguments.logdir, arguments.port, arguments.refresh_seconds, arguments.bind_all)
     except (CommandError, ValueError) as error:
         logger.error("%s", error)
         return exit_codes.BAD_INPUT

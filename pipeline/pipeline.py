@@ -28,7 +28,8 @@ PIPELINE_NAME = "cifar10-pipeline"
 # ConfigMap (manifests/object-store.yaml), the keys from the secret named by `object_store_secret`. Both optional:
 # with a gs:// pipeline root neither is needed.
 OBJECT_STORE_CONFIG_MAP = "cifar10-pipeline-object-store"
-OBJECT_STORE_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_REGION")
+OBJECT_STORE_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_REGION", "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER")
+OBJECT_STORE_SETTINGS += ("CIFAR10_PIPELINE_VIEWER_READS_S3",)
 SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}  # KFP's MinIO secret
 GPU = "nvidia.com/gpu"
 # The stages' defaults, from their config dataclasses (-1 and "" mean not given: components.common.kfp_parameters).

@@ -247,3 +247,10 @@ def scalar_series(log_dir, tag) -> list[tuple[int, float]]:
     accumulator = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
     accumulator.Reload()
     return [(event.step, tf.make_ndarray(event.tensor_proto).item()) for event in accumulator.Tensors(tag)]
+
+
+def tiny_model(num_classes: int = 2):
+    """A ResNet-8 at quarter width, untrained (for promotion and serving tests that need a model, not a good one)."""
+    from components.train.model import ModelSpec, build_model
+
+    return build_model("resnet", ModelSpec(depth=8, width_multiplier=0.25, num_classes=num_classes))

@@ -124,3 +124,15 @@ def test_unusable_cloud_storage_credentials_are_one_clear_line(tmp_path, monkeyp
             storage.read_bytes("gs://bucket/x")
     finally:
         object_stores.reset_clients()
+
+
+def test_the_tensorboard_button_only_where_kfps_viewer_can_read_the_logs(monkeypatch):
+    """KFP's viewer pod (TensorFlow 2.2.2, no S3 settings) shows an empty board for s3:// logs."""
+    from components.train.kfp_run import VIEWER_READS_S3, tensorboard_outputs
+
+    monkeypatch.delenv(VIEWER_READS_S3, raising=False)
+    assert tensorboard_outputs("gs://bucket/run/model") == [{"type": "tensorboard", "source": "gs://bucket/run/model"}]
+    (s3,) = tensorboard_outputs("s3://mlpipeline/private-artifacts/team-a/run/model")
+    assert s3["type"] == "markdown" and "kubectl port-forward svc/cifar10-pipeline-tensorboard" in s3["source"]
+    monkeypatch.setenv(VIEWER_READS_S3, "true")  # the admin gave the viewer the store's settings
+    assert tensorboard_outputs("s3://mlpipeline/x")[0]["type"] == "tensorboard"

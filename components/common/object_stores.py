@@ -13,8 +13,11 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from components.common.storage import (
@@ -24,6 +27,8 @@ from components.common.storage import (
     S3_SCHEME,
     ClientUnavailableError,
     StorageError,
+    UnsafeStoreError,
+    assume_single_writer,
     can_connect,
     conflict_error,
     crc32c_base64,
@@ -35,6 +40,11 @@ from components.common.storage import (
 logger = logging.getLogger(__name__)
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
+# What a KFP 2.15+ profile's S3 keys may use (kubeflow/pipelines pipelines-profile-controller sync.py).
+PROFILE_PREFIXES = (
+    "mlpipeline/private/<namespace>/ (kept), mlpipeline/private-artifacts/<namespace>/ (pipeline roots; expired by "
+    "artifact retention when the admin sets it), mlpipeline/shared/ and mlpipeline/artifacts/"
+)
 _PROBE_ATTEMPTS, _PROBE_TIMEOUT_SECONDS = 3, 5.0
 
 
@@ -108,9 +118,11 @@ def s3_client():
 
 
 def reset_clients() -> None:
-    """Forget the cached clients (after the environment that configures them changed, e.g. in tests)."""
+    """Forget the cached clients and checked stores (after the environment that configures them changed, e.g. in
+    tests)."""
     gcs_client.cache_clear()
     _s3_client.cache_clear()
+    forget_checked_stores()
 
 
 class GcsPublisher:
@@ -274,6 +286,7 @@ class S3Publisher:
                 return
             expected_version = ABSENT if head is None else head["ETag"]
         condition = {"IfNoneMatch": "*"} if expected_version == ABSENT else {"IfMatch": expected_version}
+        check_conditional_writes(self)
         with _s3_errors(self.uri(name)):
             try:
                 s3_client().put_object(
@@ -318,6 +331,99 @@ class S3Publisher:
         return sorted(name for name in names if name and not name.rsplit("/", 1)[-1].startswith("."))
 
 
+# -- knowing the store before trusting it ---------------------------------------------------------------------------
+# Publishing, the model directory's writer lease and promotion are correct only if the store refuses a second
+# create-if-absent and a replace with a stale ETag, and lets exactly one of several concurrent creates win. MinIO
+# before 2024 (Kubeflow 1.10 ships RELEASE.2019-08-14) ignores the headers; SeaweedFS 4.00 to 4.16 (Kubeflow 1.11 and
+# 26.03) checks, then writes, so concurrent creates all succeed (seaweedfs#8800). So before the first conditional
+# write to a bucket, a process tries exactly that, once, on probe objects under the prefix it is about to write.
+
+WORKING_STORES = (
+    "AWS S3, MinIO releases from 2024 on, SeaweedFS 4.17 or newer (standalone KFP 2.17 ships 4.34), Ceph RGW; "
+    "Kubeflow 1.10's MinIO RELEASE.2019-08-14 and Kubeflow 1.11 and 26.03's SeaweedFS 4.00 are not among them"
+)
+RACE_WRITERS = 6  # concurrent create-if-absent attempts of the race probe
+PROBE_FOLDER = ".store-check"  # hidden: never listed as data
+_checked: dict[tuple[str | None, str], str | None] = {}  # (endpoint, bucket) -> what is wrong, or None
+_checked_lock = threading.Lock()
+
+
+def check_conditional_writes(publisher: S3Publisher) -> None:
+    """Once per process and bucket: verify that the store honours conditional writes. A store that does not is an
+    UnsafeStoreError, unless a single writer is assumed (then a warning says what is no longer detected)."""
+    key = (s3_endpoint(), publisher.bucket_name)
+    with _checked_lock:
+        if key not in _checked:
+            started = time.monotonic()
+            _checked[key] = conditional_write_problem(publisher)
+            logger.debug("checked the conditional writes of %s in %.2f s", publisher.root, time.monotonic() - started)
+            problem = _checked[key]
+            if problem is not None and assume_single_writer():
+                logger.warning(
+                    "the S3 store at %s does not honour conditional writes (%s); going on because a single writer is "
+                    "assumed (%s): concurrent publishers, "
+                    "writers of one model directory and promotions are NOT detected and can overwrite each other",
+                    s3_endpoint() or "AWS S3", problem, "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER",
+                )  # fmt: skip
+        problem = _checked[key]
+    if problem is not None and not assume_single_writer():
+        raise UnsafeStoreError(
+            f"{publisher.root}: the S3 store at {s3_endpoint() or 'AWS S3'} does not honour conditional writes: "
+            f"{problem}. Publishing datasets, the model directory's writer lease and promotion rely on them (a "
+            f"concurrent writer would overwrite silently). Stores that honour them: {WORKING_STORES}. Upgrade the "
+            "store, or, if you make sure that only one writer at a time uses each dataset, model directory and "
+            "promotion root, set CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER=1 (or --assume-single-writer)"
+        )
+
+
+def conditional_write_problem(publisher: S3Publisher) -> str | None:
+    """What the store does wrong with conditional PUTs, tried on probe objects (removed after), or None."""
+    client, bucket = s3_client(), publisher.bucket_name
+    folder = publisher._key(f"{PROBE_FOLDER}/{uuid.uuid4().hex}")
+    created, raced = f"{folder}/create", f"{folder}/race"
+
+    def put(key: str, body: bytes, **condition) -> bool:
+        """Whether the PUT was accepted (False: refused by its precondition)."""
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=body, **condition)
+            return True
+        except _s3_client_error() as error:
+            if _s3_status(error) in (409, 412):
+                return False
+            raise
+
+    with _s3_errors(publisher.uri(PROBE_FOLDER)):
+        try:
+            put(created, b"first", IfNoneMatch="*")
+            if put(created, b"second", IfNoneMatch="*"):
+                return "a second create-if-absent PUT (If-None-Match: *) of an existing object succeeded"
+            if put(created, b"third", IfMatch='"0123456789abcdef0123456789abcdef"'):
+                return "a replace with a stale ETag (If-Match) succeeded"
+            barrier = threading.Barrier(RACE_WRITERS)
+
+            def create(index: int) -> bool:
+                barrier.wait(timeout=30)
+                return put(raced, f"writer {index}".encode(), IfNoneMatch="*")
+
+            with ThreadPoolExecutor(RACE_WRITERS) as pool:
+                winners = sum(pool.map(create, range(RACE_WRITERS)))
+            if winners != 1:
+                return (
+                    f"{winners} of {RACE_WRITERS} concurrent create-if-absent PUTs of one object succeeded (a "
+                    "check-then-write race)"
+                )
+            return None
+        finally:
+            for key in (created, raced):
+                with contextlib.suppress(Exception):
+                    client.delete_object(Bucket=bucket, Key=key)
+
+
+def forget_checked_stores() -> None:
+    with _checked_lock:
+        _checked.clear()
+
+
 def _s3_client_error():
     from botocore.exceptions import ClientError
 
@@ -355,10 +461,16 @@ def _explain_s3_error(error: Exception) -> str | None:
         return f"cannot reach the S3 endpoint {endpoint}: {error}"
     if isinstance(error, exceptions.ClientError):
         code = error.response.get("Error", {}).get("Code", "")
-        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch"):
             return (
                 f"the S3 store at {endpoint} refused the credentials ({code}); check AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY"
+            )
+        if code in ("AccessDenied", "403", "Forbidden"):
+            return (
+                f"access denied at {endpoint}: the credentials are valid but may not use this object. In a "
+                f"multi-user Kubeflow (KFP 2.15 and later) a profile's keys reach only {PROFILE_PREFIXES}; put data, "
+                "models and logs there"
             )
         if code == "NoSuchBucket":
             return f"the bucket does not exist at {endpoint}"

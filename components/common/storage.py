@@ -59,6 +59,25 @@ class StorageError(ValueError):
     """An object store cannot be reached or refuses the credentials: a configuration problem, not a bug."""
 
 
+class UnsafeStoreError(StorageError):
+    """The object store does not honour conditional writes, so concurrent writers would go undetected."""
+
+
+ASSUME_SINGLE_WRITER = "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER"
+
+
+def assume_single_writer() -> bool:
+    """Whether the user guarantees one writer at a time per location (so a store without conditional writes may be
+    used): the environment says so (every stage's --assume-single-writer sets it, for its worker processes too)."""
+    return os.environ.get(ASSUME_SINGLE_WRITER, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def apply_single_writer_option(enabled: bool) -> None:
+    """A stage's --assume-single-writer: for this process and the processes it starts."""
+    if enabled:
+        os.environ[ASSUME_SINGLE_WRITER] = "1"
+
+
 class ClientUnavailableError(StorageError):
     """No client could be made for a store; `reason` says why, for a message that names the object."""
 

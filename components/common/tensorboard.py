@@ -54,8 +54,9 @@ def local_copy(logdir: str, cache_dir: Path | None = None) -> Path:
     return Path(cache_dir or default_cache_dir()) / "tensorboard" / key
 
 
-def serve(logdir: str, port: int, refresh_seconds: float, bind_all: bool = True) -> int:
-    """Run TensorBoard on `logdir`; for a remote one, on a local mirror refreshed every `refresh_seconds`."""
+def serve(logdir: str, port: int, refresh_seconds: float, bind_all: bool = False) -> int:
+    """Run TensorBoard on `logdir`; for a remote one, on a local mirror refreshed every `refresh_seconds`. It listens
+    on localhost only, unless `bind_all` (in a pod, behind a Service)."""
     folder = Path(logdir)
     if storage.is_remote(logdir):
         folder = local_copy(logdir)
@@ -77,15 +78,16 @@ def serve(logdir: str, port: int, refresh_seconds: float, bind_all: bool = True)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m components.common.tensorboard", description=__doc__.splitlines()[0]
+        prog="python -m components.common.tensorboard", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     parser.add_argument("--logdir", required=True, help="a model directory (or a parent): folder, gs:// or s3://")
     parser.add_argument("--port", type=int, default=6006)
     parser.add_argument("--refresh-seconds", type=float, default=30.0, help="how often a remote logdir is mirrored")
+    parser.add_argument("--bind-all", action="store_true", help="listen on every interface, not only localhost")
     arguments = parser.parse_args(argv)
     setup_logging()
     try:
-        return serve(arguments.logdir, arguments.port, arguments.refresh_seconds)
+        return serve(arguments.logdir, arguments.port, arguments.refresh_seconds, arguments.bind_all)
     except (ValueError, OSError) as error:
         logger.error("%s", error)
         return exit_codes.BAD_INPUT

@@ -78,6 +78,14 @@ class EvaluateConfig:
         },
     )
     cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets and model dirs are mirrored"})
+    assume_single_writer: bool = field(
+        default=False,
+        metadata={
+            "help": "go on with an S3 store that does not honour conditional writes (MinIO before 2024, SeaweedFS "
+            "before 4.17): you make sure one writer at a time uses each location, since concurrent writers are then "
+            "not detected (also: CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER=1)"
+        },
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

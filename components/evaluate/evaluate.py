@@ -94,6 +94,7 @@ class EvaluationResult:
 class Evaluator:
     def __init__(self, config: EvaluateConfig):
         self.config = config
+        storage.apply_single_writer_option(config.assume_single_writer)
         self.dataset = open_dataset(config.data, splits=(config.split,), cache_dir=config.cache_dir)
         manifest = self.dataset.manifest
         if manifest.splits[config.split].num_examples == 0:

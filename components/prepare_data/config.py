@@ -54,6 +54,14 @@ class PrepareDataConfig:
     )
     synthetic_classes: int = field(default=10, metadata={"help": "with source 'synthetic': number of classes"})
     force: bool = field(default=False, metadata={"help": "rewrite even when the published dataset already matches"})
+    assume_single_writer: bool = field(
+        default=False,
+        metadata={
+            "help": "go on with an S3 store that does not honour conditional writes (MinIO before 2024, SeaweedFS "
+            "before 4.17): you make sure one writer at a time uses each location, since concurrent writers are then "
+            "not detected (also: CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER=1)"
+        },
+    )
     max_source_megabytes: int = field(
         default=1024,
         metadata={

@@ -181,6 +181,7 @@ def _published_manifest(publisher: storage.Publisher) -> tuple[Manifest | None, 
 
 
 def prepare_data(config: PrepareDataConfig) -> PrepareResult:
+    storage.apply_single_writer_option(config.assume_single_writer)
     publisher = storage.publisher_for(config.output)
     if not storage.is_remote(config.output):
         storage.remove_stale_temporaries(config.output)  # what a killed run left half-written

@@ -45,6 +45,7 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 # Non-secret object-store settings the workers get from the launching step's own environment (the secret's keys are
 # referenced, never copied).
 PASSED_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
+PASSED_ENVIRONMENT += ("CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER",)
 SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "accesskey", "AWS_SECRET_ACCESS_KEY": "secretkey"}  # KFP's object-store secret
 TRANSIENT_STATUSES = {408, 429, 500, 502, 503, 504}
 READ_ATTEMPTS = 8  # with back-off from 1 s doubling to 30 s: about two and a half minutes of API trouble

@@ -156,6 +156,14 @@ class TrainConfig:
     keep_checkpoint_every_hours: float | None = field(
         default=None, metadata={"help": "also keep one checkpoint every N hours"}
     )
+    assume_single_writer: bool = field(
+        default=False,
+        metadata={
+            "help": "go on with an S3 store that does not honour conditional writes (MinIO before 2024, SeaweedFS "
+            "before 4.17): you make sure one writer at a time uses each location, since concurrent writers are then "
+            "not detected (also: CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER=1)"
+        },
+    )
     resume_on_other_data: bool = field(
         default=False,
         metadata={"help": "resume checkpoints trained on another dataset (refused otherwise; recorded in config.json)"},

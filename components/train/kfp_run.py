@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -95,10 +96,33 @@ def run_train(dataset: Any, model: Any, ui_metadata: Any, launcher: str, **param
     return summary
 
 
+# Set in the object-store ConfigMap once the admin gave KFP's TensorBoard viewer the store's settings.
+VIEWER_READS_S3 = "CIFAR10_PIPELINE_VIEWER_READS_S3"
+
+
+def tensorboard_outputs(log_dir: str) -> list[dict]:
+    """What the run page shows for the training logs. KFP's "Start TensorBoard" button starts a viewer pod
+    (tensorflow/tensorflow:2.2.2) with no S3 settings, so on an S3 store it shows an empty board
+    (kubeflow/pipelines#5426): the button only for gs:// (or s3:// once the admin gave the viewer the store's
+    settings), else how to open the logs with the project's own TensorBoard."""
+    viewer_reads_s3 = os.environ.get(VIEWER_READS_S3, "").strip().lower() in ("1", "true", "yes")
+    if storage.is_gcs_uri(log_dir) or (storage.is_s3_uri(log_dir) and viewer_reads_s3):
+        return [{"type": "tensorboard", "source": log_dir}]
+    if storage.is_s3_uri(log_dir):
+        how = (
+            "TensorBoard for these logs: the project's TensorBoard (manifests/tensorboard.yaml) reads the store with "
+            "your profile's keys: `kubectl port-forward svc/cifar10-pipeline-tensorboard 6006:80`, or on your own "
+            f"machine `make tensorboard LOGDIR={log_dir}`"
+        )
+    else:
+        how = f"TensorBoard for these logs: `make tensorboard LOGDIR={log_dir}`"
+    return [{"type": "markdown", "storage": "inline", "source": how}]
+
+
 def write_tensorboard_metadata(artifact: Any, log_dir: str) -> None:
-    """The KFP UI shows a "Start TensorBoard" button for an output artifact named mlpipeline-ui-metadata."""
+    """The KFP UI reads an output artifact named mlpipeline-ui-metadata (a TensorBoard button, or markdown)."""
     with open(artifact.path, "w") as handle:
-        json.dump({"outputs": [{"type": "tensorboard", "source": log_dir}]}, handle)
+        json.dump({"outputs": tensorboard_outputs(log_dir)}, handle)
 
 
 def delete_run_jobs(run_id: str) -> list[str]:

@@ -73,6 +73,9 @@ def choose_launcher(config: TrainConfig) -> str:
 
 def run(config: TrainConfig, launch: LaunchConfig | None = None) -> int:
     """Train as `config` says; the exit code (0 done, 1 failed for good, 143 preempted: a retry resumes)."""
+    from components.common.storage import apply_single_writer_option
+
+    apply_single_writer_option(config.assume_single_writer)
     launcher = choose_launcher(config)
     if launcher in ("local", *CLUSTER_LAUNCHERS):
         # These launch and watch; their own handlers pass SIGTERM and SIGINT on or delete the job. (The block
