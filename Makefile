@@ -47,7 +47,7 @@ DEMO = $(if $(PRESET),,$(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300) \
 	$(if $(TRAIN_OPTIONS),,--train-options '{"batch_norm_decay": 0.9}'))
 
 .PHONY: help install constraints test test-images lint format local-run compile run schedule tensorboard images push
-.PHONY: prepare-data bench bench-accuracy clean
+.PHONY: prepare-data bench bench-accuracy serving-ops clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -112,6 +112,9 @@ bench:  ## run every benchmark (needs ../shared/data)
 
 bench-accuracy:  ## what each preset buys on real CIFAR-10: 2 runs each of 10 epochs (about 80 minutes on 2 cores)
 	$(BIN)/python bench/accuracy.py
+
+serving-ops:  ## op definitions of a TensorFlow Serving release, from its own package: make serving-ops VERSION=2.6.2
+	$(BIN)/python -m components.evaluate.serving_ops.generate $(VERSION)
 
 clean:  ## remove outputs and caches (not .venv)
 	rm -rf $(OUTPUT) .pytest_cache .ruff_cache bench/work

@@ -60,6 +60,7 @@ def evaluate_and_promote(
     accuracy_threshold: float,
     baseline_tolerance: float,
     promotion_root: str,
+    serving_version: str,
     object_store_secret: str,
     image_pull_secret: str,
 ):
@@ -78,7 +79,11 @@ def evaluate_and_promote(
     blessed = evaluation.outputs["Output"] == True  # noqa: E712 (a KFP condition, not a Python comparison)
     with dsl.If(blessed, name="blessed"), dsl.If(promotion_root != "", name="promotion-configured"):
         promotion = promote_component(
-            model=model, evaluation=evaluation.outputs["evaluation"], promotion_root=promotion_root
+            model=model,
+            evaluation=evaluation.outputs["evaluation"],
+            dataset=dataset,
+            promotion_root=promotion_root,
+            serving_version=serving_version,
         ).set_display_name("promote")
         promotion.set_caching_options(False)
         with_pod_settings(promotion, object_store_secret, image_pull_secret)
@@ -196,6 +201,7 @@ def cifar10_pipeline(
     accuracy_threshold: float = 0.5,  # the pipeline's own gate; the evaluate stage alone blesses anything
     baseline_tolerance: float = EVALUATE.baseline_tolerance,
     promotion_root: str = "",
+    serving_version: str = EVALUATE.serving_version,
     object_store_secret: str = LAUNCH.object_store_secret,
     synthetic_train_per_class: int = PREPARE.synthetic_train_per_class,
 ):
@@ -234,6 +240,8 @@ def cifar10_pipeline(
         accuracy_threshold: The gate: the lowest test accuracy that may be promoted.
         baseline_tolerance: The gate: how far below the promoted model's accuracy a new model may be.
         promotion_root: Where blessed models go (integer version folders, current.json); "" for no promotion.
+        serving_version: The TensorFlow Serving release the promotion root is served by (KServe's runtimeVersion): a
+            model it cannot load is not promoted ("": what the root declares, if anything).
         object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
         synthetic_train_per_class: source=synthetic: training images per class.
     """
@@ -281,6 +289,7 @@ def cifar10_pipeline(
             "accuracy_threshold": accuracy_threshold,
             "baseline_tolerance": baseline_tolerance,
             "promotion_root": promotion_root,
+            "serving_version": serving_version,
             "object_store_secret": object_store_secret,
             "image_pull_secret": image_pull_secret,
         }

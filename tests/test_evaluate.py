@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -15,8 +14,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.common import storage
-from components.evaluate import promote
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import evaluate
 from components.evaluate.restore import EvaluationError, build_from_config, read_train_config, restore_weights
@@ -101,97 +98,6 @@ def test_promotion_exports_a_saved_model_that_predicts_like_the_checkpoint(synth
     assert again.baseline_accuracy == pointer["metrics"]["accuracy"]
     if again.final.metrics.accuracy < pointer["metrics"]["accuracy"]:
         assert not again.decision.blessed and again.promotion is None
-
-
-@pytest.mark.parametrize("store", ["local", "gs", "s3"])
-def test_concurrent_promotions_of_different_models_one_wins_and_the_loser_writes_nothing(
-    request, synthetic_data, trained, tmp_path, store
-):
-    """Two promotions that both read the same pointer race: one claims the next version, the other changes
-    nothing, and the winner's folder holds exactly the winner's model (never a mix)."""
-    if store == "local":
-        root = str(tmp_path / "models")
-    else:
-        root = f"{store}://{request.getfixturevalue('gcs_bucket' if store == 'gs' else 's3_bucket')}/models/cifar10"
-    model = build_from_config(read_train_config(trained, str(trained)))
-    restore_weights(model, str(trained / "ckpt-10"))
-    other = build_from_config(read_train_config(trained, str(trained)))
-    restore_weights(other, str(trained / "ckpt-5"), "raw")
-    _pointer, seen = promote.read_pointer(root)
-    barrier = threading.Barrier(2)
-    publisher_class = type(storage.publisher_for(root))
-    original = publisher_class.publish
-
-    def publish_pointer_once_both_read_it(self, name, data, expected_version=None):
-        if name == promote.POINTER and json.loads(data)["state"] == "exporting":
-            barrier.wait(timeout=60)
-        return original(self, name, data, expected_version)
-
-    outcomes = {}
-
-    def run(label, candidate):
-        try:
-            record = {"metrics": {"accuracy": 0.5}, "checkpoint": label}
-            outcomes[label] = promote.promote(candidate, ["a"] * 10, root, record, seen)
-        except promote.PromotionConflictError as error:
-            outcomes[label] = error
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(publisher_class, "publish", publish_pointer_once_both_read_it)
-        threads = [threading.Thread(target=run, args=item) for item in (("ckpt-10", model), ("ckpt-5", other))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=120)
-
-    winners = [label for label, outcome in outcomes.items() if isinstance(outcome, promote.Promotion)]
-    losers = [outcome for outcome in outcomes.values() if isinstance(outcome, promote.PromotionConflictError)]
-    assert len(winners) == 1 and len(losers) == 1, outcomes
-    assert "was moved by another promotion" in str(losers[0]) and "nothing was promoted" in str(losers[0])
-    current, _version = promote.read_pointer(root)
-    assert current["checkpoint"] == winners[0] and current["state"] == "ready" and current["version"] == 1
-    names = storage.publisher_for(root).list()
-    assert {name.split("/")[0] for name in names} == {"1", "current.json"}, names  # the loser wrote no folder
-    # The served folder holds the winner's weights, not the loser's.
-    local_copy = tmp_path / "served"
-    for name in names:
-        if name.startswith("1/"):
-            storage.download_file(storage.join(root, name), local_copy / name[2:])
-    served = tf.saved_model.load(str(local_copy)).signatures["serving_default"]
-    images = np.random.default_rng(1).integers(0, 256, size=(8, 32, 32, 3), dtype=np.uint8)
-    winner_model = model if winners[0] == "ckpt-10" else other
-    expected = tf.nn.softmax(winner_model(images, training=False)).numpy()
-    np.testing.assert_allclose(served(images=tf.constant(images))["probabilities"].numpy(), expected, atol=1e-5)
-
-
-def test_promotions_take_increasing_versions_and_never_write_into_an_existing_folder(synthetic_data, trained, tmp_path):
-    root = tmp_path / "models"
-    model = build_from_config(read_train_config(trained, str(trained)))
-    restore_weights(model, str(trained / "ckpt-10"))
-    first = promote.promote(model, ["a"] * 10, str(root), {"metrics": {"accuracy": 0.5}}, storage.ABSENT)
-    _pointer, seen = promote.read_pointer(str(root))
-    second = promote.promote(model, ["a"] * 10, str(root), {"metrics": {"accuracy": 0.6}}, seen)
-    assert (first.version, second.version) == (1, 2)
-    assert (root / "2" / "saved_model.pb").exists()
-
-    # A folder the pointer does not know of (a crashed promotion's, or a hand copy) is skipped, never written into.
-    (root / "3").mkdir()
-    (root / "3" / "saved_model.pb").write_bytes(b"someone else's")
-    _pointer, seen = promote.read_pointer(str(root))
-    third = promote.promote(model, ["a"] * 10, str(root), {"metrics": {"accuracy": 0.7}}, seen)
-    assert third.version == 4 and (root / "3" / "saved_model.pb").read_bytes() == b"someone else's"
-
-    # An evaluation that read an older pointer changes nothing.
-    with pytest.raises(promote.PromotionConflictError, match="nothing was promoted"):
-        promote.promote(model, ["a"] * 10, str(root), {"metrics": {"accuracy": 0.9}}, seen)
-    assert json.loads((root / "current.json").read_text())["version"] == 4
-    assert sorted(path.name for path in root.iterdir() if not path.name.startswith(".")) == [
-        "1",
-        "2",
-        "3",
-        "4",
-        "current.json",
-    ]
 
 
 def test_continuous_mode_picks_up_a_checkpoint_written_after_it_started(synthetic_data, tmp_path):

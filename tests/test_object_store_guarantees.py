@@ -74,7 +74,8 @@ def test_promotion_refuses_it_too(store, tmp_path):
 
     _proxy, root = store
     with pytest.raises(storage.UnsafeStoreError, match="does not honour conditional writes"):
-        promote.promote(tiny_model(), ["a", "b"], f"{root}/models", {"metrics": {"accuracy": 0.5}}, storage.ABSENT)
+        candidate = promote.Candidate(tiny_model(), ["a", "b"], {"metrics": {"accuracy": 0.5}})
+        promote.promote(candidate, f"{root}/models", storage.ABSENT)
     assert stored_keys(root) == []
 
 

@@ -69,7 +69,9 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
         cifar10_pipeline, {**SMALL, "warm_start_from_promoted": True, "train_steps": 10}, tmp_path
     )
     (second_model,) = second.glob(f"{commands.TRAINING_TASKS}/model")
-    assert json.loads((second_model / "config.json").read_text())["warm_start"] == pointer["checkpoint"]
+    # ... from the promoted version's own copy of its checkpoint, which outlives the first run's model directory.
+    assert json.loads((second_model / "config.json").read_text())["warm_start"] == pointer["warm_start"]
+    assert pointer["warm_start"] == str(tmp_path / "models" / "1" / "checkpoint" / "ckpt-40")
 
 
 def compiled_without_version(path: Path) -> list[str]:

@@ -212,6 +212,13 @@ class GcsPublisher:
         except (exceptions.NotFound, exceptions.PreconditionFailed):
             logger.info("%s was already removed or replaced by another writer", self.uri(name))
 
+    def copy(self, source: str, destination: str) -> None:
+        """A server-side copy to a name that must not exist yet."""
+        bucket = self._bucket()
+        with _gcs_errors(self.uri(destination)):
+            bucket.copy_blob(bucket.blob(self._object_name(source)), bucket, self._object_name(destination),
+                             if_generation_match=0)  # fmt: skip
+
     def list(self, prefix: str = "") -> list[str]:
         start = f"{self.prefix}/" if self.prefix else ""
         with _gcs_errors(self.root):
@@ -318,6 +325,14 @@ class S3Publisher:
                     s3_client().delete_object(Bucket=self.bucket_name, Key=self._key(name))
                 else:
                     raise
+
+    def copy(self, source: str, destination: str) -> None:
+        """A server-side copy (the object's CRC32C metadata with it)."""
+        with _s3_errors(self.uri(destination)):
+            s3_client().copy_object(
+                Bucket=self.bucket_name, Key=self._key(destination), MetadataDirective="COPY",
+                CopySource={"Bucket": self.bucket_name, "Key": self._key(source)},
+            )  # fmt: skip
 
     def list(self, prefix: str = "") -> list[str]:
         start = f"{self.prefix}/" if self.prefix else ""

@@ -290,6 +290,7 @@ class Publisher(Protocol):
     def download(self, name: str, destination: Path) -> None: ...
     def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None: ...
     def withdraw(self, name: str) -> None: ...
+    def copy(self, source: str, destination: str) -> None: ...
     def list(self, prefix: str = "") -> list[str]: ...
 
 
@@ -350,6 +351,9 @@ class LocalPublisher:
 
     def withdraw(self, name: str) -> None:
         Path(self.root, name).unlink(missing_ok=True)
+
+    def copy(self, source: str, destination: str) -> None:
+        atomic_write_bytes(Path(self.root, destination), Path(self.root, source).read_bytes())
 
     def list(self, prefix: str = "") -> list[str]:
         root = Path(self.root)

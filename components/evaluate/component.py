@@ -50,18 +50,23 @@ def evaluate_component(
 def promote_component(
     model: dsl.Input[dsl.Model],
     evaluation: dsl.Input[dsl.Artifact],
+    dataset: dsl.Input[dsl.Dataset],
     promotion_root: str,
     promoted: dsl.Output[dsl.Model],
+    serving_version: str = "",
 ) -> int:
-    """Export the blessed checkpoint as a SavedModel into the next integer version folder under `promotion_root`
-    (the layout TF Serving and KServe load) and move `promotion_root/current.json` to it; returns the version.
+    """Export the blessed checkpoint as a SavedModel (and its checkpoint beside it, for warm starts) into the next
+    integer version folder under `promotion_root` (the layout TF Serving and KServe load), check it loads in
+    `serving_version` ("": the release the root declares, if any) and answers canary requests, and move
+    `promotion_root/current.json` to it; returns the version (0 when another promotion went first with a model at
+    least as good: decided again on the evaluation's images).
 
     `promoted` holds the pointer as written; its metadata names the SavedModel (`saved_model`) and `version`."""
     from components.common.logs import setup_logging
     from components.evaluate.kfp_run import run_promote
 
     setup_logging()
-    return run_promote(model, evaluation, promotion_root, promoted)
+    return run_promote(model, evaluation, dataset, promotion_root, serving_version, promoted)
 
 
 @dsl.component(base_image=image("evaluate"), install_kfp_package=False)

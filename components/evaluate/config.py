@@ -77,6 +77,14 @@ class EvaluateConfig:
             "help": "when blessed: export a SavedModel under this folder (or gs://, s3://) and point current.json at it"
         },
     )
+    serving_version: str | None = field(
+        default=None,
+        metadata={
+            "help": "the TensorFlow Serving release the promotion root is served by (KServe's runtimeVersion; "
+            "recorded in the root's serving.json): a model it cannot load is not promoted (default: what the root "
+            "declares)"
+        },
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets and model dirs are mirrored"})
     assume_single_writer: bool = field(
         default=False,

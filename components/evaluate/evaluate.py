@@ -24,7 +24,10 @@ from components.common.dataset import open_dataset
 from components.common.model_directory import TRAIN_METRICS, ModelDirectory
 from components.common.progress import Progress
 from components.evaluate import gate, metrics, promote, report
+from components.evaluate.baseline import Baseline, EvaluatedData, promoted_baseline
+from components.evaluate.canary import CANARY_IMAGES, Canary
 from components.evaluate.config import EvaluateConfig
+from components.evaluate.export import checkpoint_files
 from components.evaluate.restore import (
     EvaluationError,
     build_from_config,
@@ -234,47 +237,110 @@ class Evaluator:
             results = [self.evaluate_checkpoint(path) for path in self.checkpoints_to_evaluate()]
         final = results[-1]
         pointer, pointer_version = (None, storage.ABSENT)
-        current = config.promote_to or config.compare_with
-        if current:
-            pointer, pointer_version = promote.read_pointer(current)
-        baseline = None
-        if config.baseline:
-            baseline = gate.read_baseline_accuracy(config.baseline)
-        elif pointer is not None:
-            baseline = float(pointer["metrics"]["accuracy"])
-        decision = gate.decide(final.metrics.accuracy, config.accuracy_threshold, baseline, config.baseline_tolerance)
+        root = config.promote_to or config.compare_with
+        if root:
+            pointer, pointer_version = promote.read_pointer(root)
+        decision, baseline = self.decide(final.metrics.accuracy, promote.ready_version(pointer))
         logger.info("%s", decision.summary())
-        record = {  # what a promotion writes into the pointer
-            "metrics": final.metrics.scalars(),
-            "checkpoint": final.checkpoint.replace(str(self.directory.local), config.model_dir.rstrip("/")),
-            "step": final.step,
-            "weights": final.weights,
-            "model_dir": config.model_dir,
-            "label_names": self.label_names,
-            "dataset_manifest_sha256": self.dataset.manifest_sha256,
-            "test_time_augmentation": self.test_time_augmentation,  # the exported model serves with the same views
-        }
+        record = self.record(final)
         promotion = None
         if decision.blessed and config.promote_to:
-            promotion = promote.promote(self.model, self.label_names, config.promote_to, record, pointer_version)
+            outcome = self.promote(
+                final.checkpoint, final.probabilities, final.metrics.accuracy, record, pointer_version
+            )
+            promotion = outcome.promotion
+            if outcome.decision is not None:
+                decision = outcome.decision  # decided again against a version promoted meanwhile
         result = EvaluationResult(
             results=results,
             decision=decision,
             label_names=self.label_names,
             report_html=self._report(results, decision, baseline, promotion),
             promotion=promotion,
-            baseline_accuracy=baseline,
+            baseline_accuracy=baseline.accuracy,
             pointer_version=pointer_version,
             record=record,
         )
         self._write_outputs(result)
         return result
 
+    # -- the gate, and what a promotion records -------------------------------------------------------------------
+
+    def evaluated_data(self) -> EvaluatedData:
+        manifest = self.dataset.manifest
+        return EvaluatedData(
+            self.images, self.labels, self.label_names, self.dataset.manifest_sha256, self.config.split,
+            manifest.synthetic,
+        )  # fmt: skip
+
+    def decide(self, accuracy: float, promoted: dict | None) -> tuple[gate.Decision, Baseline]:
+        """The gate: the threshold, and the baseline: an explicit one, else the promoted model on these images."""
+        config = self.config
+        if config.baseline:
+            baseline = Baseline(gate.read_baseline_accuracy(config.baseline), f"from {config.baseline}")
+        else:
+            baseline = promoted_baseline(promoted, self.evaluated_data(), config.cache_dir)
+        decision = gate.decide(
+            accuracy, config.accuracy_threshold, baseline.accuracy, config.baseline_tolerance, baseline.description
+        )
+        return decision, baseline
+
+    def record(self, final: CheckpointResult) -> dict:
+        """What a promotion writes into the pointer: the model's metrics, where it came from, what it was evaluated
+        on (so that the next gate can tell like from unlike)."""
+        return {
+            "metrics": final.metrics.scalars(),
+            "checkpoint": final.checkpoint.replace(str(self.directory.local), self.config.model_dir.rstrip("/")),
+            "step": final.step,
+            "weights": final.weights,
+            "model_dir": self.config.model_dir,
+            "label_names": self.label_names,
+            "dataset_manifest_sha256": self.dataset.manifest_sha256,
+            "synthetic_data": self.dataset.manifest.synthetic,
+            "evaluation": {
+                "dataset_manifest_sha256": self.dataset.manifest_sha256,
+                "split": self.config.split,
+                "images": len(self.labels),
+            },
+            "test_time_augmentation": self.test_time_augmentation,  # the exported model serves with the same views
+        }
+
+    def promote(
+        self, checkpoint: str, probabilities: np.ndarray, accuracy: float, record: dict, pointer_version: str
+    ) -> promote.PromotionOutcome:
+        """Promote the evaluated weights (in `self.model`, from `checkpoint`, which gave `probabilities` on the split's
+        first images); when another promotion moved the pointer meanwhile, decide again against the version it
+        promoted, on these same images."""
+        candidate = promote.Candidate(
+            model=self.model,
+            label_names=self.label_names,
+            record=record,
+            checkpoint_files=checkpoint_files(checkpoint),
+            test_time_augmentation=self.test_time_augmentation,
+            resize=bool(self.train_config.get("resolved", {}).get("resize_images")),
+            canary=Canary.from_evaluation(self.images, probabilities, self.labels, self.label_names),
+        )
+
+        def decide_again(promoted: dict | None) -> gate.Decision:
+            return self.decide(accuracy, promoted)[0]
+
+        return promote.promote(
+            candidate, self.config.promote_to, pointer_version, decide_again, self.config.serving_version
+        )
+
+    def promote_from_record(self, record: dict, pointer_version: str) -> promote.PromotionOutcome:
+        """The pipeline's promote step: promote the checkpoint an earlier evaluation blessed (`record`), against the
+        pointer it read."""
+        checkpoint = str(self.directory.local / Path(record["checkpoint"]).name)
+        restore_weights(self.model, checkpoint, record["weights"])
+        probabilities = self.predict(tf.constant(self.images[:CANARY_IMAGES])).numpy()
+        return self.promote(checkpoint, probabilities, record["metrics"]["accuracy"], record, pointer_version)
+
     def _report(
         self,
         results: list[CheckpointResult],
         decision: gate.Decision,
-        baseline: float | None,
+        baseline: Baseline,
         promotion: promote.Promotion | None,
     ) -> str:
         final = results[-1]
@@ -294,8 +360,10 @@ class Evaluator:
             "dataset": f"{self.config.data} ({manifest.dataset}, split {self.config.split}, {len(self.labels)} images)",
             "model": "{model}{depth} x{width_multiplier}".format(**self.train_config),
         }
-        if baseline is not None:
-            facts["baseline accuracy"] = f"{baseline:.4f}"
+        if baseline.accuracy is not None:
+            facts["baseline"] = f"{baseline.accuracy:.4f}: {baseline.description}"
+        else:
+            facts["baseline"] = f"none: {baseline.description}"
         if promotion:
             facts["promoted as"] = f"{promotion.version} ({promotion.saved_model})"
         warning = "Synthetic data: these numbers say nothing about CIFAR-10." if manifest.synthetic else None

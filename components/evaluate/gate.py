@@ -33,8 +33,16 @@ def read_baseline_accuracy(uri: str) -> float:
     return float(accuracy)
 
 
-def decide(accuracy: float, threshold: float, baseline: float | None = None, tolerance: float = 0.0) -> Decision:
-    """Blessed only when every check passes; the reasons say what was compared with what."""
+def decide(
+    accuracy: float,
+    threshold: float,
+    baseline: float | None = None,
+    tolerance: float = 0.0,
+    baseline_description: str = "",
+) -> Decision:
+    """Blessed only when every check passes; the reasons say what was compared with what (`baseline_description`:
+    what the baseline is, or why there is none)."""
+    said = f" ({baseline_description})" if baseline_description else ""
     if not math.isfinite(accuracy):
         return Decision(False, [f"accuracy is {accuracy}: never blessed"])
     checks = []
@@ -45,11 +53,16 @@ def decide(accuracy: float, threshold: float, baseline: float | None = None, tol
     if baseline is not None:
         floor = baseline - tolerance
         if accuracy >= floor:
-            checks.append((True, f"accuracy {accuracy:.4f} >= baseline {baseline:.4f} - tolerance {tolerance:.4f}"))
+            checks.append(
+                (True, f"accuracy {accuracy:.4f} >= baseline {baseline:.4f} - tolerance {tolerance:.4f}{said}")
+            )
         else:
             checks.append(
-                (False, f"accuracy {accuracy:.4f} is below the baseline {baseline:.4f} - tolerance {tolerance:.4f}")
+                (
+                    False,
+                    f"accuracy {accuracy:.4f} is below the baseline {baseline:.4f} - tolerance {tolerance:.4f}{said}",
+                )
             )
     else:
-        checks.append((True, "no baseline to compare with"))
+        checks.append((True, f"no baseline to compare with{said}"))
     return Decision(all(passed for passed, _ in checks), [reason for _, reason in checks])

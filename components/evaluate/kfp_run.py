@@ -10,8 +10,7 @@ from components.common import storage
 from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import artifact_location
 from components.evaluate.config import EvaluateConfig
-from components.evaluate.evaluate import evaluate
-from components.evaluate.promote import promote_checkpoint
+from components.evaluate.evaluate import Evaluator, evaluate
 
 
 def run_evaluate(
@@ -48,30 +47,46 @@ def run_evaluate(
     return result.decision.blessed
 
 
-def run_promote(model: Any, evaluation: Any, promotion_root: str, promoted: Any) -> int:
-    """Promote what the evaluation blessed; refuses an evaluation that was not blessed."""
+def run_promote(
+    model: Any, evaluation: Any, dataset: Any, promotion_root: str, serving_version: str, promoted: Any
+) -> int:
+    """Promote what the evaluation blessed; refuses an evaluation that was not blessed. When another promotion moved
+    the pointer since, the step decides again against it, on the same images (it may then end not promoted: 0)."""
     details = evaluation.metadata
     if not details.get("blessed"):
         raise ValueError(f"refusing to promote: the evaluation was not blessed ({details.get('decision')})")
-    model_dir = model.metadata.get("model_dir") or artifact_location(model)
-    promotion = promote_checkpoint(
-        model_dir,
-        details["checkpoint"],
-        details["weights"],
-        promotion_root,
-        dict(details["record"]),
-        details["pointer_version"],
+    record = dict(details["record"])
+    config = config_from_parameters(
+        EvaluateConfig,
+        {
+            "data": artifact_location(dataset),
+            "model_dir": model.metadata.get("model_dir") or artifact_location(model),
+            "split": record["evaluation"]["split"],
+            "checkpoint": record["checkpoint"],
+            "weights": record["weights"],
+            "promote_to": promotion_root,
+            "serving_version": serving_version,
+        },
+        "promote component parameters",
     )
-    pointer = storage.read_bytes(promotion.pointer)
+    outcome = Evaluator(config).promote_from_record(record, details["pointer_version"])
+    if outcome.promotion is None:
+        summary = outcome.decision.summary() if outcome.decision else "not promoted"
+        promoted.metadata.update({"promoted": False, "decision": summary})
+        with open(promoted.path, "w") as handle:
+            json.dump({"promoted": False, "decision": summary}, handle)
+        return 0
+    pointer = storage.read_bytes(outcome.promotion.pointer)
     with open(promoted.path, "wb") as handle:
         handle.write(pointer)
     promoted.metadata.update(
         {
-            "saved_model": promotion.saved_model,
-            "version": promotion.version,
+            "promoted": True,
+            "saved_model": outcome.promotion.saved_model,
+            "version": outcome.promotion.version,
             "promotion_root": promotion_root,
             "framework": "tensorflow",
             "accuracy": json.loads(pointer)["metrics"]["accuracy"],
         }
     )
-    return promotion.version
+    return outcome.promotion.version

@@ -1,18 +1,23 @@
-"""Promotion: export the evaluated weights as a SavedModel in the layout TF Serving and KServe load, and move
-the "current model" pointer atomically.
+"""Promotion: the evaluated model becomes the next version under the promotion root, in the layout TF Serving and
+KServe load, and the pointer `current.json` moves to it only when it is complete.
 
-Layout under the promotion root (local, gs:// or s3://):
+    current.json        the pointer: the last READY version (version, saved_model, warm_start, metrics, what it
+                        was evaluated on, which serving releases load it), and, while a promotion is under way,
+                        `promoting` (its version, holder and start)
+    1/ 2/ ...           integer versions: saved_model.pb, variables/, and checkpoint/ (what the next run warm-starts
+                        from; it outlives the run's model directory, which artifact retention may expire)
+    serving.json        optional: the TF Serving release the root is served by (a promotion's serving_version)
+    .staging/<token>/   a version being built (ignored by servers: not a number)
 
-    current.json          the pointer: version, state, saved_model, metrics, checkpoint, ...
-    1/saved_model.pb      integer version folders, increasing: TF Serving and KServe serve the highest
-    1/variables/...
-    2/...
-
-A promotion (1) claims the next version number by replacing `current.json` with a compare-and-swap against
-the version the gate read (state "exporting"), so of two concurrent promotions exactly one claims it and the
-other fails having written nothing; (2) writes the SavedModel into the claimed folder with create-if-absent on
-every object and `saved_model.pb` last (a server polling the root never loads a half-written version); (3)
-marks the pointer "ready". A promotion never writes into a folder it did not claim.
+A promotion (1) exports the SavedModel locally, checks its graph against the declared serving release's ops and
+loads it in a fresh process for canary requests; (2) claims the next number by replacing the pointer with a
+compare-and-swap against the version the gate read (its ready fields unchanged, plus `promoting`); (3) stages the
+export under `.staging/`; (4) makes the version visible: a rename on a local root, server-side copies on gs:// and
+s3:// (saved_model.pb last); (5) swaps the pointer to the new ready version. Readers (the gate, warm starts, servers
+through the numbers) only ever see ready versions. A promotion that loses the race reads the new pointer, decides
+again against its model (bounded), and either promotes after it or ends not promoted, never failed. The next
+promotion removes what a dead one left (a claim older than STALE_CLAIM_SECONDS, or an earlier attempt of the same
+promotion): its staged files and its numeric folder.
 """
 
 from __future__ import annotations
@@ -20,82 +25,51 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import re
+import os
+import shutil
+import socket
 import tempfile
-from dataclasses import dataclass
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import tensorflow as tf
-
 from components.common import storage
-from components.train.model import predict_logits
+from components.evaluate import canary, serving_ops
+from components.evaluate.export import CHECKPOINT_FOLDER, export_saved_model
+from components.evaluate.gate import Decision
 
 logger = logging.getLogger(__name__)
 
 POINTER = "current.json"
-VERSION_FOLDER = re.compile(r"^(\d+)/")
+SERVING_DECLARATION = "serving.json"
+STAGING = ".staging"
 SAVED_MODEL_PROTO = "saved_model.pb"
+STALE_CLAIM_SECONDS = 1800.0  # a claim this old belongs to a dead promotion (staging and publishing take minutes)
+WAIT_POLL_SECONDS = 2.0
+ATTEMPTS = 4  # pointer compare-and-swaps lost to other promotions before giving up
 
 
 class PromotionConflictError(RuntimeError):
-    """Another promotion moved the pointer after this one read it."""
+    """Other promotions kept moving the pointer (or took this one's claim); nothing of this one is visible."""
 
 
-class ServingModule(tf.Module):
-    """uint8 images [N, 32, 32, 3] -> class probabilities, the top class and its name."""
-
-    def __init__(self, model, label_names: list[str], test_time_augmentation: str = "none"):
-        super().__init__()
-        self.model = model
-        self.test_time_augmentation = test_time_augmentation
-        self.label_names = tf.constant(label_names)
-        height, width, channels = model.input_shape[1:]
-        self.serve = tf.function(
-            self._serve, input_signature=[tf.TensorSpec([None, height, width, channels], tf.uint8, name="images")]
-        )
-
-    def _serve(self, images):
-        logits = predict_logits(self.model, images, self.test_time_augmentation)
-        probabilities = tf.nn.softmax(logits, axis=-1)
-        top = tf.argmax(probabilities, axis=-1)
-        return {"probabilities": probabilities, "classes": top, "class_names": tf.gather(self.label_names, top)}
+class IncompatibleServingError(ValueError):
+    """The root's serving release cannot load the exported graph."""
 
 
-def export_saved_model(
-    model, label_names: list[str], directory: str | Path, test_time_augmentation: str = "none"
-) -> None:
-    """The serving signature includes the test-time augmentation, so the server answers as evaluation measured."""
-    module = ServingModule(model, label_names, test_time_augmentation)
-    tf.saved_model.save(module, str(directory), signatures={"serving_default": module.serve})
+@dataclass
+class Candidate:
+    """What is promoted: the model as evaluated, and what the pointer will say of it."""
 
-
-def promote_checkpoint(
-    model_dir: str,
-    checkpoint: str,
-    weights: str,
-    root: str,
-    record: dict,
-    expected_pointer_version: str,
-    cache_dir: str | None = None,
-) -> Promotion:
-    """Promote a checkpoint that an earlier evaluation blessed (the pipeline's promote step)."""
-    from components.common.model_directory import ModelDirectory
-    from components.evaluate.restore import build_from_config, checkpoint_step, read_train_config, restore_weights
-
-    directory = ModelDirectory(model_dir, cache_dir)
-    directory.pull()
-    train_config = read_train_config(directory.local, model_dir)
-    model = build_from_config(train_config)
-    used = restore_weights(model, str(directory.local / Path(checkpoint).name), weights)
-    label_names = train_config["resolved"]["label_names"]
-    record = {**record, "weights": used, "step": checkpoint_step(checkpoint)}
-    return promote(model, label_names, root, record, expected_pointer_version)
-
-
-def read_pointer(root: str) -> tuple[dict | None, str]:
-    """The current pointer (None when nothing was promoted yet) and its version, for the compare-and-swap."""
-    content, version = storage.publisher_for(root).read_versioned(POINTER)
-    return (json.loads(content) if content else None), version
+    model: object
+    label_names: list[str]
+    record: dict  # metrics, checkpoint, step, weights, model_dir, label_names, evaluation, synthetic_data, ...
+    checkpoint_files: list[Path] = field(default_factory=list)  # copied into <version>/checkpoint/
+    test_time_augmentation: str = "none"
+    resize: bool = False
+    canary: canary.Canary | None = None
 
 
 @dataclass(frozen=True)
@@ -103,86 +77,281 @@ class Promotion:
     version: int
     saved_model: str
     pointer: str
+    warm_start: str | None = None
 
 
-def next_version(root: str, pointer: dict | None) -> int:
-    """One more than any version the pointer or the root's folders know of."""
-    known = [
-        int(match.group(1)) for name in storage.publisher_for(root).list() if (match := VERSION_FOLDER.match(name))
-    ]
-    if pointer is not None and isinstance(pointer.get("version"), int):
-        known.append(pointer["version"])
-    return max(known, default=0) + 1
+@dataclass(frozen=True)
+class PromotionOutcome:
+    promotion: Promotion | None  # None: not promoted (decided again against a newer version, and not better)
+    decision: Decision | None = None  # the decision taken again, when the pointer had moved
+
+
+def read_pointer(root: str) -> tuple[dict | None, str]:
+    """The pointer as stored (None when nothing was promoted yet) and its version, for the compare-and-swap."""
+    content, version = storage.publisher_for(root).read_versioned(POINTER)
+    return (json.loads(content) if content else None), version
+
+
+def ready_version(pointer: dict | None) -> dict | None:
+    """The last ready version's record: the pointer's own fields, unless nothing is ready yet (or the pointer was
+    left at "exporting" by a promotion of an older release, which did not keep the last ready one)."""
+    if pointer is None or pointer.get("state") != "ready" or not isinstance(pointer.get("version"), int):
+        return None
+    return {key: value for key, value in pointer.items() if key != "promoting"}
+
+
+def read_ready(root: str) -> dict | None:
+    return ready_version(read_pointer(root)[0])
 
 
 def _encode(pointer: dict) -> bytes:
     return json.dumps(pointer, indent=2, sort_keys=True).encode()
 
 
-def promote(model, label_names: list[str], root: str, record: dict, expected_pointer_version: str) -> Promotion:
-    """Claim the next version, export the SavedModel into `<root>/<version>/`, and mark it ready in current.json."""
-    publisher = storage.publisher_for(root)
-    current, seen = read_pointer(root)
-    if seen != expected_pointer_version:
-        raise PromotionConflictError(
-            f"{publisher.uri(POINTER)} was moved by another promotion after this evaluation read it; nothing was "
-            "promoted (evaluate again against the new model)"
+def _version_of(name: str) -> int | None:
+    first = name.split("/", 1)[0]
+    return int(first) if first.isdigit() and "/" in name else None
+
+
+def declared_serving_version(publisher: storage.Publisher, serving_version: str | None) -> str | None:
+    """The TF Serving release the root is served by: `serving_version` (recorded in serving.json for the next
+    promotions), else what serving.json says, else None (nothing declared: nothing refused)."""
+    if serving_version:
+        serving_ops.op_definitions(serving_version)  # an unknown release is an error before anything is written
+        publisher.publish(SERVING_DECLARATION, _encode({"tensorflow_serving": serving_version}))
+        return serving_version
+    content = publisher.read(SERVING_DECLARATION)
+    return json.loads(content).get("tensorflow_serving") if content else None
+
+
+def check_serving(saved_model_dir: Path, declared: str | None, root_uri: str) -> dict:
+    """Which known serving releases load the export; IncompatibleServingError when the declared one does not."""
+    problems = serving_ops.loadable_in(saved_model_dir)
+    if declared is not None and declared not in problems:
+        problems[declared] = [
+            item.describe(declared) for item in serving_ops.incompatibilities(saved_model_dir, declared)
+        ]
+    if declared is not None and problems[declared]:
+        raise IncompatibleServingError(
+            f"{root_uri}: is served by TensorFlow Serving {declared} (serving.json), which cannot load this model: "
+            + "; ".join(problems[declared][:5])
+            + ". Serve it with the TensorFlow release that wrote it (KServe: runtimeVersion), or declare that"
         )
-    version = next_version(root, current)
-    target = str(version)
-    pointer = {
-        **record,
-        "version": version,
-        "state": "exporting",
-        "saved_model": publisher.uri(target),
-        "promoted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    import tensorflow as tf
+
+    return {
+        "written_by_tensorflow": tf.__version__,
+        "loads_in_tensorflow_serving": [version for version, found in problems.items() if not found],
+        "not_in": {version: found[:3] for version, found in problems.items() if found},
     }
-    try:
-        publisher.publish(POINTER, _encode(pointer), expected_pointer_version)
-    except storage.PublishConflictError as error:
-        raise PromotionConflictError(
-            f"{publisher.uri(POINTER)} was moved by another promotion after this evaluation read it; nothing was "
-            "promoted (evaluate again against the new model)"
-        ) from error
-    logger.info("claimed version %d under %s; exporting the SavedModel", version, root)
-    with tempfile.TemporaryDirectory() as staging:
-        export_saved_model(model, label_names, staging, record.get("test_time_augmentation", "none"))
-        files = sorted((path for path in Path(staging).rglob("*") if path.is_file()), key=_saved_model_proto_last)
-        for path in files:
-            name = f"{target}/{path.relative_to(staging).as_posix()}"
-            try:
-                publisher.publish(name, path.read_bytes(), expected_version=storage.ABSENT)
-            except storage.PublishConflictError as error:
-                raise PromotionConflictError(
-                    f"{publisher.uri(name)} already exists: version {version} holds objects this promotion did not "
-                    "write; it is left alone and the pointer stays 'exporting' (the next promotion takes the "
-                    "next number)"
-                ) from error
-    claimed = publisher.version(POINTER)
-    try:
-        publisher.publish(POINTER, _encode({**pointer, "state": "ready"}), expected_version=claimed)
-    except storage.PublishConflictError as error:
-        raise PromotionConflictError(
-            f"version {version} was exported to {publisher.uri(target)}, but {publisher.uri(POINTER)} was moved by "
-            "another promotion before it could be marked ready"
-        ) from error
-    logger.info("promoted version %d: %s now points at %s", version, publisher.uri(POINTER), pointer["saved_model"])
-    return Promotion(version, pointer["saved_model"], publisher.uri(POINTER))
 
 
-def _saved_model_proto_last(path: Path) -> tuple[bool, str]:
+# -- making a version visible ---------------------------------------------------------------------------------
+
+
+def _saved_model_last(path: Path) -> tuple[bool, str]:
     return path.name == SAVED_MODEL_PROTO, str(path)
 
 
+def stage(root: str, export_dir: Path, token: str) -> list[str]:
+    """Put the export under `.staging/<token>/` (a name servers ignore); the staged names, saved_model.pb last."""
+    files = sorted((path for path in export_dir.rglob("*") if path.is_file()), key=_saved_model_last)
+    relative = [path.relative_to(export_dir).as_posix() for path in files]
+    if storage.is_remote(root):
+        publisher = storage.publisher_for(root)
+        for path, name in zip(files, relative, strict=True):
+            publisher.publish(f"{STAGING}/{token}/{name}", path.read_bytes(), expected_version=storage.ABSENT)
+    else:
+        shutil.copytree(export_dir, Path(root, STAGING, token))
+    return relative
+
+
+def make_visible(root: str, token: str, names: list[str], version: int) -> None:
+    """The staged version appears as `<version>/`: one rename on a local root; on gs:// and s3:// a server-side copy
+    of each object, saved_model.pb last, so a folder without it is never more than a moment old."""
+    if not storage.is_remote(root):
+        os.rename(Path(root, STAGING, token), Path(root, str(version)))
+        return
+    publisher = storage.publisher_for(root)
+    for name in names:
+        publisher.copy(f"{STAGING}/{token}/{name}", f"{version}/{name}")
+
+
+def remove(root: str, prefix: str) -> None:
+    """Remove `prefix` (a folder) under the root, on any store."""
+    if not storage.is_remote(root):
+        shutil.rmtree(Path(root, prefix), ignore_errors=True)
+        return
+    publisher = storage.publisher_for(root)
+    for name in publisher.list(prefix.rstrip("/") + "/"):
+        publisher.withdraw(name)
+
+
+def _abandoned(promoting: dict, mine: str | None, now: float) -> bool:
+    """A claim whose promotion died: older than STALE_CLAIM_SECONDS, or an earlier attempt of this very promotion
+    (the same checkpoint: a retried promote step)."""
+    if mine is not None and promoting.get("checkpoint") == mine:
+        return True
+    claimed_at = promoting.get("claimed_at")
+    return not isinstance(claimed_at, int | float) or now - claimed_at > STALE_CLAIM_SECONDS
+
+
+def clean_up(root: str, pointer: dict | None, names: list[str], mine: str, clock: Callable[[], float]) -> None:
+    """Remove what dead promotions left, once this one holds the claim (so nobody else is mid-promotion): numeric
+    folders above the last ready version (never made ready, yet a server would serve the highest), and staged files
+    (staging happens only under a claim: a dead claim's, or any old enough). Without a ready version nothing
+    numeric is removed, only skipped."""
+    ready = ready_version(pointer)
+    dead = set()
+    if ready is not None:
+        dead = {v for name in names if (v := _version_of(name)) is not None and v > ready["version"]}
+    elif (pointer or {}).get("state") == "exporting" and isinstance(pointer.get("version"), int):
+        dead = {pointer["version"]}  # an older release's interrupted promotion
+    dead_staging = set()
+    if (pointer or {}).get("promoting"):
+        dead.add(pointer["promoting"]["version"])  # the dead claim this promotion took over
+        dead_staging.add(pointer["promoting"].get("staging"))
+    for version in sorted(dead):
+        logger.warning("removing %s/%d: a promotion that never finished left it", root, version)
+        remove(root, str(version))
+    tokens = {name.split("/")[1] for name in names if name.startswith(f"{STAGING}/") and name.count("/") >= 2}
+    for token in sorted(tokens - {mine}):
+        started = token.split("-", 1)[0]
+        if token in dead_staging or not started.isdigit() or clock() - int(started) > STALE_CLAIM_SECONDS:
+            logger.info("removing the staged files of a promotion that never finished (%s)", token)
+            remove(root, f"{STAGING}/{token}")
+
+
+def _list(root: str) -> list[str]:
+    if storage.is_remote(root):
+        return storage.publisher_for(root).list()
+    base = Path(root)
+    return [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()] if base.exists() else []
+
+
+# -- the promotion ------------------------------------------------------------------------------------------------
+
+
+def promote(
+    candidate: Candidate,
+    root: str,
+    expected_pointer_version: str,
+    decide_again: Callable[[dict | None], Decision] | None = None,
+    serving_version: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> PromotionOutcome:
+    """Promote `candidate` under `root` if the pointer is still the one the gate read (`expected_pointer_version`);
+    when another promotion moved it, `decide_again(the new ready version)` says whether this model still goes first
+    (without it, that is a PromotionConflictError)."""
+    publisher = storage.publisher_for(root)
+    declared = declared_serving_version(publisher, serving_version)
+    with tempfile.TemporaryDirectory() as scratch:
+        export_dir = Path(scratch, "export")
+        export_saved_model(
+            candidate.model, candidate.label_names, export_dir, candidate.test_time_augmentation, candidate.resize,
+            candidate.checkpoint_files,
+        )  # fmt: skip
+        serving = check_serving(export_dir, declared, publisher.uri(""))
+        validated = canary.validate(export_dir, candidate.canary) if candidate.canary is not None else None
+        extra = {"serving": serving, "canary": validated}
+        return _claim_and_publish(candidate, root, export_dir, expected_pointer_version, decide_again, clock, extra)
+
+
+def _claim_and_publish(candidate, root, export_dir, expected, decide_again, clock, extra) -> PromotionOutcome:
+    publisher = storage.publisher_for(root)
+    mine = candidate.record.get("checkpoint")
+    token = f"{int(clock())}-{uuid.uuid4().hex[:12]}"  # when it was started: stale staging is found by its name
+    decision = None
+    waited_until = None
+    attempts = 0
+    while attempts < ATTEMPTS:
+        pointer, seen = read_pointer(root)
+        promoting = (pointer or {}).get("promoting")
+        if promoting and not _abandoned(promoting, mine, clock()):
+            waited_until = waited_until or clock() + STALE_CLAIM_SECONDS
+            if clock() > waited_until:
+                raise PromotionConflictError(
+                    f"{publisher.uri(POINTER)}: version {promoting['version']} is still being promoted"
+                )
+            logger.info(
+                "version %s is being promoted by %s: waiting", promoting.get("version"), promoting.get("holder")
+            )
+            time.sleep(WAIT_POLL_SECONDS)
+            continue
+        if seen != expected:
+            if decide_again is None:
+                raise PromotionConflictError(
+                    f"{publisher.uri(POINTER)} was moved by another promotion after this evaluation read it; nothing "
+                    "was promoted (evaluate again against the new model)"
+                )
+            decision = decide_again(ready_version(pointer))
+            logger.info("the pointer moved meanwhile; decided again: %s", decision.summary())
+            if not decision.blessed:
+                return PromotionOutcome(None, decision)
+            expected = seen
+        listed = _list(root)
+        known = [v for name in listed if (v := _version_of(name)) is not None]
+        known += [(pointer or {}).get("version") or 0, (promoting or {}).get("version") or 0]
+        version = max(known) + 1
+        ready = ready_version(pointer) or {}
+        claim = {**ready, "promoting": {"version": version, "holder": f"pid {os.getpid()} on {socket.gethostname()}",
+                                        "claimed_at": clock(), "checkpoint": mine, "staging": token}}  # fmt: skip
+        try:
+            publisher.publish(POINTER, _encode(claim), expected_version=seen)
+        except storage.PublishConflictError:
+            attempts += 1
+            continue  # another promotion moved first: read it again (and decide again)
+        claimed = publisher.version(POINTER)
+        logger.info("claimed version %d under %s", version, root)
+        clean_up(root, pointer, listed, token, clock)
+        try:
+            names = stage(root, export_dir, token)
+            make_visible(root, token, names, version)
+        finally:
+            remove(root, f"{STAGING}/{token}")
+        promoted = {
+            **candidate.record,
+            **extra,
+            "version": version,
+            "state": "ready",
+            "saved_model": publisher.uri(str(version)),
+            "warm_start": _warm_start_uri(publisher, version, candidate),
+            "promoted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        try:
+            publisher.publish(POINTER, _encode(promoted), expected_version=claimed)
+        except storage.PublishConflictError as error:
+            raise PromotionConflictError(
+                f"version {version} was made visible at {publisher.uri(str(version))}, but another promotion took "
+                f"over its claim (it took longer than {STALE_CLAIM_SECONDS:.0f} s) before it could be marked ready"
+            ) from error
+        logger.info("promoted version %d: %s now points at it", version, publisher.uri(POINTER))
+        return PromotionOutcome(
+            Promotion(version, promoted["saved_model"], publisher.uri(POINTER), promoted["warm_start"]), decision
+        )
+    raise PromotionConflictError(
+        f"{publisher.uri(POINTER)} kept being moved by other promotions ({ATTEMPTS} attempts); nothing was promoted"
+    )
+
+
+def _warm_start_uri(publisher: storage.Publisher, version: int, candidate: Candidate) -> str | None:
+    index = [path for path in candidate.checkpoint_files if path.name.endswith(".index")]
+    if not index:
+        return None
+    return publisher.uri(f"{version}/{CHECKPOINT_FOLDER}/{index[0].name.removesuffix('.index')}")
+
+
 def warm_start_checkpoint(explicit: str, root: str, from_promoted: bool) -> str:
-    """What a (scheduled) training run starts from: an explicit checkpoint, else the promoted model's, else ""."""
+    """What a (scheduled) training run starts from: an explicit checkpoint, else the last ready promoted version's
+    own copy of its checkpoint (it outlives the run that trained it), else ""."""
     if explicit:
         return explicit
     if not (from_promoted and root):
         return ""
-    pointer, _version = read_pointer(root)
-    if pointer is None:
-        logger.info("nothing promoted under %s yet: training from scratch", root)
+    ready = read_ready(root)
+    if ready is None:
+        logger.info("nothing promoted (and ready) under %s yet: training from scratch", root)
         return ""
-    logger.info("warm-starting from the promoted model %s (%s)", pointer.get("version"), pointer["checkpoint"])
-    return pointer["checkpoint"]
+    checkpoint = ready.get("warm_start") or ready["checkpoint"]
+    logger.info("warm-starting from the promoted version %s (%s)", ready.get("version"), checkpoint)
+    return checkpoint

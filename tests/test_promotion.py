@@ -1,0 +1,367 @@
+"""Promotion as the pointer's readers and TF Serving see it: only ready versions, never a numeric folder without a
+complete SavedModel (a promotion killed at each of its steps, or out of disk), concurrent promotions (the loser
+decides again), warm starts that outlive the run's model directory, the serving release's ops, the encoded-image
+signature, and canary requests in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.common import storage
+from components.evaluate import canary, promote
+from components.evaluate.export import checkpoint_files, export_saved_model
+from components.evaluate.gate import Decision
+from components.evaluate.restore import build_from_config, read_train_config, restore_weights
+from components.train import loop
+from tests.builders import tiny_train_config
+
+LABELS = [f"class-{index}" for index in range(10)]
+
+
+@pytest.fixture(scope="module")
+def trained(synthetic_data, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("promotion") / "model"
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=10, checkpoint_every_steps=5))
+    return model_dir
+
+
+def model_at(trained: Path, step: int):
+    model = build_from_config(read_train_config(trained, str(trained)))
+    restore_weights(model, str(trained / f"ckpt-{step}"), "raw")
+    return model
+
+
+def candidate(trained: Path, step: int, accuracy: float = 0.5, **options) -> promote.Candidate:
+    record = {"metrics": {"accuracy": accuracy}, "checkpoint": f"{trained}/ckpt-{step}", "label_names": LABELS}
+    return promote.Candidate(
+        model_at(trained, step), LABELS, record, checkpoint_files=checkpoint_files(trained / f"ckpt-{step}"), **options
+    )
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "models")
+    return f"s3://{request.getfixturevalue('s3_bucket')}/private/team-a/cifar10/models"
+
+
+def names_under(root: str) -> list[str]:
+    if storage.is_remote(root):
+        return storage.publisher_for(root).list()
+    base = Path(root)
+    return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()) if base.exists() else []
+
+
+def numeric_folders(root: str) -> dict[int, set[str]]:
+    folders: dict[int, set[str]] = {}
+    for name in names_under(root):
+        first, _, rest = name.partition("/")
+        if first.isdigit() and rest:
+            folders.setdefault(int(first), set()).add(rest)
+    return folders
+
+
+def assert_every_numeric_folder_is_a_complete_saved_model(root: str) -> None:
+    for version, files in numeric_folders(root).items():
+        assert {"saved_model.pb", "variables/variables.index"} <= files, (version, sorted(files))
+
+
+def promote_once(trained, root, step=10, accuracy=0.5, **options) -> promote.PromotionOutcome:
+    _pointer, seen = promote.read_pointer(root)
+    return promote.promote(candidate(trained, step, accuracy), root, seen, **options)
+
+
+def test_a_promotion_writes_the_serving_layout_with_the_checkpoint_beside_it(trained, root):
+    first = promote_once(trained, root).promotion
+    second = promote_once(trained, root, step=5).promotion
+    assert (first.version, second.version) == (1, 2)
+    ready = promote.read_ready(root)
+    assert ready["version"] == 2 and ready["state"] == "ready" and "promoting" not in ready
+    assert ready["warm_start"] == storage.join(root, "2/checkpoint/ckpt-5")
+    assert ready["serving"]["loads_in_tensorflow_serving"] == ["2.21.0"]  # what this TensorFlow wrote
+    assert "DisableCopyOnRead" in " ".join(ready["serving"]["not_in"]["2.6.2"])
+    assert_every_numeric_folder_is_a_complete_saved_model(root)
+    assert not [name for name in names_under(root) if name.startswith(".staging/")]  # staging is gone
+    assert "checkpoint/ckpt-5.index" in numeric_folders(root)[2]
+
+
+class Killed(BaseException):
+    """Raised where the promotion is killed; the clean-up of the killed promotion is switched off with it."""
+
+
+KILL_POINTS = ["export", "stage", "claim", "make_visible", "mid_copy", "mark_ready"]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_promotion_killed_at_any_step_leaves_only_ready_versions_and_the_next_one_cleans_up(
+    trained, root, point, monkeypatch
+):
+    promote_once(trained, root, step=5)  # version 1, ready
+    publisher_class = type(storage.publisher_for(root))
+    with monkeypatch.context() as patch:
+        patch.setattr(promote, "remove", lambda *_args: None)  # a killed process cleans nothing up
+        if point == "export":
+
+            def out_of_disk(*_args, **_kwargs):
+                raise Killed("No space left on device")
+
+            patch.setattr(promote, "export_saved_model", out_of_disk)
+        elif point == "stage":
+            original_stage = promote.stage
+
+            def stage_then_die(*arguments):
+                original_stage(*arguments)
+                raise Killed()
+
+            patch.setattr(promote, "stage", stage_then_die)
+        elif point in ("claim", "mark_ready"):
+            original_publish = publisher_class.publish
+
+            def die_at_the_pointer(self, name, data, expected_version=None):
+                claim = name == promote.POINTER and "promoting" in json.loads(data)
+                if name == promote.POINTER and claim == (point == "claim"):
+                    if point == "claim":
+                        original_publish(self, name, data, expected_version)  # the claim is written, then the kill
+                    raise Killed()
+                return original_publish(self, name, data, expected_version)
+
+            patch.setattr(publisher_class, "publish", die_at_the_pointer)
+        elif point == "make_visible":
+            original_visible = promote.make_visible
+
+            def visible_then_die(*arguments):
+                original_visible(*arguments)
+                raise Killed()
+
+            patch.setattr(promote, "make_visible", visible_then_die)
+        elif point == "mid_copy":
+            if not storage.is_remote(root):
+                pytest.skip("a local root becomes visible with one rename: there is no middle")
+            original_copy = publisher_class.copy
+
+            def copy_some_then_die(self, source, destination):
+                if destination.endswith("variables.index"):
+                    raise Killed()
+                return original_copy(self, source, destination)
+
+            patch.setattr(publisher_class, "copy", copy_some_then_die)
+        with pytest.raises(Killed):
+            promote_once(trained, root)
+
+    # What readers see: the last ready version, whatever the pointer holds besides.
+    assert promote.read_ready(root)["version"] == 1
+    assert promote.warm_start_checkpoint("", root, True) == storage.join(root, "1/checkpoint/ckpt-5")
+    if point != "mid_copy":  # a remote copy's middle is the one moment a folder is incomplete (docs/evaluate.md)
+        assert_every_numeric_folder_is_a_complete_saved_model(root)
+    if point == "mark_ready":
+        assert 2 in numeric_folders(root)  # complete, but never ready: the next promotion removes it
+
+    # The next promotion (here: a retry of the same one) cleans up and succeeds.
+    outcome = promote_once(trained, root)
+    assert outcome.promotion.version >= 2 and promote.read_ready(root)["version"] == outcome.promotion.version
+    assert sorted(numeric_folders(root)) == [1, outcome.promotion.version]
+    assert_every_numeric_folder_is_a_complete_saved_model(root)
+    assert not [name for name in names_under(root) if name.startswith(".staging/")]
+
+
+def test_a_pointer_left_exporting_by_an_older_release_is_not_trusted(trained, tmp_path):
+    """A promotion of the previous release killed between its claim and its ready mark left state "exporting" for
+    a folder holding no model: nobody may take it for the promoted model."""
+    root = tmp_path / "models"
+    promote_once(trained, str(root), step=5)
+    (root / "2" / "variables").mkdir(parents=True)
+    (root / "2" / "variables" / "variables.index").write_bytes(b"half")
+    legacy = {**json.loads((root / "current.json").read_text()), "version": 2, "state": "exporting"}
+    (root / "current.json").write_text(json.dumps(legacy))
+    assert promote.read_ready(str(root)) is None and promote.warm_start_checkpoint("", str(root), True) == ""
+    outcome = promote_once(trained, str(root))
+    assert outcome.promotion.version == 3 and sorted(numeric_folders(str(root))) == [1, 3]
+
+
+@pytest.mark.parametrize("still_better", [False, True])
+def test_of_two_concurrent_promotions_the_loser_decides_again_and_never_fails(trained, root, still_better):
+    """Both read the same pointer; one claims first. The other decides again against the winner (on its own
+    evaluation images) and ends promoted after it, or not promoted: never a failed run, never a mixed folder."""
+    _pointer, seen = promote.read_pointer(root)
+    barrier = threading.Barrier(2)
+    original_read = promote.read_pointer
+    raced = set()
+
+    def read_together(where):
+        found = original_read(where)
+        if threading.current_thread().name not in raced:  # both have exported and read the pointer: now they race
+            raced.add(threading.current_thread().name)
+            barrier.wait(timeout=120)
+        return found
+
+    decisions = []
+
+    def decide_again(promoted):
+        decisions.append(promoted["version"])
+        if still_better:
+            return Decision(True, [f"accuracy 0.6 >= baseline of version {promoted['version']}"])
+        return Decision(False, [f"accuracy 0.5 is below the baseline of version {promoted['version']}"])
+
+    outcomes = {}
+
+    def run(step):
+        outcomes[step] = promote.promote(candidate(trained, step), root, seen, decide_again)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(promote, "read_pointer", read_together)
+        threads = [threading.Thread(target=run, args=(step,), name=f"promotion-{step}") for step in (5, 10)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+    promoted = {step: outcome.promotion for step, outcome in outcomes.items() if outcome.promotion}
+    assert len(outcomes) == 2 and decisions == [1]  # exactly one decided again, against version 1
+    ready = promote.read_ready(root)
+    if still_better:
+        assert sorted(p.version for p in promoted.values()) == [1, 2] and ready["version"] == 2
+    else:
+        (winner,) = promoted
+        assert ready["version"] == 1 and ready["checkpoint"].endswith(f"ckpt-{winner}")
+        loser = next(outcome for outcome in outcomes.values() if outcome.promotion is None)
+        assert not loser.decision.blessed and sorted(numeric_folders(root)) == [1]
+    assert_every_numeric_folder_is_a_complete_saved_model(root)
+
+
+def test_a_warm_start_survives_the_run_model_directory_expiring(synthetic_data, tmp_path, s3_bucket):
+    """KFP's artifact retention expires private-artifacts/*, the run's model directory with it; the promoted version
+    carries its own checkpoint, which the next (scheduled) run warm-starts from."""
+    from components.common.config import config_to_dict
+    from components.evaluate.config import EvaluateConfig
+    from components.evaluate.evaluate import evaluate
+
+    run = f"s3://{s3_bucket}/private-artifacts/team-a/v2/artifacts/cifar10-pipeline/run-1/model-directory"
+    models = f"s3://{s3_bucket}/private/team-a/cifar10/models"
+    loop.train(tiny_train_config(synthetic_data, run, train_steps=4, cache_dir=str(tmp_path / "a")))
+    evaluate(EvaluateConfig(data=synthetic_data, model_dir=run, promote_to=models, cache_dir=str(tmp_path / "b")))
+    publisher = storage.publisher_for(run)
+    for name in publisher.list():
+        publisher.withdraw(name)  # the lifecycle rule ran
+    assert publisher.list() == []
+
+    start = promote.warm_start_checkpoint("", models, from_promoted=True)
+    assert start.startswith(f"{models}/1/checkpoint/ckpt-4")
+    second = tiny_train_config(synthetic_data, tmp_path / "second", train_steps=2, warm_start=start,
+                               cache_dir=str(tmp_path / "c"))  # fmt: skip
+    loop.train(second)
+    written = json.loads((tmp_path / "second" / "config.json").read_text())
+    assert written["warm_start"] == start and config_to_dict(second)["warm_start"] == start
+
+
+def test_a_root_served_by_an_older_release_refuses_a_model_it_cannot_load(trained, tmp_path):
+    root = str(tmp_path / "models")
+    with pytest.raises(promote.IncompatibleServingError) as refused:
+        promote_once(trained, root, serving_version="2.6.2")
+    message = str(refused.value)
+    assert "TensorFlow Serving 2.6.2" in message and "DisableCopyOnRead" in message and "'debug_name'" in message
+    assert numeric_folders(root) == {} and promote.read_ready(root) is None
+    assert json.loads(Path(root, "serving.json").read_text()) == {"tensorflow_serving": "2.6.2"}  # declared
+    with pytest.raises(promote.IncompatibleServingError):
+        promote_once(trained, root)  # the root's declaration holds for later promotions
+    assert promote_once(trained, root, serving_version="2.21.0").promotion.version == 1
+
+
+def test_an_unknown_serving_release_is_a_clear_error_before_anything_is_written(trained, tmp_path):
+    from components.evaluate.serving_ops import UnknownServingVersionError
+
+    with pytest.raises(UnknownServingVersionError, match=r"no op definitions of TensorFlow 2\.99\.0 .*known: 2\.6\.2"):
+        promote_once(trained, str(tmp_path / "models"), serving_version="2.99.0")
+    assert not (tmp_path / "models").exists() or not list((tmp_path / "models").rglob("*.pb"))
+
+
+def test_encoded_png_and_jpeg_images_give_the_classes_of_the_uint8_path(trained, tmp_path):
+    export_saved_model(model_at(trained, 10), LABELS, tmp_path / "plain", "mirror_translate")
+    export_saved_model(model_at(trained, 10), LABELS, tmp_path / "resizing", "none", resize=True)
+    images = np.random.default_rng(3).integers(0, 256, size=(12, 32, 32, 3), dtype=np.uint8)
+    served = tf.saved_model.load(str(tmp_path / "plain")).signatures
+    by_pixels = served["serving_default"](images=tf.constant(images))
+    png = [tf.io.encode_png(image).numpy() for image in images]
+    by_png = served["serving_image_bytes"](image_bytes=tf.constant(png))
+    np.testing.assert_array_equal(by_png["classes"].numpy(), by_pixels["classes"].numpy())
+    np.testing.assert_allclose(by_png["probabilities"].numpy(), by_pixels["probabilities"].numpy(), atol=1e-6)
+    jpeg = [tf.io.encode_jpeg(image, quality=90).numpy() for image in images]
+    decoded = np.stack([tf.io.decode_jpeg(content, channels=3).numpy() for content in jpeg])
+    by_jpeg = served["serving_image_bytes"](image_bytes=tf.constant(jpeg))
+    np.testing.assert_array_equal(
+        by_jpeg["classes"].numpy(), served["serving_default"](images=tf.constant(decoded))["classes"].numpy()
+    )
+    assert [name.decode() for name in by_jpeg["class_names"].numpy()] == [LABELS[i] for i in by_jpeg["classes"]]
+
+    large = np.repeat(np.repeat(images[:2], 2, axis=1), 2, axis=2)  # 64x64
+    large_png = [tf.io.encode_png(image).numpy() for image in large]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not 32x32"):
+        served["serving_image_bytes"](image_bytes=tf.constant(large_png))  # the data's images were never resized
+    from components.common.pixels import resize_images
+
+    resizing = tf.saved_model.load(str(tmp_path / "resizing")).signatures
+    expected = resizing["serving_default"](images=resize_images(large, 32, 32))["classes"].numpy()
+    got = resizing["serving_image_bytes"](image_bytes=tf.constant(large_png))["classes"].numpy()
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_canary_requests_in_a_fresh_process_refuse_a_model_that_answers_otherwise(trained, tmp_path, synthetic_data):
+    from components.common.dataset import open_dataset
+
+    images, labels = next(iter(open_dataset(synthetic_data).tf_dataset("eval", batch_size=16)))
+    images, labels = images.numpy(), labels.numpy()
+    model = model_at(trained, 10)
+    probabilities = tf.nn.softmax(model(images, training=False)).numpy()
+    right = canary.Canary.from_evaluation(images, probabilities, labels, LABELS)
+    wrong = canary.Canary.from_evaluation(images, np.roll(probabilities, 1, axis=1), labels, LABELS)
+    root = str(tmp_path / "models")
+    _pointer, seen = promote.read_pointer(root)
+    refused = candidate(trained, 10)
+    refused.canary = wrong
+    with pytest.raises(canary.InfraValidationError, match="uint8 answers differ from the evaluation's"):
+        promote.promote(refused, root, seen)
+    assert numeric_folders(root) == {}
+    accepted = candidate(trained, 10)
+    accepted.canary = right
+    outcome = promote.promote(accepted, root, seen)
+    assert promote.read_ready(root)["canary"]["accuracy"] == right.accuracy(right.expected_classes)
+    assert outcome.promotion.version == 1
+
+
+def test_the_gate_compares_like_with_like_on_this_runs_images(trained, synthetic_data, tmp_path):
+    """New data at the same source: the promoted model is evaluated on this run's images, not trusted for a number
+    measured on other data; a model promoted from other classes (the synthetic demo) is no baseline at all."""
+    from components.common.dataset import open_dataset
+    from components.evaluate.config import EvaluateConfig
+    from components.evaluate.evaluate import evaluate
+    from components.prepare_data.config import PrepareDataConfig
+    from components.prepare_data.prepare import prepare_data
+    from tests.builders import write_class_folders
+
+    root = tmp_path / "models"
+    first = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), promote_to=str(root)))
+    assert first.promotion.version == 1
+    newer = str(tmp_path / "newer")  # the same classes, other images: another seed of the same source
+    prepare_data(PrepareDataConfig(output=newer, source="synthetic", seed=7, synthetic_train_per_class=20,
+                                   synthetic_eval_per_class=8))  # fmt: skip
+    again = evaluate(EvaluateConfig(data=newer, model_dir=str(trained), compare_with=str(root), weights="raw"))
+    reasons = " ".join(again.decision.reasons)
+    assert "version 1 evaluated on the same 80 images (eval split)" in reasons
+    served = tf.saved_model.load(str(root / "1")).signatures["serving_default"]
+    images, labels = next(iter(open_dataset(newer).tf_dataset("eval", batch_size=1000)))
+    expected = float(np.mean(served(images=images)["classes"].numpy() == labels.numpy()))
+    assert again.baseline_accuracy == pytest.approx(expected)
+    assert "baseline" in again.report_html and "evaluated on the same 80 images" in again.report_html
+
+    write_class_folders(tmp_path / "images", {"train": 12, "test": 4})  # cat, dog, frog: real images
+    real = str(tmp_path / "real")
+    prepare_data(PrepareDataConfig(output=real, source=str(tmp_path / "images")))
+    model_dir = tmp_path / "real-model"
+    loop.train(tiny_train_config(real, model_dir, train_steps=2))
+    other = evaluate(EvaluateConfig(data=real, model_dir=str(model_dir), compare_with=str(root)))
+    assert other.baseline_accuracy is None and other.decision.blessed
+    assert "it is not a baseline for this model" in " ".join(other.decision.reasons)
