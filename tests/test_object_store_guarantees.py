@@ -41,8 +41,8 @@ def prepare(output: str, **options):
     from components.prepare_data.config import PrepareDataConfig
     from components.prepare_data.prepare import prepare_data
 
-    return prepare_data(PrepareDataConfig(output=output, source="synthetic", synthetic_train_per_class=4,
-                                          synthetic_eval_per_class=2, **options))  # fmt: skip
+    values = {"source": "synthetic", "synthetic_train_per_class": 4, "synthetic_eval_per_class": 2, **options}
+    return prepare_data(PrepareDataConfig(output=output, **values))
 
 
 @pytest.mark.parametrize("store", UNSAFE, indirect=True)
@@ -118,3 +118,104 @@ def test_the_check_costs_little(s3_bucket):
     started = time.monotonic()
     assert object_stores.conditional_write_problem(publisher) is None
     assert time.monotonic() - started < 5.0
+
+
+# -- a KFP 2.15+ profile's S3 keys --------------------------------------------------------------------------------
+
+NAMESPACE = "team-a"
+BUCKET = "mlpipeline"
+
+
+@pytest.fixture
+def profile_store(s3_server, monkeypatch):
+    """KFP's store as a profile's keys see it (tests/fake_s3_stores.py enforces the vendored policies); the bucket
+    `mlpipeline` made by the admin, as KFP's installation does."""
+    import boto3
+
+    admin = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="admin",
+                         aws_secret_access_key="admin")  # fmt: skip
+    if BUCKET not in {bucket["Name"] for bucket in admin.list_buckets()["Buckets"]}:
+        admin.create_bucket(Bucket=BUCKET)
+    with S3Proxy(s3_server, profile=NAMESPACE) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", NAMESPACE)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "profile-key")
+        object_stores.reset_clients()
+        yield proxy, admin
+        object_stores.reset_clients()
+
+
+def test_nothing_the_pipeline_writes_in_its_documented_set_up_is_outside_a_profiles_prefixes(
+    profile_store, tmp_path, monkeypatch
+):
+    """Source in shared/, pipeline root in private-artifacts/<ns>/ (KFP's default), promotion root in private/<ns>/
+    (kept: retention expires private-artifacts/*), TensorBoard on the pipeline root: every request is allowed."""
+    import uuid
+    from types import SimpleNamespace
+
+    from components.common.model_directory import pipeline_model_directory
+    from components.common.tensorboard import local_copy, mirror
+    from components.evaluate import promote
+    from components.evaluate.config import EvaluateConfig
+    from components.evaluate.evaluate import evaluate
+    from components.prepare_data.fingerprint import source_fingerprint
+    from components.train import loop
+    from tests.builders import official_data, tiny_train_config, write_python_archive
+
+    proxy, admin = profile_store
+    run = uuid.uuid4().hex[:8]
+    archive = write_python_archive(tmp_path / "cifar-10-python.tar.gz", official_data(per_batch=10))
+    admin.put_object(Bucket=BUCKET, Key="shared/datasets/cifar-10-python.tar.gz", Body=archive.read_bytes())
+    source = f"s3://{BUCKET}/shared/datasets/cifar-10-python.tar.gz"
+    root = f"minio://{BUCKET}/private-artifacts/{NAMESPACE}/v2/artifacts/cifar10-pipeline/{run}"
+    promotion_root = f"s3://{BUCKET}/private/{NAMESPACE}/cifar10/{run}/models"
+
+    assert source_fingerprint(source).startswith("object:")
+    dataset = storage.normalize_uri(f"{root}/prepare-data-component/1a2b/dataset")  # where KFP's launcher puts it
+    prepare(dataset, source=source, validation_fraction=0.0)
+    model = SimpleNamespace(uri=f"{root}/train-component/3c4d/model", path="/minio/x", name="model", metadata={})
+    model_dir = pipeline_model_directory(model, run, None, shared=True)
+    loop.train(tiny_train_config(dataset, model_dir, train_steps=2, cache_dir=str(tmp_path / "train")))
+    result = evaluate(EvaluateConfig(data=dataset, model_dir=model_dir, promote_to=promotion_root,
+                                     cache_dir=str(tmp_path / "evaluate")))  # fmt: skip
+    assert result.promotion.version == 1
+    assert promote.warm_start_checkpoint("", promotion_root, True).startswith(promotion_root)
+    logdir = storage.normalize_uri(f"s3://{BUCKET}/private-artifacts/{NAMESPACE}/v2/artifacts/cifar10-pipeline")
+    assert mirror(logdir, local_copy(logdir, tmp_path / "board")) > 0  # the TensorBoard manifest's logdir
+    assert proxy.denied() == [] and len(proxy.requests) > 50
+
+
+def test_a_location_outside_the_profiles_prefixes_is_access_denied_naming_the_object_and_the_prefixes(
+    profile_store, tmp_path
+):
+    from components.evaluate import promote
+    from tests.builders import tiny_model
+
+    proxy, _admin = profile_store
+    candidate = promote.Candidate(tiny_model(), ["a", "b"], {"metrics": {"accuracy": 0.5}})
+    with pytest.raises(storage.StorageError) as denied:
+        promote.promote(candidate, f"s3://{BUCKET}/models/cifar10", storage.ABSENT)  # the old documented root
+    message = str(denied.value)
+    assert message.startswith(f"s3://{BUCKET}/models/cifar10/") and "access denied" in message
+    assert "mlpipeline/private/<namespace>/" in message and "refused the credentials" not in message
+    assert proxy.denied()
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/cluster.md", "manifests/tensorboard.yaml"])
+def test_every_object_store_location_the_documentation_gives_is_inside_a_profiles_prefixes(document):
+    import fnmatch
+    import re
+
+    from tests.fake_s3_stores import profile_object_patterns
+
+    text = (REPOSITORY / document).read_text()
+    text = re.sub(r"<your profile namespace>|\$\(POD_NAMESPACE\)|<namespace>", NAMESPACE, text)
+    locations = re.findall(r"s3://([a-z0-9][-a-z0-9.]*/[^\s\"'`),]*)", text)
+    assert locations, document
+    patterns = profile_object_patterns(NAMESPACE)
+
+    def allowed(location: str) -> bool:
+        return any(fnmatch.fnmatchcase(location.rstrip("/") + "/x", pattern) for pattern in patterns)
+
+    outside = [f"s3://{location}" for location in locations if not allowed(location)]
+    assert outside == [], document
