@@ -192,13 +192,15 @@ def test_a_killed_worker_fails_the_job_quickly_with_a_clear_message(synthetic_da
     assert sorted(path.name for path in scratch.iterdir() if not path.name.startswith("__autograph_generated")) == []
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_with_a_retryable_code(synthetic_data, tmp_path):
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_or_ctrl_c_saves_a_checkpoint_and_exits_with_a_retryable_code(synthetic_data, tmp_path, signal_number):
     model_dir = tmp_path / "model"
     live = LiveProcess(tiny_train_config(synthetic_data, model_dir, train_steps=100000, log_every_steps=10))
     live.wait_for(r"step 20/")
-    live.process.send_signal(signal.SIGTERM)
+    live.process.send_signal(signal_number)
     code, output = live.finish()
     assert code == 143, output[-2000:]
+    assert "Traceback" not in output
     saved = int(re.search(r"saved checkpoint .*ckpt-(\d+)", output).group(1))
     assert saved >= 20
     metrics = json.loads((model_dir / "train_metrics.json").read_text())
@@ -368,3 +370,89 @@ def test_sigterm_during_start_up_ends_every_worker_with_143(synthetic_data, tmp_
     assert "step 100000/" not in output
     steps = [int(step) for step in re.findall(r"step (\d+)/100000", output)]
     assert max(steps, default=0) < 20, output[-3000:]
+
+
+def _a_port_that_answers_but_never_joins():
+    """A listening socket that accepts and ignores: what a worker that stopped after starting, or an address that is
+    not a worker's, looks like to TensorFlow."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def accept():
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener, f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_peer_that_answers_but_never_joins_fails_joining_within_the_peer_timeout(synthetic_data, tmp_path):
+    from components.train.launch_local import free_ports
+
+    listener, silent_peer = _a_port_that_answers_but_never_joins()
+    addresses = [f"127.0.0.1:{free_ports(1)[0]}", silent_peer]
+    config = tiny_train_config(synthetic_data, tmp_path / "model", workers=2, peer_timeout_seconds=4)
+    try:
+        started = time.monotonic()
+        completed = subprocess.run(
+            train_command(config), cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+            env=_worker_environment(addresses, 0),
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    finally:
+        listener.close()
+    errors = [line for line in completed.stderr.splitlines() if " ERROR " in line]
+    assert completed.returncode == 1, completed.stderr[-3000:]
+    assert len(errors) == 1 and re.search(
+        rf"worker-0: the cluster did not form within 4 s: worker-1 \({silent_peer}\) answered on their ports but "
+        "never joined",
+        errors[0],
+    ), completed.stderr[-3000:]
+    assert elapsed < 45, f"joining took {elapsed:.0f} s with a 4 s peer timeout"
+    assert not list((tmp_path / "model").glob("ckpt-*"))
+
+
+def test_sigterm_while_the_cluster_forms_exits_143_promptly(synthetic_data, tmp_path):
+    """TensorFlow holds the GIL while it waits for a peer to join and swallows SIGTERM there: the supervisor
+    answers for the worker."""
+    from components.train.launch_local import free_ports
+
+    listener, silent_peer = _a_port_that_answers_but_never_joins()
+    addresses = [f"127.0.0.1:{free_ports(1)[0]}", silent_peer]
+    config = tiny_train_config(synthetic_data, tmp_path / "model", workers=2, peer_timeout_seconds=600)
+    worker = LiveProcess(config, TF_CONFIG=json.dumps(
+        {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
+    ))  # fmt: skip
+    try:
+        worker.wait_for(r"worker-0: all 2 workers have started")
+        time.sleep(2)  # inside TensorFlow's wait for the peer to join
+        worker.process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code, output = worker.finish(timeout=60)
+    finally:
+        listener.close()
+    assert code == 143, output[-3000:]
+    assert time.monotonic() - started < 15
+    assert "SIGTERM received: passing it on to worker-0 (joining)" in output
+
+
+def test_a_paused_worker_is_named_not_the_healthy_one_waiting_for_it(synthetic_data, tmp_path):
+    config = tiny_train_config(
+        synthetic_data, tmp_path / "model", workers=2, train_steps=100000, log_every_steps=10,
+        worker_failure_timeout_seconds=5,
+    )  # fmt: skip
+    live = LiveProcess(config)
+    pid = int(live.wait_for(r"started worker-1 \(pid (\d+)\)").group(1))
+    live.wait_for(r"\[worker-0\].*step 10/")
+    os.killpg(pid, signal.SIGSTOP)  # the whole worker, as Ctrl-Z in its own terminal would
+    paused_at = time.monotonic()
+    code, output = live.finish(timeout=120)
+    assert code == 1, output[-3000:]
+    assert time.monotonic() - paused_at < 60
+    errors = [line for line in output.splitlines() if " ERROR " in line and not line.startswith("[worker")]
+    assert len(errors) == 1 and re.search(rf"worker-1 \(pid {pid}\) is stopped \(paused", errors[0]), output[-3000:]
+    assert not _alive(pid)

@@ -2,12 +2,14 @@
 
 Worker output is streamed with a `[worker-i]` prefix. When a worker fails, the others are stopped
 (SIGTERM, then SIGKILL after `worker_failure_timeout_seconds`: a worker blocked in a collective cannot
-answer SIGTERM) and the launcher exits non-zero, naming the worker: a dead peer never becomes a hang.
+answer SIGTERM) and the launcher exits non-zero, naming the worker that caused it: one stopped (paused) for
+longer than that timeout, else the first to exit; a dead or paused peer never becomes a hang.
 A SIGTERM to the launcher is passed on to every worker, which then checkpoint and exit with 143.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,6 +23,7 @@ from dataclasses import replace
 
 from components.common import exit_codes
 from components.common.config import config_to_dict
+from components.train import supervisor
 from components.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -33,19 +36,10 @@ LAUNCHER_PID = "CIFAR10_PIPELINE_LAUNCHER_PID"
 
 def die_with_launcher() -> None:
     """In a worker started by this launcher: receive SIGTERM (checkpoint, exit 143) when the launcher dies, however
-    it dies, so no worker goes on writing the model directory without it (Linux prctl PR_SET_PDEATHSIG)."""
+    it dies, so no worker goes on writing the model directory without it."""
     launcher = os.environ.get(LAUNCHER_PID)
-    if not launcher:
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        logger.warning("cannot ask to be stopped with the launcher on this system")
-    if os.getppid() != int(launcher):  # it died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    if launcher:
+        supervisor.die_with_parent(int(launcher), signal.SIGTERM)
 
 
 def free_ports(count: int) -> list[int]:
@@ -132,28 +126,76 @@ def launch_local(config: TrainConfig) -> int:
 
 
 def _wait(processes: list[subprocess.Popen], failure_timeout: float) -> int:
+    """Until every worker has ended well, or one has failed or stayed stopped: the cause is the worker that stopped
+    (paused, its peers blocked on it), else the first to exit, never a peer that only failed because of it."""
+    exit_order: list[int] = []  # worker indexes in the order their exits were seen
+    stopped_since: dict[int, float] = {}
     while True:
-        codes = [process.poll() for process in processes]
-        failed = [(index, code) for index, code in enumerate(codes) if code not in (None, 0)]
+        for index, process in enumerate(processes):
+            if index not in exit_order and process.poll() is not None:
+                exit_order.append(index)
+        now = time.monotonic()
+        for index, process in enumerate(processes):
+            if process.poll() is None and process_tree_stopped(process.pid):
+                stopped_since.setdefault(index, now)
+            else:
+                stopped_since.pop(index, None)
+        failed = [index for index in exit_order if processes[index].returncode != 0]
+        paused = sorted(index for index, since in stopped_since.items() if failed or now - since > failure_timeout)
+        if paused:
+            index = paused[0]
+            logger.error(
+                "worker-%d (pid %d) is stopped (paused by SIGSTOP or a debugger): the others cannot go on without it%s;"
+                " stopping every worker",
+                index, processes[index].pid,
+                f" (worker-{failed[0]} {_describe_exit(processes[failed[0]].returncode)} meanwhile)" if failed else "",
+            )  # fmt: skip
+            _stop(processes, failure_timeout)
+            return exit_codes.FAILED
         if failed:
-            index, code = failed[0]
+            index = failed[0]
+            code = processes[index].returncode
             if code == exit_codes.PREEMPTED:  # the others checkpoint at the same agreed step: let them finish
                 logger.warning("worker-%d was preempted (exit %d); waiting for the others to checkpoint", index, code)
                 _stop(processes, failure_timeout)
                 return exit_codes.PREEMPTED
             logger.error("worker-%d %s; stopping the other workers", index, _describe_exit(code))
             _stop(processes, failure_timeout)
-            return code if code > 0 else 128 - code
-        if all(code == 0 for code in codes):
+            return supervisor.exit_code_of(code)
+        if len(exit_order) == len(processes):
             logger.info("all %d workers finished", len(processes))
             return 0
         time.sleep(POLL_SECONDS)
+
+
+def process_tree_stopped(pid: int) -> bool:
+    """Whether `pid` or any process below it is stopped (state T: SIGSTOP, Ctrl-Z; t: a debugger)."""
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in ("T", "t"):
+            return True
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            with contextlib.suppress(OSError), open(f"/proc/{current}/task/{task}/children") as handle:
+                pending.extend(int(child) for child in handle.read().split())
+    return False
 
 
 def _stop(processes: list[subprocess.Popen], timeout: float) -> None:
     for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGCONT)  # a stopped worker acts on SIGTERM only once it runs
     deadline = time.monotonic() + timeout
     for process in processes:
         remaining = max(0.0, deadline - time.monotonic())

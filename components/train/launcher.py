@@ -87,13 +87,14 @@ def run(config: TrainConfig, launch: LaunchConfig | None = None) -> int:
         return launch_local(config)
     if launcher in CLUSTER_LAUNCHERS:
         return run_cluster_job(launcher, config, launch or LaunchConfig())
-    from components.train import termination
+    from components.train import supervisor, termination
 
-    termination.block_for_this_process()  # before TensorFlow starts a thread: see termination.py
-    if launcher == "worker":
-        from components.train.launch_local import die_with_launcher
+    if launcher == "worker" and not supervisor.is_supervised():
+        from components.train.launch_local import die_with_launcher, worker_command
 
         die_with_launcher()
+        return supervisor.Supervisor(worker_command(config), config.peer_timeout_seconds).run()
+    termination.block_for_this_process()  # before TensorFlow starts a thread: see termination.py
     from components.train.distribution import PeersMissingError
     from components.train.loop import NumericsError, train
 

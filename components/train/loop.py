@@ -35,6 +35,7 @@ from components.train.config import TrainConfig, parse_assignments
 from components.train.model import ModelSpec, build_model, variable_name, whitening_layer
 from components.train.step import TrainStep
 from components.train.summaries import Summaries
+from components.train.supervisor import report_phase
 from components.train.termination import Termination
 
 logger = logging.getLogger(__name__)
@@ -115,9 +116,14 @@ class Trainer:
 
     def _set_up(self, config: TrainConfig) -> None:
         check = self.termination.check
-        if self.cluster is not None and self.cluster.size > 1:
+        joining = self.cluster is not None and self.cluster.size > 1
+        if joining:
+            # From here to the formed cluster the supervisor bounds the time and answers SIGTERM (supervisor.py).
+            report_phase("joining", worker=self.cluster.name, peers=self.cluster.peers())
             distribution.wait_for_peers(self.cluster, config.peer_timeout_seconds, lambda: check("waiting for peers"))
         self.strategy = distribution.create_strategy(self.cluster)  # TensorFlow installs its SIGTERM handler here
+        if joining:
+            report_phase("joined")
         check("after forming the cluster")
         self.dataset = open_dataset(config.data, splits=("train",), cache_dir=config.cache_dir)
         manifest = self.dataset.manifest
