@@ -41,12 +41,18 @@ class TestTfConfig:
             (tf_config(2, index=2), r"task index 2 is out of range"),
             (tf_config(2, task_type="chief"), r"task type 'chief' is not in the cluster"),
             (json.dumps({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}}), "ps"),
-            (json.dumps({"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}),
-             r"lists a:1 more than once"),
-            (json.dumps({"cluster": {"chief": ["a:1"], "worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}),
-             r"lists a:1 more than once"),
-            (json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": True}}),
-             r"task index True is out of range"),
+            (
+                json.dumps({"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}),
+                r"lists a:1 more than once",
+            ),
+            (
+                json.dumps({"cluster": {"chief": ["a:1"], "worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}),
+                r"lists a:1 more than once",
+            ),
+            (
+                json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": True}}),
+                r"task index True is out of range",
+            ),
         ],
     )
     def test_malformed_tf_config_is_a_clear_error(self, text, problem):
