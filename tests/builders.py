@@ -51,7 +51,7 @@ def python_batch_bytes(data: np.ndarray, labels, batch_label: str = "batch") -> 
     return pickle.dumps(
         {
             b"batch_label": batch_label.encode(),
-            b"labels": [int(label) for label in labels],
+            b"labels": [label.item() if isinstance(label, np.generic) else label for label in labels],  # as given
             b"data": data,
             b"filenames": [f"image_{index}.png".encode() for index in range(len(labels))],
         },

@@ -164,6 +164,50 @@ def test_label_out_of_range(tmp_path, official):
     assert_rejected(tmp_path, archive, r"data_batch_4: label 10 is out of range; labels must be in \[0, 9\]")
 
 
+@pytest.mark.parametrize(
+    ("label", "problem"),
+    [
+        (1 << 70, r"label 3 is 1180591620717411303424, out of range; labels are class indexes"),
+        (-(1 << 64), r"label 3 is -18446744073709551616, out of range"),
+        (2.0, r"label 3 is 2\.0 \(float\), not an integer class index"),
+        (2.7, r"label 3 is 2\.7 \(float\), not an integer class index"),
+        ("2", r"label 3 is '2' \(str\), not an integer class index"),
+        (True, r"label 3 is True \(bool\), not an integer class index"),
+        (None, r"label 3 is None \(NoneType\), not an integer class index"),
+    ],
+    ids=["beyond int64", "below int64", "float", "fraction", "text", "bool", "none"],
+)
+def test_labels_must_be_integer_class_indexes_exactly(tmp_path, official, label, problem):
+    labels = list(official.labels["data_batch_2"])
+    labels[3] = label
+    bad = builders.python_batch_bytes(official.data["data_batch_2"], labels)
+    archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, {"data_batch_2": bad})
+    assert_rejected(tmp_path, archive, rf"data_batch_2: {problem}")
+
+
+@pytest.mark.parametrize(
+    ("names", "problem"),
+    [
+        (["cat", "dog", "cat"], r"classes 0 and 2 \('cat', 'cat'\) are the same name"),
+        (["caf\u00e9", "dog", "cafe\u0301"], r"classes 0 and 2 \(.*\) are equal after Unicode normalisation"),
+        (["cat", "", "dog"], r"class 1 has no name"),
+        (["cat", "do\ng", "frog"], r"class 1 name 'do\\ng' holds control characters"),
+    ],
+    ids=["duplicate", "normalisation", "empty", "control character"],
+)
+def test_class_names_are_distinct_after_normalisation(tmp_path, names, problem):
+    official = builders.official_data(per_batch=10, num_classes=3)
+    archive = tmp_path / "cifar.tar.gz"
+    builders.write_python_archive(archive, official, {"batches.meta": builders.python_meta_bytes(names)})
+    assert_rejected(tmp_path, archive, rf"batches\.meta: {problem}")
+
+
+def test_class_folders_equal_after_normalisation_are_refused(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1}, classes=("caf\u00e9", "cafe\u0301"))
+    match = r"the train/ class folders\): classes 0 and 1 .* are equal after Unicode"
+    assert_rejected(tmp_path, tmp_path / "images", match)
+
+
 def test_label_and_data_length_mismatch(tmp_path, official):
     bad = builders.python_batch_bytes(official.data["data_batch_1"], official.labels["data_batch_1"][:7])
     archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official, {"data_batch_1": bad})
@@ -261,38 +305,45 @@ def test_bad_options_name_the_field():
 # -- bounds: no source takes more memory than its format allows ---------------------------------------------------
 
 MEMORY_BUDGET_MB = 700  # the interpreter, numpy and TensorFlow's decoders take about 400 MB before any data
+# CPU time to refuse a small hostile source: starting takes a few seconds; linear reads of a few MB, well under one.
+# (A bound on behaviour, not a speed measurement: a read quadratic in its input takes minutes here.)
+CPU_BUDGET_SECONDS = 30
 
 
 # Runs the stage's CLI, and at exit prints the process's own peak resident memory (VmHWM: of this program
-# alone; a child's ru_maxrss would include the pytest process it was forked from).
+# alone; a child's ru_maxrss would include the pytest process it was forked from) and CPU time.
 _MEASURED = """
-import atexit, re, runpy, sys
+import atexit, re, resource, runpy, sys
 def report():
     peak = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)
     print(f"peak-memory-kb {peak}", file=sys.stderr)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"cpu-seconds {usage.ru_utime + usage.ru_stime:.2f}", file=sys.stderr)
 atexit.register(report)
 sys.argv = ["python -m components.prepare_data", *sys.argv[1:]]
 runpy.run_module("components.prepare_data", run_name="__main__")
 """
 
 
-def run_prepare_data(source, output, *options) -> tuple[int, str, int]:
-    """Run the stage's CLI as a user would: (exit code, stderr, peak resident memory in MB)."""
+def run_prepare_data(source, output, *options) -> tuple[int, str, int, float]:
+    """Run the stage's CLI as a user would: (exit code, stderr, peak resident memory in MB, CPU seconds)."""
     import subprocess
     import sys
 
     command = [sys.executable, "-c", _MEASURED, "--source", str(source), "--output", str(output), *options]
     completed = subprocess.run(command, cwd=builders.REPOSITORY, capture_output=True, text=True, timeout=300)
     peak_kb = int(re.search(r"peak-memory-kb (\d+)", completed.stderr).group(1))
-    return completed.returncode, completed.stderr, peak_kb // 1024
+    cpu_seconds = float(re.search(r"cpu-seconds ([\d.]+)", completed.stderr).group(1))
+    return completed.returncode, completed.stderr, peak_kb // 1024, cpu_seconds
 
 
 def assert_refused_within_budget(tmp_path, source, match, *options):
-    code, stderr, peak_mb = run_prepare_data(source, tmp_path / "out", *options)
+    code, stderr, peak_mb, cpu_seconds = run_prepare_data(source, tmp_path / "out", *options)
     errors = [line for line in stderr.splitlines() if " ERROR " in line]
     assert code == 2 and len(errors) == 1 and re.search(match, errors[0]), stderr[-3000:]
     assert "Traceback" not in stderr
     assert peak_mb < MEMORY_BUDGET_MB, f"took {peak_mb} MB to refuse it"
+    assert cpu_seconds < CPU_BUDGET_SECONDS, f"took {cpu_seconds:.0f} s of CPU to refuse it"
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
@@ -302,6 +353,17 @@ def test_a_decompression_bomb_is_refused_without_unpacking_it(tmp_path):
     assert_refused_within_budget(tmp_path, bomb, r"cifar\.tar\.gz: unpacks to more than 20 times its .* bytes")
     limited = r"cifar\.tar\.gz: unpacks to more than 50 MB, the limit \(raise --max-source-megabytes"
     assert_refused_within_budget(tmp_path, bomb, limited, "--max-source-megabytes", "50")
+
+
+def test_many_tiny_gzip_members_are_read_in_time_linear_in_their_size(tmp_path):
+    """gzip allows any number of members; each used to cost a copy of the rest of the input (2 MB: 96 s)."""
+    import gzip
+
+    content = np.random.default_rng(0).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    members = tmp_path / "cifar.tar.gz"
+    members.write_bytes(b"".join(gzip.compress(content[index : index + 1], mtime=0) for index in range(len(content))))
+    assert members.stat().st_size > 2 << 20
+    assert_refused_within_budget(tmp_path, members, r"cifar\.tar\.gz: not a readable tar archive")
 
 
 def test_a_source_larger_than_the_limit_is_refused_naming_the_option(tmp_path, official):

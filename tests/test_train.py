@@ -416,11 +416,16 @@ def test_a_missing_or_damaged_checkpoint_state_file_never_restarts_training(synt
     assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-10")
 
 
-def test_a_refused_run_changes_nothing_in_the_model_directory(synthetic_data, tmp_path):
+@pytest.mark.parametrize("state_file", ["intact", "deleted", "out of date"])
+def test_a_refused_run_changes_nothing_in_the_model_directory(synthetic_data, tmp_path, state_file):
     from components.train.__main__ import main
 
     model_dir = tmp_path / "model"
     loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=2))
+    if state_file == "deleted":  # a run that is not refused would rewrite it; a refused one must not
+        (model_dir / "checkpoint").unlink()
+    elif state_file == "out of date":
+        (model_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
 
     def model_files():  # the writer's lock records who last held it; nothing else may change
         return {path.name: path.read_bytes() for path in model_dir.iterdir() if path.is_file()} | {".writer.lock": ""}

@@ -262,8 +262,8 @@ def test_two_local_workers_train_into_and_resume_from_an_s3_model_directory(synt
 
 
 def test_a_model_directory_has_one_writer_and_a_dead_writers_claim_is_taken_over(synthetic_data, tmp_path):
+    from components.common.writer_claim import WriterClaimError
     from components.train import loop
-    from components.train.checkpoints import CheckpointError
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()
@@ -276,7 +276,7 @@ def test_a_model_directory_has_one_writer_and_a_dead_writers_claim_is_taken_over
     try:
         assert holder.stdout.readline().strip() == "claimed"
         started = time.monotonic()
-        with pytest.raises(CheckpointError, match=rf"is being written by pid {holder.pid} on .*one writer at a time"):
+        with pytest.raises(WriterClaimError, match=rf"is being written by pid {holder.pid} on .*one writer at a time"):
             loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=2))
         assert time.monotonic() - started < 10 and not list(model_dir.glob("ckpt-*"))
     finally:

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from components.common import model_directory as writer_lease
 from components.common import storage
-from components.common.model_directory import CheckpointError, ModelDirectory
+from components.common import writer_claim as writer_lease
+from components.common.model_directory import ModelDirectory
+from components.common.writer_claim import WriterClaimError
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +33,7 @@ def test_a_second_writer_on_another_machine_fails_naming_the_holder(object_store
     try:
         second = machine(model_dir, tmp_path, "b")
         started = time.monotonic()
-        with pytest.raises(CheckpointError, match=r"is being written by pid \d+ on .* since .*one writer at a time"):
+        with pytest.raises(WriterClaimError, match=r"is being written by pid \d+ on .* since .*one writer at a time"):
             second.claim_writer()
         assert time.monotonic() - started < 4.0  # the holder's renewal showed it alive before its lease ran out
     finally:
@@ -67,7 +68,7 @@ def test_a_writer_whose_lease_was_taken_stops_at_its_next_push(object_store, tmp
         storage.publisher_for(model_dir).publish(writer_lease.WRITER_LEASE, json.dumps(intruder).encode())
         time.sleep(2.5)  # the writer's next renewal finds the lease changed
         (writer.local / "ckpt-1.index").write_bytes(b"x")
-        with pytest.raises(CheckpointError, match=r"another writer took over; this one stops"):
+        with pytest.raises(WriterClaimError, match=r"another writer took over; this one stops"):
             writer.push()
     finally:
         writer.release_writer()

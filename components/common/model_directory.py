@@ -8,30 +8,21 @@
 
 It is a local folder or a gs:// / s3:// prefix. In a KFP pipeline it is placed so that it outlives the step's
 pod (see `pipeline_model_directory`): every TFJob worker and every retried attempt of the step reach it.
-Its one writer is claimed by `ModelDirectory.claim_writer`: a lock file on this machine and, for a remote
-directory, a lease object in the store (see `WriterLease`). This module imports no TensorFlow, so the TFJob
-launching step can run in a small image.
-
-Over 300 lines: the whole contract in one place (layout, location in a pipeline, the mirror, the writer's lock and
-lease), which is this module's point.
+Its one writer is claimed by `ModelDirectory.claim_writer` (writer_claim.py: the folder and its path locked on
+this machine and, for a remote directory, a lease object in the store). This module imports no TensorFlow, so the
+job launching step can run in a small image.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import json
 import logging
-import os
-import socket
-import threading
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from components.common import storage
 from components.common.dataset import default_cache_dir
+from components.common.writer_claim import DirectoryClaim, WriterLease, holder_description
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +33,6 @@ CHECKPOINT_PREFIX = "ckpt"
 TRAIN_LOGS = "train"
 EVAL_LOGS = "eval"
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"  # how TensorFlow names a variable's value inside a checkpoint
-WRITER_LOCK = ".writer.lock"
 RUN_MODEL_DIRECTORY = "model-directory"  # under `<pipeline root>/<pipeline>/<run id>/`, shared by the run's attempts
 
 
@@ -108,34 +98,18 @@ class ModelDirectory:
                 raise CheckpointError(f"model_dir: {uri} is not a directory (nothing was trained there)")
         self.local.mkdir(parents=True, exist_ok=True)
         self._pushed: dict[str, tuple[int, int]] = {}
-        self._writer_lock = None  # the open lock file while this process is the writer
+        self._claim: DirectoryClaim | None = None  # while this process is the writer
         self._lease: WriterLease | None = None  # and, for a remote directory, the lease in the store
 
     def claim_writer(self) -> None:
-        """Be the only writer of this model directory while this process lives: an exclusive lock on
-        `.writer.lock` in the local folder (or mirror), which the kernel releases when the process ends, however
-        it ends, so a claim left by a dead process is simply taken over. A second writer fails at once. A remote
-        directory is also claimed across machines, by a lease in the store (see writer_lease.py)."""
-        path = self.local / WRITER_LOCK
-        handle = open(path, "a+")  # noqa: SIM115 (held open for the life of the process)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise CheckpointError(
-                f"model_dir: {self.uri} is being written by {holder}; a model directory has one writer at a time "
-                "(wait for it to end, stop it, or give another --model-dir)"
-            ) from None
-        holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
-        handle.seek(0)
-        handle.truncate()
-        handle.write(holder + "\n")
-        handle.flush()
-        self._writer_lock = handle
+        """Be the only writer of this model directory while this process lives (see writer_claim.py): the local
+        folder (or mirror) is locked on this machine and, when remote, leased in the store. A second writer fails
+        at once; a claim left by a dead process is taken over."""
+        claim = DirectoryClaim(self.local, self.uri)
+        claim.acquire()
+        self._claim = claim
         if self.remote:
-            lease = WriterLease(self.uri, holder)
+            lease = WriterLease(self.uri, holder_description())
             try:
                 lease.acquire()
             except BaseException:
@@ -144,13 +118,21 @@ class ModelDirectory:
             self._lease = lease
         storage.remove_stale_temporaries(self.local)  # the only writer now: what a killed one left is garbage
 
+    def check_writer(self) -> None:
+        """Before writing: this process still holds the directory (the folder at its path is the one it claimed,
+        its lease was not taken over); WriterClaimError otherwise."""
+        if self._claim is not None:
+            self._claim.check()
+        if self._lease is not None:
+            self._lease.check()
+
     def release_writer(self) -> None:
         if self._lease is not None:
             self._lease.release()
             self._lease = None
-        if self._writer_lock is not None:
-            self._writer_lock.close()
-            self._writer_lock = None
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     def pull(self) -> None:
         """Bring the remote directory's files down (resume needs its checkpoints)."""
@@ -175,8 +157,7 @@ class ModelDirectory:
         """
         if not self.remote:
             return
-        if self._lease is not None:
-            self._lease.check()
+        self.check_writer()
         publisher = storage.publisher_for(self.uri)
         changed = [
             path
@@ -204,103 +185,3 @@ class ModelDirectory:
         for path in self.local.rglob("*"):
             if path.is_file():
                 self._pushed[str(path)] = self._signature(path)
-
-
-# -- the writer lease of a remote model directory ------------------------------------------------------------
-# One writer at a time for a gs:// or s3:// model directory, across machines: a lease object in the store.
-# The lease (`.writer-lease.json`: holder, a token, when it was last renewed) is created with create-if-absent and
-# renewed every `RENEW_SECONDS` with a compare-and-swap on its version, by a thread, while the writer lives. A
-# second writer that finds a lease watches it: a renewal means its holder is alive, and the newcomer fails naming
-# it; a lease nobody renews for `LEASE_SECONDS` (its holder was killed) is taken over. A writer whose lease was
-# taken over stops at its next push. The lease ends (is removed) when the writer ends normally or by SIGTERM.
-
-WRITER_LEASE = ".writer-lease.json"
-LEASE_SECONDS = 90.0  # a lease not renewed for this long belongs to a dead writer
-RENEW_SECONDS = 20.0
-POLL_SECONDS = 2.0
-
-
-def _parse(content: bytes | None) -> dict | None:
-    try:
-        lease = json.loads(content) if content else None
-    except ValueError:
-        return None
-    fields_ok = isinstance(lease, dict) and isinstance(lease.get("renewed_at"), int | float)
-    return lease if fields_ok and isinstance(lease.get("token"), str) else None
-
-
-class WriterLease:
-    def __init__(self, uri: str, holder: str):
-        self.uri = uri
-        self.holder = holder
-        self.token = uuid.uuid4().hex
-        self.lost = False
-        self._publisher = storage.publisher_for(uri)
-        self._version: str | None = None
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
-
-    def _record(self) -> bytes:
-        return json.dumps({"holder": self.holder, "token": self.token, "renewed_at": time.time()}).encode()
-
-    def acquire(self) -> None:
-        """Take the lease, waiting out one that nobody renews; CheckpointError when its holder is alive."""
-        watched: tuple[str, float] | None = None  # (version seen, when first seen)
-        while True:
-            content, version = self._publisher.read_versioned(WRITER_LEASE)
-            lease = _parse(content)
-            if content is not None and lease is not None and lease["token"] != self.token:
-                age = time.time() - lease["renewed_at"]
-                if watched is not None and watched[0] != version:
-                    raise CheckpointError(
-                        f"model_dir: {self.uri} is being written by {lease.get('holder', 'another writer')} (it "
-                        "renewed its lease just now); a model directory has one writer at a time (wait for it to "
-                        "end, stop it, or give another --model-dir)"
-                    )
-                if watched is None:
-                    watched = (version, time.monotonic())
-                    if age < LEASE_SECONDS:
-                        logger.warning(
-                            "%s has a writer lease of %s, renewed %.0f s ago: watching up to %.0f s whether it is "
-                            "alive", self.uri, lease.get("holder"), max(age, 0.0), LEASE_SECONDS - max(age, 0.0),
-                        )  # fmt: skip
-                if age < LEASE_SECONDS and time.monotonic() - watched[1] < LEASE_SECONDS:
-                    time.sleep(POLL_SECONDS)
-                    continue
-                logger.warning("taking over the writer lease of %s (not renewed for %.0f s)", lease.get("holder"), age)
-            try:
-                self._publisher.publish(WRITER_LEASE, self._record(), expected_version=version)
-            except storage.PublishConflictError:
-                continue  # another writer moved first: look again
-            self._version = self._publisher.version(WRITER_LEASE)
-            break
-        self._renewer = threading.Thread(target=self._renew, name="writer-lease", daemon=True)
-        self._renewer.start()
-
-    def _renew(self) -> None:
-        while not self._stop.wait(RENEW_SECONDS):
-            try:
-                self._publisher.publish(WRITER_LEASE, self._record(), expected_version=self._version)
-                self._version = self._publisher.version(WRITER_LEASE)
-            except storage.PublishConflictError:
-                self.lost = True
-                logger.error("%s: another writer took over this model directory's lease", self.uri)
-                return
-            except Exception as error:  # a store that is briefly unreachable: try again at the next renewal
-                logger.warning("%s: could not renew the writer lease (%s)", self.uri, error)
-
-    def check(self) -> None:
-        if self.lost:
-            raise CheckpointError(f"model_dir: {self.uri}: another writer took over; this one stops")
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join()
-            self._renewer = None
-        if self.lost or self._version is None:
-            return
-        lease = _parse(self._publisher.read(WRITER_LEASE))
-        if lease is not None and lease["token"] == self.token:
-            self._publisher.withdraw(WRITER_LEASE)
-        self._version = None

@@ -101,10 +101,13 @@ class ExampleEncoder:
     def encode(self, image: bytes, label: int, example_id: str) -> bytes:
         if len(image) != self.image_size:
             raise ValueError(f"example {example_id!r}: image has {len(image)} bytes, expected {self.image_size}")
+        return self.encode_bytes_id(image, label, example_id.encode())
+
+    def encode_bytes_id(self, image: bytes, label: int, example_id: bytes) -> bytes:
         features = b"".join(
             (
                 self._channels_and_height,
-                _feature_entry(FEATURE_ID, bytes_feature(example_id.encode())),
+                _feature_entry(FEATURE_ID, bytes_feature(example_id)),
                 self._image_header,
                 image,
                 self._label(label),
@@ -209,11 +212,15 @@ def iterate_records(content: bytes, compression: str = COMPRESSION_NONE, name: s
         offset, index = end, index + 1
 
 
+# How ExampleEncoder writes the label entry when the label is below 128: 16 bytes, of which the last is the value.
+_LABEL_ENTRY_PREFIX = _feature_entry(FEATURE_LABEL, int64_feature(0))[:-1]
+
+
 def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
     value, shift = 0, 0
     while True:
-        if offset >= len(data):
-            raise ValueError("truncated varint")
+        if offset >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint")
         byte = data[offset]
         value |= (byte & 0x7F) << shift
         offset += 1
@@ -222,8 +229,9 @@ def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
         shift += 7
 
 
-def _length_delimited_fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(field number, start, end) of each length-delimited field in data[start:end]; other wire types skipped."""
+def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int | tuple[int, int]]]:
+    """(field number, wire type, value) of each field in data[start:end]: a varint's value, a length-delimited
+    field's (start, end); fixed-width fields are skipped."""
     offset = start
     while offset < end:
         tag, offset = _read_varint(data, offset)
@@ -232,57 +240,129 @@ def _length_delimited_fields(data: bytes, start: int, end: int) -> Iterator[tupl
             length, offset = _read_varint(data, offset)
             if offset + length > end:
                 raise ValueError("field runs past its message")
-            yield tag >> 3, offset, offset + length
+            yield tag >> 3, 2, (offset, offset + length)
             offset += length
         elif wire_type == 0:
-            _, offset = _read_varint(data, offset)
+            value, offset = _read_varint(data, offset)
+            yield tag >> 3, 0, value
         elif wire_type in (1, 5):
             offset += 8 if wire_type == 1 else 4
+            if offset > end:
+                raise ValueError("field runs past its message")
         else:
             raise ValueError(f"unsupported wire type {wire_type}")
 
 
-_LABEL_KEY = FEATURE_LABEL.encode()
-# How ExampleEncoder ends every record when label and width are below 128: the label entry, then the width entry,
-# 16 bytes each, of which only the last byte (the value) varies.
-_LABEL_ENTRY_PREFIX = _feature_entry(FEATURE_LABEL, int64_feature(0))[:-1]
-_WIDTH_ENTRY_PREFIX = _feature_entry(FEATURE_WIDTH, int64_feature(0))[:-1]
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def example_features(record: bytes) -> dict[str, tuple[str, list[int]]]:
+    """What each feature of a serialized Example holds, read from its wire format (no protobuf objects):
+    {key: ("int64", values) | ("bytes", lengths of the values) | ("float", []) | ("empty", [])}. A key given twice
+    keeps its last value, as protobuf maps do. ValueError when the bytes are not an Example."""
+    features: dict[str, tuple[str, list[int]]] = {}
+    for field, wire_type, example_value in _fields(record, 0, len(record)):
+        if field != 1 or wire_type != 2:  # Example.features
+            continue
+        for entry_field, entry_type, entry in _fields(record, *example_value):
+            if entry_field != 1 or entry_type != 2:  # Features.feature: map entries
+                continue
+            key, feature = None, None
+            for part, part_type, value in _fields(record, *entry):
+                if part_type == 2 and part == 1:
+                    key = record[value[0] : value[1]].decode("utf-8", errors="replace")
+                elif part_type == 2 and part == 2:
+                    feature = value
+            if key is None:
+                continue
+            kind, values = "empty", []
+            for kind_field, kind_type, kind_value in _fields(record, *feature) if feature else ():
+                if kind_type != 2:
+                    continue
+                if kind_field == 1:  # BytesList
+                    kind = "bytes"
+                    values = [end - start for number, wire, (start, end) in _fields(record, *kind_value) if number == 1]
+                elif kind_field == 2:
+                    kind, values = "float", []
+                elif kind_field == 3:  # Int64List: packed or not
+                    kind, values = "int64", []
+                    for number, wire, value in _fields(record, *kind_value):
+                        if number == 1 and wire == 0:
+                            values.append(_int64(value))
+                        elif number == 1 and wire == 2:
+                            offset = value[0]
+                            while offset < value[1]:
+                                packed, offset = _read_varint(record, offset)
+                                values.append(_int64(packed))
+            features[key] = (kind, values)
+    return features
 
 
 def example_label(record: bytes) -> int:
-    """The `label` of one serialized Example. Records laid out as `ExampleEncoder` writes them are read from their
-    last 32 bytes; any other is read by walking its wire format (no protobuf objects): Example.features (1) ->
-    Features.feature entries (1) -> key (1) == "label", value (2) -> Feature.int64_list (3) -> Int64List.value
-    (1, packed or not). ValueError when the record has no single int64 label."""
-    if record[-32:-17] == _LABEL_ENTRY_PREFIX and record[-16:-1] == _WIDTH_ENTRY_PREFIX:
-        return record[-17]
-    for field, start, end in _length_delimited_fields(record, 0, len(record)):
-        if field != 1:
-            continue
-        for entry_field, entry_start, entry_end in _length_delimited_fields(record, start, end):
-            if entry_field != 1:
-                continue
-            key, value = None, None
-            for part, part_start, part_end in _length_delimited_fields(record, entry_start, entry_end):
-                if part == 1:
-                    key = record[part_start:part_end]
-                elif part == 2:
-                    value = (part_start, part_end)
-            if key != _LABEL_KEY or value is None:
-                continue
-            for kind, list_start, list_end in _length_delimited_fields(record, *value):
-                if kind != 3:
-                    continue
-                values = [
-                    _read_varint(record, value_start)[0]
-                    for number, value_start, value_end in _length_delimited_fields(record, list_start, list_end)
-                    if number == 1 and value_end > value_start
-                ]
-                if len(values) == 1:
-                    label = values[0]
-                    return label - (1 << 64) if label >= 1 << 63 else label
-            break
-    raise ValueError("record has no single int64 label")
+    """The `label` of one serialized Example, whoever wrote it; ValueError when it has no single int64 label."""
+    kind, values = example_features(record).get(FEATURE_LABEL, ("missing", []))
+    if kind != "int64" or len(values) != 1:
+        raise ValueError("record has no single int64 label")
+    return values[0]
+
+
+class RecordChecker:
+    """Checks that records hold what a dataset of `image_shape` promises (a single int64 label; an image of exactly
+    height x width x channels bytes; height, width and channels, where given, equal to the shape) and returns their
+    labels. Records laid out as `ExampleEncoder` writes them are recognised by re-encoding them (a few microseconds);
+    any other is read through its wire format."""
+
+    def __init__(self, image_shape: Sequence[int]):
+        self.image_shape = tuple(int(size) for size in image_shape)
+        self._encoder = ExampleEncoder(*self.image_shape)
+
+    def label(self, record: bytes) -> int:
+        label = self._our_layout_label(record)
+        return label if label is not None else self._any_layout_label(record)
+
+    def _our_layout_label(self, record: bytes) -> int | None:
+        """The label when `record` is exactly what ExampleEncoder writes for this shape (label below 128), else
+        None. The id is found where the encoder puts it; the whole record is then compared with its re-encoding."""
+        encoder = self._encoder
+        try:
+            if record[:1] != b"\x0a" or record[-32:-17] != _LABEL_ENTRY_PREFIX:
+                return None
+            _length, body = _read_varint(record, 1)
+            id_entry = body + len(encoder._channels_and_height)
+            # entry: 0x0A len (0x0A 0x02 "id" 0x12 len (0x0A len (0x0A len <id>)))
+            _entry_length, key = _read_varint(record, id_entry + 1)
+            _feature_length, feature = _read_varint(record, key + 4 + 1)
+            _list_length, value = _read_varint(record, feature + 1)
+            id_length, id_start = _read_varint(record, value + 1)
+        except ValueError:
+            return None
+        label = record[-17]
+        image_start = len(record) - 32 - encoder.image_size
+        if image_start < id_start + id_length:
+            return None
+        expected = encoder.encode_bytes_id(record[image_start : image_start + encoder.image_size], label,
+                                           record[id_start : id_start + id_length])  # fmt: skip
+        return label if expected == record else None
+
+    def _any_layout_label(self, record: bytes) -> int:
+        features = example_features(record)
+        kind, values = features.get(FEATURE_LABEL, ("missing", []))
+        if kind != "int64" or len(values) != 1:
+            raise ValueError(f"has no single int64 label ({kind} {values[:3]})")
+        kind, lengths = features.get(FEATURE_IMAGE, ("missing", []))
+        size = self._encoder.image_size
+        if kind != "bytes" or lengths != [size]:
+            described = f"{lengths[0]:,} bytes" if kind == "bytes" and len(lengths) == 1 else f"{kind} {lengths[:3]}"
+            raise ValueError(
+                f"its image is {described}, but the manifest's image_shape {list(self.image_shape)} needs {size:,}"
+            )
+        for key, expected in zip((FEATURE_HEIGHT, FEATURE_WIDTH, FEATURE_CHANNELS), self.image_shape, strict=True):
+            kind, values = features.get(key, ("missing", []))
+            if kind != "missing" and (kind != "int64" or values != [expected]):
+                held = values[:3] if kind == "int64" else kind
+                raise ValueError(f"its {key} is {held}, the manifest's image_shape says {expected}")
+        return features[FEATURE_LABEL][1][0]
 
 
 def feature_spec():

@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import time
 import uuid
@@ -161,6 +162,42 @@ def sha256_file(path: str | Path) -> str:
         while chunk := handle.read(CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for messages."""
+    kinds = {
+        stat.S_ISDIR: "a folder",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+    }
+    return next((kind for test, kind in kinds.items() if test(mode)), "a special file")
+
+
+class FileReadError(ValueError):
+    """A file to be read is not a regular file, or larger than it may be (then `size` is what it holds)."""
+
+    def __init__(self, message: str, size: int | None = None):
+        super().__init__(message)
+        self.size = size
+
+
+def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
+    """The content of a regular file of at most `max_bytes`, never more read: a FIFO, a device or a link to one
+    is refused without blocking on it (FileReadError), a missing file is FileNotFoundError."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as handle:
+        mode, size = os.fstat(descriptor).st_mode, os.fstat(descriptor).st_size
+        if not stat.S_ISREG(mode):
+            raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
+        if size > max_bytes:
+            raise FileReadError(f"{path}: {size:,} bytes, more than the {max_bytes:,} it may have", size)
+        content = handle.read(max_bytes + 1)  # it may have grown since
+    if len(content) > max_bytes:
+        raise FileReadError(f"{path}: more than the {max_bytes:,} bytes it may have", len(content))
+    return content
 
 
 def read_bytes(uri: str) -> bytes:

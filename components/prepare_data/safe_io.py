@@ -32,13 +32,15 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path, PureWindowsPath
 
+from components.common.compression import gzip_pieces
+from components.common.storage import file_kind
+
 logger = logging.getLogger(__name__)
 
 _VIRTUAL_ROOT = "/nonexistent-archive-root"
 
 MEGABYTE = 1 << 20
 _CHUNK_BYTES = 16 * MEGABYTE
-_GZIP_INPUT_BYTES = 128 * 1024
 MAX_EXPANSION = 20  # CIFAR batches and image files unpack to about 1.1x; a decompression bomb to 1000x
 EXPANSION_FLOOR = 64 * MEGABYTE  # below this, any ratio is harmless
 
@@ -82,33 +84,6 @@ def _too_large_source(origin: str, max_bytes: int) -> SourceError:
     )
 
 
-def _gzip_pieces(content: bytes) -> Iterator[bytes]:
-    """gzip (every member, as `gzip` does) decompressed in pieces, through ISA-L when installed (about 3x faster
-    than zlib on CIFAR-10). The input goes in 128 KB at a time, so one piece is at most 132 MB (deflate expands
-    at most 1032x) and the caller's bound is checked between pieces."""
-    try:
-        from isal import isal_zlib as zlib_module
-    except ImportError:
-        zlib_module = zlib
-    remaining = memoryview(content)
-    while remaining:
-        decompressor = zlib_module.decompressobj(wbits=31)
-        position = 0
-        while not decompressor.eof and position < len(remaining):
-            piece_in = remaining[position : position + _GZIP_INPUT_BYTES]
-            position += len(piece_in)
-            try:
-                piece = decompressor.decompress(piece_in)
-            except zlib_module.error as error:
-                raise OSError(f"not valid gzip data: {error}") from error
-            if piece:
-                yield piece
-        if not decompressor.eof:
-            raise EOFError("compressed data ended before the end-of-stream marker was reached")
-        rest = decompressor.unused_data + bytes(remaining[position:])
-        remaining = memoryview(rest if rest.strip(b"\0") else b"")  # another member, or the end (zero padding)
-
-
 def _stream_pieces(stream: io.BufferedIOBase) -> Iterator[bytes]:
     with stream:
         while piece := stream.read(_CHUNK_BYTES):
@@ -118,7 +93,7 @@ def _stream_pieces(stream: io.BufferedIOBase) -> Iterator[bytes]:
 def _decompressed_pieces(content: bytes) -> Iterator[bytes] | None:
     """`content` decompressed (gzip, bzip2 or xz) piece by piece, or None when it is not compressed."""
     if content[:2] == b"\x1f\x8b":
-        return _gzip_pieces(content)
+        return gzip_pieces(content)
     if content[:3] == b"BZh":
         return _stream_pieces(bz2.BZ2File(io.BytesIO(content)))
     if content[:6] == b"\xfd7zXZ\x00":
@@ -261,7 +236,7 @@ class DirTree(FileTree):
                 self._names.append(relative)
                 total += path.stat().st_size
             else:
-                raise SourceError(f"{path}: not a regular file ({_file_kind(mode)}); a source folder holds only files")
+                raise SourceError(f"{path}: not a regular file ({file_kind(mode)}); a source folder holds only files")
         if max_bytes is not None and total > max_bytes:
             raise _too_large_source(self.origin, max_bytes)
         self._sha256: str | None = None
@@ -298,11 +273,6 @@ class DirTree(FileTree):
                     digest.update(name.encode() + b"\0" + hashlib.file_digest(handle, "sha256").digest())
             self._sha256 = digest.hexdigest()
         return self._sha256
-
-
-def _file_kind(mode: int) -> str:
-    kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device"}
-    return next((kind for test, kind in kinds.items() if test(mode)), "a device or other special file")
 
 
 def _numpy_reconstruct():

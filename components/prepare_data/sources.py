@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from components.common.dataset import check_label_names
 from components.prepare_data.safe_io import MEGABYTE, FileTree, SourceError, load_numpy_pickle
 
 logger = logging.getLogger(__name__)
@@ -100,10 +101,39 @@ class RawDataset:
     source: dict[str, Any] = field(default_factory=dict)
 
 
+def integer_labels(values, origin: str) -> np.ndarray:
+    """A batch's labels as int64, exactly: integers only (not floats, strings or booleans, which would be truncated
+    or misread), each within int64 (the range is checked against the classes later). SourceError naming the first
+    bad one otherwise."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or values.dtype.kind not in "iu":
+            raise SourceError(f"{origin}: b'labels' must be a list of integers, got an array of {values.dtype}")
+        if values.dtype.kind == "u" and len(values) and values.max() > np.iinfo(np.int64).max:
+            bad = int(values[values > np.iinfo(np.int64).max][0])
+            raise SourceError(f"{origin}: label {bad} is out of range; labels are class indexes")
+        return values.astype(np.int64)
+    if not isinstance(values, list | tuple):
+        raise SourceError(f"{origin}: b'labels' must be a list of integers, got {type(values).__name__}")
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise SourceError(
+                f"{origin}: label {index} is {value!r:.40} ({type(value).__name__}), not an integer class index"
+            )
+        if not -(1 << 63) <= int(value) < 1 << 63:
+            raise SourceError(f"{origin}: label {index} is {int(value)}, out of range; labels are class indexes")
+    return np.asarray(values, dtype=np.int64)
+
+
 def _check_labels(labels: np.ndarray, num_classes: int, origin: str) -> None:
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         bad = int(labels[(labels < 0) | (labels >= num_classes)][0])
         raise SourceError(f"{origin}: label {bad} is out of range; labels must be in [0, {num_classes - 1}]")
+
+
+def checked_label_names(names: list, origin: str) -> list[str]:
+    """Class names as the dataset will record them: distinct strings, also after Unicode normalisation."""
+    check_label_names(names, lambda problem: SourceError(f"{origin}: {problem}"))
+    return list(names)
 
 
 def check_classes_present(label_names: list[str], labels: np.ndarray, origin: str) -> None:
@@ -157,10 +187,7 @@ def read_python_batch(tree: FileTree, name: str) -> RawSplit:
         raise SourceError(
             f"{origin}: images have {data.shape[1]} values, expected {CIFAR_PIXELS} (32x32x3); wrong image size"
         )
-    try:
-        labels = np.asarray(labels, dtype=np.int64)
-    except (TypeError, ValueError) as error:
-        raise SourceError(f"{origin}: b'labels' is not a list of integers ({error})") from error
+    labels = integer_labels(labels, origin)
     if labels.ndim != 1 or len(labels) != len(data):
         raise SourceError(f"{origin}: {len(labels)} labels for {len(data)} images; the counts must match")
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # R,G,B planes (CHW) -> HWC, a view
@@ -172,7 +199,15 @@ def _python_label_names(tree: FileTree, name: str) -> list[str]:
     meta = load_numpy_pickle(tree.read(name, MAX_META_BYTES, "a list of class names"), tree.describe(name))
     if not isinstance(meta, dict) or not isinstance(meta.get(b"label_names"), list):
         raise SourceError(f"{tree.describe(name)}: expected a dict with b'label_names' (a list of class names)")
-    return [label.decode() if isinstance(label, bytes) else str(label) for label in meta[b"label_names"]]
+    names = []
+    for index, label in enumerate(meta[b"label_names"]):
+        if not isinstance(label, bytes | str):
+            raise SourceError(f"{tree.describe(name)}: class name {index} is a {type(label).__name__}, not text")
+        try:
+            names.append(label.decode() if isinstance(label, bytes) else label)
+        except UnicodeDecodeError as error:
+            raise SourceError(f"{tree.describe(name)}: class name {index} is not UTF-8 ({error})") from error
+    return checked_label_names(names, tree.describe(name))
 
 
 def read_python_layout(tree: FileTree) -> RawDataset:
@@ -226,7 +261,7 @@ def _binary_label_names(tree: FileTree, name: str) -> list[str]:
     label_names = [line.strip() for line in text.splitlines() if line.strip()]
     if not label_names:
         raise SourceError(f"{tree.describe(name)}: no class names")
-    return label_names
+    return checked_label_names(label_names, tree.describe(name))
 
 
 def read_binary_layout(tree: FileTree) -> RawDataset:
@@ -376,7 +411,7 @@ def read_class_folders(tree: FileTree) -> RawDataset:
         raise SourceError(f"{tree.origin}: no train/ folder")
     if "eval" not in groups:
         raise SourceError(f"{tree.origin}: no test/ (or eval/) folder")
-    label_names = sorted(groups["train"])
+    label_names = checked_label_names(sorted(groups["train"]), f"{tree.origin} (the train/ class folders)")
     for split in ("validation", "eval"):
         unknown = sorted(set(groups.get(split, {})) - set(label_names))
         if unknown:

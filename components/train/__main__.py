@@ -11,6 +11,7 @@ termination.block_for_this_process()
 
 from components.common.cli import run_stage  # noqa: E402 (after the signal block above)
 from components.common.model_directory import CheckpointError  # noqa: E402
+from components.common.writer_claim import WriterClaimError  # noqa: E402
 from components.train.config import TrainConfig  # noqa: E402
 from components.train.launch_config import LaunchConfig  # noqa: E402
 from components.train.launcher import run  # noqa: E402
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         DESCRIPTION,
         "python -m components.train",
-        expected_errors=(ValueError, CheckpointError),
+        expected_errors=(ValueError, CheckpointError, WriterClaimError),
     )
 
 

@@ -169,13 +169,18 @@ class Trainer:
             self.model, step.optimizer, step.step, step.ema, step.lookahead, step.lookahead_started
         )
         self.checkpoint = self.state.checkpoint()
+        self.manager: tf.train.CheckpointManager | None = None  # once the model directory is known to fit (run)
+
+    def _open_checkpoints(self) -> None:
+        """The checkpoint manager, over a `checkpoint` state file made to list what is on disk: only after the
+        model directory was found to fit this run, so that a refused run writes nothing."""
         if self.chief:
             checkpoints.reconcile_state_file(self.model_directory.local)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint,
             str(self.write_dir),
-            max_to_keep=config.max_to_keep,
-            keep_checkpoint_every_n_hours=config.keep_checkpoint_every_hours,
+            max_to_keep=self.config.max_to_keep,
+            keep_checkpoint_every_n_hours=self.config.keep_checkpoint_every_hours,
             checkpoint_name=checkpoints.CHECKPOINT_PREFIX,
         )
 
@@ -283,7 +288,11 @@ class Trainer:
 
     def run(self) -> TrainResult:
         config = self.config
-        self._write_resolved_config(self._check_model_directory_fits())
+        dataset_history = self._check_model_directory_fits()  # before anything is written
+        if self.chief:
+            self.model_directory.check_writer()
+        self._open_checkpoints()
+        self._write_resolved_config(dataset_history)
         start_step = self._start()
         summaries = Summaries(
             self.model_directory.local / "train",
@@ -395,6 +404,8 @@ class Trainer:
         return f"{self.config.model_dir.rstrip('/')}/{relative}"
 
     def _save(self, step: int) -> None:
+        if self.chief:
+            self.model_directory.check_writer()  # the folder at the path is still this run's: else stop, write nothing
         path = self.manager.save(checkpoint_number=step)
         if self.chief:
             logger.info("saved checkpoint %s", path)

@@ -1,0 +1,238 @@
+"""One writer per model directory, for as long as that writer lives, tied to the directory itself.
+
+A local folder (or a remote directory's local mirror) is claimed by two locks the kernel holds for the process and
+drops when it ends, however it ends, so a claim left by a dead writer is simply taken over:
+
+- an exclusive `flock` on the directory itself (its inode), which a deleted or replaced lock file cannot undo and a
+  second path to the same folder (a symlink, a mount) cannot avoid;
+- a lock on the directory's path, an abstract Unix socket named after it (Linux; one per network namespace), so a
+  second run cannot start in a new folder created where the writer's folder was moved away from.
+
+The writer checks before each save that the folder at its path is still the one it holds (`check`), and stops when
+it is not, without writing there. `.writer.lock` in the folder only says who holds the claim, for messages.
+
+A gs:// or s3:// model directory is also claimed across machines, by a lease object in the store (`WriterLease`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from components.common import storage
+
+logger = logging.getLogger(__name__)
+
+WRITER_LOCK = ".writer.lock"  # who holds the claim (informational: the locks are the directory's and the path's)
+ONE_WRITER = "a model directory has one writer at a time (wait for it to end, stop it, or give another --model-dir)"
+
+
+class WriterClaimError(RuntimeError):
+    """The model directory has another writer, or this writer's directory was moved or replaced."""
+
+
+def holder_description() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
+
+
+class DirectoryClaim:
+    """This process's claim on a local folder as its one writer (see the module's description)."""
+
+    def __init__(self, path: Path, uri: str):
+        self.path = Path(os.path.abspath(path))
+        self.uri = uri
+        digest = hashlib.sha256(os.path.realpath(self.path).encode()).hexdigest()
+        self._path_lock_name = f"\0cifar10-pipeline/model-dir/{digest}".encode()
+        self._descriptor: int | None = None
+        self._path_lock: socket.socket | None = None
+
+    def acquire(self) -> None:
+        descriptor = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            holder = self._recorded_holder()
+            raise WriterClaimError(f"model_dir: {self.uri} is being written by {holder}; {ONE_WRITER}") from None
+        self._descriptor = descriptor
+        try:
+            self._path_lock = self._lock_path()
+            storage.atomic_write_bytes(self.path / WRITER_LOCK, (holder_description() + "\n").encode())
+        except BaseException:
+            self.release()
+            raise
+
+    def _lock_path(self) -> socket.socket | None:
+        name = self._path_lock_name
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lock.bind(name)
+        except OSError as error:
+            lock.close()
+            if error.errno != errno.EADDRINUSE:
+                logger.warning("cannot lock the path %s here (%s): only the folder is locked", self.path, error)
+                return None
+            raise WriterClaimError(
+                f"model_dir: {self.uri} is being written by {_path_lock_holder(name)}, which holds this path although "
+                f"the folder there was moved or replaced while it runs; {ONE_WRITER}"
+            ) from None
+        lock.listen(8)
+        return lock
+
+    def _recorded_holder(self) -> str:
+        """Who holds the folder: as its `.writer.lock` says, else (the file was deleted) as the path lock's owner."""
+        try:
+            recorded = (self.path / WRITER_LOCK).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            recorded = ""
+        return recorded or _path_lock_holder(self._path_lock_name)
+
+    def check(self) -> None:
+        """Before a save: the folder at this path must still be the one this writer holds."""
+        if self._descriptor is None:
+            return
+        held = os.fstat(self._descriptor)
+        try:
+            present = os.stat(self.path)
+        except FileNotFoundError:
+            present = None
+        if present is not None and (present.st_dev, present.st_ino) == (held.st_dev, held.st_ino):
+            return
+        try:
+            moved_to = os.readlink(f"/proc/self/fd/{self._descriptor}")
+        except OSError:
+            moved_to = "an unknown place"
+        happened = "was removed" if present is None else "was replaced by another folder"
+        raise WriterClaimError(
+            f"model_dir: {self.uri} {happened} while this run wrote it (the folder this run holds is now at "
+            f"{moved_to}); stopping without writing there"
+        )
+
+    def release(self) -> None:
+        if self._path_lock is not None:
+            self._path_lock.close()
+            self._path_lock = None
+        if self._descriptor is not None:
+            os.close(self._descriptor)  # drops the flock
+            self._descriptor = None
+
+
+def _path_lock_holder(name: bytes) -> str:
+    """The process that holds a path lock, from the kernel's credentials of its listening socket."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2)
+        probe.connect(name)
+        pid, _uid, _gid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        return f"pid {pid} on {socket.gethostname()}"
+    return "another process on this machine"
+
+
+# -- the writer lease of a remote model directory ------------------------------------------------------------
+# One writer at a time for a gs:// or s3:// model directory, across machines: a lease object in the store.
+# The lease (`.writer-lease.json`: holder, a token, when it was last renewed) is created with create-if-absent and
+# renewed every `RENEW_SECONDS` with a compare-and-swap on its version, by a thread, while the writer lives. A
+# second writer that finds a lease watches it: a renewal means its holder is alive, and the newcomer fails naming
+# it; a lease nobody renews for `LEASE_SECONDS` (its holder was killed) is taken over. A writer whose lease was
+# taken over stops at its next push. The lease ends (is removed) when the writer ends normally or by SIGTERM.
+
+WRITER_LEASE = ".writer-lease.json"
+LEASE_SECONDS = 90.0  # a lease not renewed for this long belongs to a dead writer
+RENEW_SECONDS = 20.0
+POLL_SECONDS = 2.0
+
+
+def _parse(content: bytes | None) -> dict | None:
+    try:
+        lease = json.loads(content) if content else None
+    except ValueError:
+        return None
+    fields_ok = isinstance(lease, dict) and isinstance(lease.get("renewed_at"), int | float)
+    return lease if fields_ok and isinstance(lease.get("token"), str) else None
+
+
+class WriterLease:
+    def __init__(self, uri: str, holder: str):
+        self.uri = uri
+        self.holder = holder
+        self.token = uuid.uuid4().hex
+        self.lost = False
+        self._publisher = storage.publisher_for(uri)
+        self._version: str | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _record(self) -> bytes:
+        return json.dumps({"holder": self.holder, "token": self.token, "renewed_at": time.time()}).encode()
+
+    def acquire(self) -> None:
+        """Take the lease, waiting out one that nobody renews; CheckpointError when its holder is alive."""
+        watched: tuple[str, float] | None = None  # (version seen, when first seen)
+        while True:
+            content, version = self._publisher.read_versioned(WRITER_LEASE)
+            lease = _parse(content)
+            if content is not None and lease is not None and lease["token"] != self.token:
+                age = time.time() - lease["renewed_at"]
+                if watched is not None and watched[0] != version:
+                    raise WriterClaimError(
+                        f"model_dir: {self.uri} is being written by {lease.get('holder', 'another writer')} (it "
+                        "renewed its lease just now); a model directory has one writer at a time (wait for it to "
+                        "end, stop it, or give another --model-dir)"
+                    )
+                if watched is None:
+                    watched = (version, time.monotonic())
+                    if age < LEASE_SECONDS:
+                        logger.warning(
+                            "%s has a writer lease of %s, renewed %.0f s ago: watching up to %.0f s whether it is "
+                            "alive", self.uri, lease.get("holder"), max(age, 0.0), LEASE_SECONDS - max(age, 0.0),
+                        )  # fmt: skip
+                if age < LEASE_SECONDS and time.monotonic() - watched[1] < LEASE_SECONDS:
+                    time.sleep(POLL_SECONDS)
+                    continue
+                logger.warning("taking over the writer lease of %s (not renewed for %.0f s)", lease.get("holder"), age)
+            try:
+                self._publisher.publish(WRITER_LEASE, self._record(), expected_version=version)
+            except storage.PublishConflictError:
+                continue  # another writer moved first: look again
+            self._version = self._publisher.version(WRITER_LEASE)
+            break
+        self._renewer = threading.Thread(target=self._renew, name="writer-lease", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(RENEW_SECONDS):
+            try:
+                self._publisher.publish(WRITER_LEASE, self._record(), expected_version=self._version)
+                self._version = self._publisher.version(WRITER_LEASE)
+            except storage.PublishConflictError:
+                self.lost = True
+                logger.error("%s: another writer took over this model directory's lease", self.uri)
+                return
+            except Exception as error:  # a store that is briefly unreachable: try again at the next renewal
+                logger.warning("%s: could not renew the writer lease (%s)", self.uri, error)
+
+    def check(self) -> None:
+        if self.lost:
+            raise WriterClaimError(f"model_dir: {self.uri}: another writer took over; this one stops")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        if self.lost or self._version is None:
+            return
+        lease = _parse(self._publisher.read(WRITER_LEASE))
+        if lease is not None and lease["token"] == self.token:
+            self._publisher.withdraw(WRITER_LEASE)
+        self._version = None
