@@ -98,9 +98,12 @@ def test_cli_runs_the_stage(tmp_path):
         ("train", {"launcher": "bogus"}, "launcher: 'bogus' is not one of"),
         ("train", {"augment": "false"}, "augment: 'false' is not true or false"),
         ("train", {"depth": "20"}, "depth: '20' is not an integer"),
-        ("train", {"learning_rate": 0}, r"learning_rate: 0(\.0)? must be a positive number"),
+        ("train", {"learning_rate": 0}, r"learning_rate: 0(\.0)? is not in \(0, inf\)"),
         ("train", {"learning_rate": float("nan")}, "learning_rate: nan is not a finite number"),
         ("train", {"momentum": 1.5}, r"momentum: 1.5 is not in \[0, 1\)"),
+        ("train", {"width_multiplier": 1e-9}, r"width_multiplier: 1e-09 is not in \[0.0625, 16\]"),
+        ("train", {"checkpoint_every_seconds": -1}, r"checkpoint_every_seconds: -1(\.0)? is not in \(0, inf\)"),
+        ("train", {"boundary_epochs": (1.0, -2.0)}, r"boundary_epochs: -2.0 is not in \[0, inf\)"),
         ("evaluate", {"mode": "everything"}, "mode: 'everything' is not one of"),
         ("prepare_data", {"examples_per_shard": True}, "examples_per_shard: True is not an integer"),
     ],
@@ -188,7 +191,7 @@ def test_kfp_parameters_read_not_given_as_the_configs_default():
     # A placeholder is "not given" only for a field whose default is None; elsewhere the field's own check speaks.
     with pytest.raises(ValueError, match=r"component parameters: depth: -1"):
         config_from_parameters(TrainConfig, {**given, "depth": -1}, "component parameters")
-    with pytest.raises(ValueError, match=r"component parameters: train_steps: 0 must be at least 1"):
+    with pytest.raises(ValueError, match=r"component parameters: train_steps: 0 is not in \[1, "):
         config_from_parameters(TrainConfig, {**given, "epochs": -1.0, "train_steps": 0}, "component parameters")
 
 
@@ -231,3 +234,44 @@ def test_a_preset_supplies_every_value_not_given_on_every_config_path(tmp_path):
         cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert completed.returncode == 2 and "preset" in completed.stderr and "Traceback" not in completed.stderr
+
+
+def _numeric_fields():
+    import dataclasses
+    import typing
+
+    from components.common.config import _unwrap_optional
+    from components.evaluate.config import EvaluateConfig
+    from components.train.config import TrainConfig
+    from components.train.launch_config import LaunchConfig
+
+    for config_class in (TrainConfig, LaunchConfig, EvaluateConfig, PrepareDataConfig):
+        hints = typing.get_type_hints(config_class)
+        for field_ in dataclasses.fields(config_class):
+            annotation, _optional = _unwrap_optional(hints[field_.name])
+            is_tuple = typing.get_origin(annotation) is tuple
+            element = typing.get_args(annotation)[0] if is_tuple else annotation
+            if element in (int, float):
+                yield pytest.param(config_class, field_, element, is_tuple, id=f"{config_class.__name__}.{field_.name}")
+
+
+@pytest.mark.parametrize(("config_class", "field_", "element", "is_tuple"), list(_numeric_fields()))
+def test_every_number_of_every_config_has_an_interval_that_is_enforced(config_class, field_, element, is_tuple):
+    """No number is accepted quietly: each declares the interval it may take, and a value just outside is refused
+    by the same check on every path."""
+    from components.common.config import _INTERVAL
+
+    required = {
+        "PrepareDataConfig": {"output": "o"},
+        "LaunchConfig": {},
+    }.get(config_class.__name__, {"data": "d", "model_dir": "m"})
+    interval = field_.metadata.get("range")
+    assert interval, f"{field_.name} declares no range"
+    opening, low, high, closing = _INTERVAL.fullmatch(interval).groups()
+    outside = [float(low) if opening == "(" else float(low) - 1]
+    if high != "inf":
+        outside.append(float(high) if closing == ")" else float(high) + 1)
+    for value in outside:
+        given = element(value)
+        with pytest.raises(ValueError, match=rf"{field_.name}: .* is not in {re.escape(interval)}"):
+            config_class(**required, **{field_.name: (given,) if is_tuple else given})

@@ -128,6 +128,40 @@ def test_continuous_mode_picks_up_a_checkpoint_written_after_it_started(syntheti
     assert "training ended at step 8" in output
 
 
+def test_continuous_mode_started_before_training_waits_for_it(synthetic_data, tmp_path):
+    model_dir = tmp_path / "model"  # does not exist yet
+    config = EvaluateConfig(
+        data=synthetic_data, model_dir=str(model_dir), mode="continuous", poll_seconds=0.5, timeout_seconds=120
+    )
+    from components.common.config import config_to_dict
+
+    evaluator = subprocess.Popen(
+        [sys.executable, "-m", "components.evaluate", "--config", json.dumps(config_to_dict(config))],
+        cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )  # fmt: skip
+    lines = []
+    for line in evaluator.stdout:
+        lines.append(line)
+        if "waiting up to 120 s for training to start" in line:
+            break
+    assert evaluator.poll() is None, "".join(lines)
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=4))
+    output, _ = evaluator.communicate(timeout=120)
+    assert evaluator.returncode == 0, "".join(lines) + output[-3000:]
+    assert "step 4 (" in output and "training ended at step 4" in output
+
+
+def test_continuous_mode_waits_for_training_only_as_long_as_its_timeout(synthetic_data, tmp_path):
+    config = EvaluateConfig(
+        data=synthetic_data, model_dir=str(tmp_path / "never"), mode="continuous", poll_seconds=0.2, timeout_seconds=1
+    )
+    started = time.monotonic()
+    with pytest.raises(EvaluationError, match=r"never: training did not start within 1 s \(no config\.json appeared\)"):
+        evaluate(config)
+    assert time.monotonic() - started < 30
+
+
 class TestNeverBlessedOnError:
     def test_missing_checkpoint(self, synthetic_data, trained):
         with pytest.raises(EvaluationError, match=r"has no checkpoint 'ckpt-999'; it has \['ckpt-5', 'ckpt-10'\]"):

@@ -298,7 +298,7 @@ def test_not_an_archive(tmp_path):
 def test_bad_options_name_the_field():
     with pytest.raises(ValueError, match=r"validation_fraction: 1\.5 is not in \[0, 1\)"):
         PrepareDataConfig(output="x", validation_fraction=1.5)
-    with pytest.raises(ValueError, match=r"examples_per_shard: 0 must be at least 1"):
+    with pytest.raises(ValueError, match=r"examples_per_shard: 0 is not in \[1, "):
         PrepareDataConfig(output="x", examples_per_shard=0)
 
 
@@ -435,3 +435,16 @@ def test_an_empty_train_split_is_refused_naming_it(tmp_path, official):
         official.data[name], official.labels[name] = official.data[name][:0], official.labels[name][:0]
     archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", official)
     assert_rejected(tmp_path, archive, r"cifar\.tar\.gz: the train split is empty \(no training images")
+
+
+def test_control_characters_in_file_names_cannot_forge_log_lines(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    forged = "x\n2026-01-01 00:00:00,000 ERROR components.train: forged\x1b[2J\u202egnp.png"
+    (tmp_path / "images" / "train" / "dog" / forged).write_text("not an image")
+    code, stderr, _peak, _cpu = run_prepare_data(tmp_path / "images", tmp_path / "out")
+    assert code == 2
+    errors = [line for line in stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, stderr[-3000:]
+    escaped = "x\\n2026-01-01 00:00:00,000 ERROR components.train: forged\\x1b[2J\\u202egnp.png"
+    assert f"{escaped}: not a JPEG or PNG" in errors[0]
+    assert "\x1b" not in stderr and "\u202e" not in stderr

@@ -72,6 +72,35 @@ def test_url_download_with_wrong_checksum_is_refused_and_not_cached(tmp_path, ht
     assert not (tmp_path / "out").exists()
 
 
+def test_a_download_cut_short_of_its_content_length_is_refused_and_not_cached(tmp_path, archive, isolated_cache):
+    """A server (or proxy) that closes the connection early: the body is shorter than its Content-Length."""
+    content = archive.read_bytes()
+
+    class CutShort(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content[: len(content) // 2])
+            self.close_connection = True
+
+        def log_message(self, *_args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CutShort)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{archive.name}"
+    try:
+        with pytest.raises(SourceError, match=rf"could not download {url}: the body ended after [\d,]+ of the "
+                                              rf"{len(content):,} bytes its Content-Length announced"):  # fmt: skip
+            prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), source=url))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not list((isolated_cache / "cifar10-pipeline" / "downloads").glob("*.tar.gz"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_object_store_source_and_output_round_trip(tmp_path, archive, object_store):
     storage.publisher_for(f"{object_store}/raw").publish("cifar-10-python.tar.gz", archive.read_bytes())
     source = f"{object_store}/raw/cifar-10-python.tar.gz"

@@ -1,7 +1,8 @@
 """Typed configuration: dataclasses with defaults in code, overridable from a JSON file and the command line.
 
 Every stage declares one frozen dataclass. `parse_config` turns its fields into `--kebab-case` options
-(help text from the field's `metadata["help"]`, choices from `metadata["choices"]`), reads an optional
+(help text from the field's `metadata["help"]`, choices from `metadata["choices"]`, the allowed interval of a
+number from `metadata["range"]`, checked on every path by `check_fields`), reads an optional
 `--config FILE.json` whose keys are field names, and lets the command line override the file.
 """
 
@@ -12,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -68,6 +70,26 @@ def check_fields(config: Any) -> None:
         choices = field.metadata.get("choices")
         if choices is not None and value not in choices:
             raise ValueError(f"{field.name}: {value!r} is not one of {', '.join(map(str, choices))}")
+        interval = field.metadata.get("range")
+        if interval is not None:
+            for item in value if isinstance(value, tuple) else (value,):
+                if not in_interval(item, interval):
+                    raise ValueError(f"{field.name}: {item!r} is not in {interval}")
+
+
+_INTERVAL = re.compile(r"([\[(])\s*(-?inf|[-+0-9.e]+)\s*,\s*(-?inf|[-+0-9.e]+)\s*([\])])")
+
+
+def in_interval(value: float, interval: str) -> bool:
+    """Whether `value` lies in `interval`, written as in mathematics: "[0, 1)", "(0, inf)", "[1, 4096]"."""
+    match = _INTERVAL.fullmatch(interval)
+    if match is None:
+        raise ValueError(f"range {interval!r} is not an interval such as [0, 1)")
+    opening, low, high, closing = match.groups()
+    low_value, high_value = float(low), float(high)
+    above = value >= low_value if opening == "[" else value > low_value
+    below = value <= high_value if closing == "]" else value < high_value
+    return above and below
 
 
 def _check_value(name: str, value: Any, annotation: Any) -> None:
@@ -109,6 +131,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) ->
         if field.default_factory is not dataclasses.MISSING:
             default = field.default_factory()
         required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        if "range" in field.metadata:
+            help_text = f"{help_text}; in {field.metadata['range']}"
         help_text = f"{help_text} (required)" if required else f"{help_text} (default: {default!r})"
         keywords: dict[str, Any] = {"dest": field.name, "default": None, "help": help_text}
         if typing.get_origin(annotation) is tuple:

@@ -21,7 +21,7 @@ import tensorflow as tf
 from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
-from components.common.model_directory import TRAIN_METRICS, ModelDirectory
+from components.common.model_directory import RESOLVED_CONFIG, TRAIN_METRICS, CheckpointError, ModelDirectory
 from components.common.progress import Progress
 from components.evaluate import gate, metrics, promote, report
 from components.evaluate.baseline import Baseline, EvaluatedData, promoted_baseline
@@ -102,6 +102,8 @@ class Evaluator:
         manifest = self.dataset.manifest
         if manifest.splits[config.split].num_examples == 0:
             raise EvaluationError(f"{config.data}: split {config.split!r} is empty")
+        if config.mode == "continuous":
+            self._wait_for_training_to_start()
         self.directory = ModelDirectory(config.model_dir, config.cache_dir, create=False)
         self.directory.pull()
         self.train_config = read_train_config(self.directory.local, config.model_dir)
@@ -122,6 +124,34 @@ class Evaluator:
             lambda images: tf.nn.softmax(predict_logits(self.model, images, self.test_time_augmentation), -1)
         )
         self.summary_writer = tf.summary.create_file_writer(str(self.directory.local / "eval"))
+
+    def _wait_for_training_to_start(self) -> None:
+        """Continuous mode may start before training does: wait (at most `timeout_seconds`) for the model directory's
+        resolved config, which training writes before its first step."""
+        config = self.config
+        deadline = time.monotonic() + config.timeout_seconds
+        announced = False
+        while True:
+            try:
+                directory = ModelDirectory(config.model_dir, config.cache_dir, create=False)
+                if storage.is_remote(config.model_dir):
+                    present = storage.publisher_for(directory.uri).checksum(RESOLVED_CONFIG) is not None
+                else:
+                    present = (directory.local / RESOLVED_CONFIG).exists()
+            except CheckpointError:  # the folder itself is not there yet
+                present = False
+            if present:
+                return
+            if time.monotonic() >= deadline:
+                raise EvaluationError(
+                    f"{config.model_dir}: training did not start within {config.timeout_seconds:g} s (no "
+                    f"{RESOLVED_CONFIG} appeared); start the train stage, or raise --timeout-seconds"
+                )
+            if not announced:
+                logger.info("waiting up to %g s for training to start writing %s", config.timeout_seconds,
+                            config.model_dir)  # fmt: skip
+                announced = True
+            time.sleep(min(config.poll_seconds, max(0.0, deadline - time.monotonic())))
 
     def _load_split(self) -> tuple[np.ndarray, np.ndarray]:
         images, labels = [], []

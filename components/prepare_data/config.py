@@ -35,24 +35,31 @@ class PrepareDataConfig:
     validation_fraction: float | None = field(
         default=None,
         metadata={
+            "range": "[0, 1)",
             "help": "take a stratified, seeded validation split of this fraction of the training data; by default "
-            "the source's own hold-out is used (data batch 5, or a validation/ folder), else 0.2"
+            "the source's own hold-out is used (data batch 5, or a validation/ folder), else 0.2",
         },
     )
-    seed: int = field(default=42, metadata={"help": "seed of the validation split and the shuffling"})
+    seed: int = field(
+        default=42, metadata={"range": "[0, 2147483647]", "help": "seed of the validation split and the shuffling"}
+    )
     shuffle: bool = field(default=True, metadata={"help": "shuffle each split (seeded) before sharding"})
-    examples_per_shard: int = field(default=5000, metadata={"help": "records per shard (the last may hold fewer)"})
+    examples_per_shard: int = field(
+        default=5000, metadata={"range": "[1, 100000000]", "help": "records per shard (the last may hold fewer)"}
+    )
     compression: str = field(
         default=records.COMPRESSION_NONE,
         metadata={"help": "shard compression", "choices": (records.COMPRESSION_NONE, records.COMPRESSION_GZIP)},
     )
     synthetic_train_per_class: int = field(
-        default=200, metadata={"help": "with source 'synthetic': training images per class"}
+        default=200, metadata={"range": "[1, 100000]", "help": "with source 'synthetic': training images per class"}
     )
     synthetic_eval_per_class: int = field(
-        default=50, metadata={"help": "with source 'synthetic': evaluation images per class"}
+        default=50, metadata={"range": "[1, 100000]", "help": "with source 'synthetic': evaluation images per class"}
     )
-    synthetic_classes: int = field(default=10, metadata={"help": "with source 'synthetic': number of classes"})
+    synthetic_classes: int = field(
+        default=10, metadata={"range": "[2, 100]", "help": "with source 'synthetic': number of classes"}
+    )
     force: bool = field(default=False, metadata={"help": "rewrite even when the published dataset already matches"})
     assume_single_writer: bool = field(
         default=False,
@@ -65,8 +72,9 @@ class PrepareDataConfig:
     max_source_megabytes: int = field(
         default=1024,
         metadata={
+            "range": "[1, 1048576]",
             "help": "the most a source may hold, unpacked, in MB (CIFAR-10 is 180 MB); bounds the memory a source "
-            "can take"
+            "can take",
         },
     )
 
@@ -76,19 +84,8 @@ class PrepareDataConfig:
             raise ValueError("output: must name a folder, gs:// or s3:// prefix")
         if self.source_format not in SOURCE_FORMATS:
             raise ValueError(f"source_format: {self.source_format!r} is not one of {SOURCE_FORMATS}")
-        if self.validation_fraction is not None and not 0.0 <= self.validation_fraction < 1.0:
-            raise ValueError(f"validation_fraction: {self.validation_fraction} is not in [0, 1)")
-        if self.examples_per_shard < 1:
-            raise ValueError(f"examples_per_shard: {self.examples_per_shard} must be at least 1")
         if self.compression not in (records.COMPRESSION_NONE, records.COMPRESSION_GZIP):
             raise ValueError(f"compression: {self.compression!r} is not NONE or GZIP")
-        for name in ("synthetic_train_per_class", "synthetic_eval_per_class"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
-        if self.max_source_megabytes < 1:
-            raise ValueError(f"max_source_megabytes: {self.max_source_megabytes} must be at least 1")
-        if not 2 <= self.synthetic_classes <= 100:
-            raise ValueError(f"synthetic_classes: {self.synthetic_classes} must be between 2 and 100")
         if self.source_sha256 is not None and len(self.source_sha256) != 64:
             raise ValueError(f"source_sha256: {self.source_sha256!r} is not a 64-digit hex SHA-256")
 

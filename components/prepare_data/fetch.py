@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
 import urllib.error
@@ -65,7 +66,7 @@ def download_url(url: str, cache_dir: Path, expected_sha256: str | None, max_byt
     logger.info("downloading %s", url)
     try:
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response, open(partial, "wb") as out:
-            total = int(response.headers.get("Content-Length") or 0)
+            total = _content_length(response.headers.get("Content-Length"), url)
             if total > max_bytes:
                 raise _too_large(url, total, max_bytes)
             progress = Progress(f"download {Path(url).name}", total, unit="bytes", logger=logger)
@@ -77,14 +78,28 @@ def download_url(url: str, cache_dir: Path, expected_sha256: str | None, max_byt
                 out.write(chunk)
                 digest.update(chunk)
                 progress.advance(len(chunk))
+            if total and written != total:  # urllib accepts a body cut short when the server closes early
+                raise SourceError(
+                    f"could not download {url}: the body ended after {written:,} of the {total:,} bytes its "
+                    f"Content-Length announced (the connection was cut); try again"
+                )
         _check_sha256(partial, digest.hexdigest(), expected_sha256, url)
         os.replace(partial, target)
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
+        reason = getattr(error, "reason", None) or f"{type(error).__name__} {error}".strip()
         raise SourceError(f"could not download {url}: {reason}. {_offline_hint(url)}") from error
     finally:
         partial.unlink(missing_ok=True)
     return target, digest.hexdigest()
+
+
+def _content_length(header: str | None, url: str) -> int:
+    """The announced body size (0: not announced); a header that is not a size is refused, not guessed at."""
+    if header is None or not header.strip():
+        return 0
+    if not header.strip().isdigit():
+        raise SourceError(f"could not download {url}: its Content-Length {header[:40]!r} is not a size")
+    return int(header)
 
 
 def download_object(uri: str, cache_dir: Path, expected_sha256: str | None, max_bytes: int) -> tuple[Path, str]:

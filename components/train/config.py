@@ -66,15 +66,21 @@ class TrainConfig:
     )
     # model
     model: str = field(default="resnet", metadata={"help": "model family", "choices": MODELS})
-    depth: int = field(default=20, metadata={"help": "ResNet depth, 6n+2: 20, 32, 44, 56, 110"})
-    width_multiplier: float = field(default=1.0, metadata={"help": "scales every layer's channels"})
+    depth: int = field(default=20, metadata={"range": "[8, 1000]", "help": "ResNet depth, 6n+2: 20, 32, 44, 56, 110"})
+    width_multiplier: float = field(
+        default=1.0, metadata={"range": "[0.0625, 16]", "help": "scales every layer's channels"}
+    )
     data_format: str = field(
         default="channels_last",
         metadata={"help": "channels_first is faster on some GPUs", "choices": ("channels_last", "channels_first")},
     )
-    batch_norm_decay: float = field(default=0.997, metadata={"help": "moving-average decay of batch norm"})
-    batch_norm_epsilon: float = field(default=1e-5, metadata={"help": "batch norm epsilon"})
-    label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing of the cross-entropy"})
+    batch_norm_decay: float = field(
+        default=0.997, metadata={"range": "[0, 1)", "help": "moving-average decay of batch norm"}
+    )
+    batch_norm_epsilon: float = field(default=1e-5, metadata={"range": "(0, 1]", "help": "batch norm epsilon"})
+    label_smoothing: float = field(
+        default=0.0, metadata={"range": "[0, 1)", "help": "label smoothing of the cross-entropy"}
+    )
     test_time_augmentation: str = field(
         default="none",
         metadata={
@@ -84,10 +90,16 @@ class TrainConfig:
         },
     )
     # input
-    batch_size: int = field(default=128, metadata={"help": "global batch, split over all replicas"})
+    batch_size: int = field(
+        default=128, metadata={"range": "[1, 1048576]", "help": "global batch, split over all replicas"}
+    )
     in_memory: bool = field(default=False, metadata={"help": "keep the decoded training set in memory"})
     shuffle_buffer: int = field(
-        default=10000, metadata={"help": "records in the shuffle buffer (streaming mode; 1 keeps the file order)"}
+        default=10000,
+        metadata={
+            "range": "[0, 100000000]",
+            "help": "records in the shuffle buffer (streaming mode; 1 keeps the file order)",
+        },
     )
     augment: bool = field(default=True, metadata={"help": "augment the training images (see augmentation)"})
     augmentation: str = field(
@@ -98,63 +110,106 @@ class TrainConfig:
             "choices": ("crop_flip", "airbench"),
         },
     )
-    translate: int = field(default=2, metadata={"help": "augmentation airbench: the largest translation, in pixels"})
-    seed: int = field(default=42, metadata={"help": "seed of initialization, data order and augmentation"})
+    translate: int = field(
+        default=2, metadata={"range": "[0, 8]", "help": "augmentation airbench: the largest translation, in pixels"}
+    )
+    seed: int = field(
+        default=42, metadata={"range": "[0, 2147483647]", "help": "seed of initialization, data order and augmentation"}
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets and model dirs are mirrored"})
     # length
-    train_steps: int | None = field(default=None, metadata={"help": "global steps to train (default: 80000)"})
-    epochs: float | None = field(default=None, metadata={"help": "epochs to train; instead of --train-steps"})
+    train_steps: int | None = field(
+        default=None, metadata={"range": "[1, 1000000000]", "help": "global steps to train (default: 80000)"}
+    )
+    epochs: float | None = field(
+        default=None, metadata={"range": "(0, 1000000]", "help": "epochs to train; instead of --train-steps"}
+    )
     # optimization
     optimizer: str = field(default="sgd", metadata={"help": "optimizer", "choices": OPTIMIZERS})
-    learning_rate: float = field(default=0.1, metadata={"help": "learning rate at learning_rate_batch_size"})
+    learning_rate: float = field(
+        default=0.1, metadata={"range": "(0, inf)", "help": "learning rate at learning_rate_batch_size"}
+    )
     learning_rate_batch_size: int = field(
-        default=128, metadata={"help": "the rate is scaled linearly by batch_size / this"}
+        default=128, metadata={"range": "[1, 1048576]", "help": "the rate is scaled linearly by batch_size / this"}
     )
     schedule: str = field(default="piecewise", metadata={"help": "learning-rate schedule", "choices": SCHEDULES})
     boundary_epochs: tuple[float, ...] = field(
-        default=(82.0, 123.0, 300.0), metadata={"help": "piecewise schedule: epochs where the rate changes"}
+        default=(82.0, 123.0, 300.0),
+        metadata={"range": "[0, inf)", "help": "piecewise schedule: epochs where the rate changes"},
     )
     decay_factors: tuple[float, ...] = field(
-        default=(0.1, 0.01, 0.002), metadata={"help": "piecewise schedule: multipliers from each boundary on"}
+        default=(0.1, 0.01, 0.002),
+        metadata={"range": "(0, inf)", "help": "piecewise schedule: multipliers from each boundary on"},
     )
-    warmup_epochs: float = field(default=0.0, metadata={"help": "linear warm-up from 0 over this many epochs"})
-    triangle_start: float = field(default=0.2, metadata={"help": "triangular schedule: first rate, x learning_rate"})
+    warmup_epochs: float = field(
+        default=0.0, metadata={"range": "[0, inf)", "help": "linear warm-up from 0 over this many epochs"}
+    )
+    triangle_start: float = field(
+        default=0.2, metadata={"range": "[0, inf)", "help": "triangular schedule: first rate, x learning_rate"}
+    )
     triangle_peak: float = field(
-        default=0.23, metadata={"help": "triangular schedule: where the rate peaks, as a fraction of training"}
+        default=0.23,
+        metadata={"range": "(0, 1)", "help": "triangular schedule: where the rate peaks, as a fraction of training"},
     )
-    triangle_end: float = field(default=0.07, metadata={"help": "triangular schedule: last rate, x learning_rate"})
-    momentum: float = field(default=0.9, metadata={"help": "momentum of sgd and rmsprop"})
+    triangle_end: float = field(
+        default=0.07, metadata={"range": "[0, inf)", "help": "triangular schedule: last rate, x learning_rate"}
+    )
+    momentum: float = field(default=0.9, metadata={"range": "[0, 1)", "help": "momentum of sgd and rmsprop"})
     nesterov: bool = field(default=False, metadata={"help": "Nesterov momentum (sgd)"})
     weight_decay: float = field(
-        default=2e-4, metadata={"help": "L2 on conv/dense kernels (decoupled weight decay for adamw)"}
+        default=2e-4,
+        metadata={"range": "[0, inf)", "help": "L2 on conv/dense kernels (decoupled weight decay for adamw)"},
     )
-    clip_global_norm: float | None = field(default=None, metadata={"help": "clip gradients by their global norm"})
-    clip_norm: float | None = field(default=None, metadata={"help": "clip each variable's gradient by its norm"})
-    clip_value: float | None = field(default=None, metadata={"help": "clip every gradient element to +-value"})
+    clip_global_norm: float | None = field(
+        default=None, metadata={"range": "(0, inf)", "help": "clip gradients by their global norm"}
+    )
+    clip_norm: float | None = field(
+        default=None, metadata={"range": "(0, inf)", "help": "clip each variable's gradient by its norm"}
+    )
+    clip_value: float | None = field(
+        default=None, metadata={"range": "(0, inf)", "help": "clip every gradient element to +-value"}
+    )
     gradient_multipliers: tuple[str, ...] = field(
         default=(), metadata={"help": "REGEX=FACTOR: scale gradients of variables whose name matches"}
     )
     trainable: str | None = field(default=None, metadata={"help": "train only variables matching this regex"})
     frozen: str | None = field(default=None, metadata={"help": "never update variables matching this regex"})
     ema_decay: float | None = field(
-        default=None, metadata={"help": "keep an exponential moving average of the weights (e.g. 0.999)"}
+        default=None,
+        metadata={"range": "(0, 1)", "help": "keep an exponential moving average of the weights (e.g. 0.999)"},
     )
     lookahead_every_steps: int | None = field(
-        default=None, metadata={"help": "lookahead (airbench: 5): every N steps the weights move to a slow average"}
+        default=None,
+        metadata={
+            "range": "[1, inf)",
+            "help": "lookahead (airbench: 5): every N steps the weights move to a slow average",
+        },
     )
-    lookahead_start_epochs: float = field(default=3.0, metadata={"help": "lookahead: from this epoch on"})
-    lookahead_decay: float = field(default=0.95, metadata={"help": "lookahead: decay per step of the slow average"})
+    lookahead_start_epochs: float = field(
+        default=3.0, metadata={"range": "[0, inf)", "help": "lookahead: from this epoch on"}
+    )
+    lookahead_decay: float = field(
+        default=0.95, metadata={"range": "(0, 1)", "help": "lookahead: decay per step of the slow average"}
+    )
     lookahead_decay_power: float = field(
-        default=3.0, metadata={"help": "lookahead: the decay grows as (progress ** this), averaging harder at the end"}
+        default=3.0,
+        metadata={
+            "range": "[0, inf)",
+            "help": "lookahead: the decay grows as (progress ** this), averaging harder at the end",
+        },
     )
     precision: str = field(default="float32", metadata={"help": "compute precision", "choices": PRECISIONS})
     xla: bool = field(default=False, metadata={"help": "compile the training step with XLA"})
     # checkpoints, warm start
-    checkpoint_every_steps: int | None = field(default=1000, metadata={"help": "save a checkpoint every N steps"})
-    checkpoint_every_seconds: float | None = field(default=600.0, metadata={"help": "and/or every N seconds"})
-    max_to_keep: int = field(default=5, metadata={"help": "checkpoints kept"})
+    checkpoint_every_steps: int | None = field(
+        default=1000, metadata={"range": "[1, inf)", "help": "save a checkpoint every N steps"}
+    )
+    checkpoint_every_seconds: float | None = field(
+        default=600.0, metadata={"range": "(0, inf)", "help": "and/or every N seconds"}
+    )
+    max_to_keep: int = field(default=5, metadata={"range": "[1, 1000000]", "help": "checkpoints kept"})
     keep_checkpoint_every_hours: float | None = field(
-        default=None, metadata={"help": "also keep one checkpoint every N hours"}
+        default=None, metadata={"range": "(0, inf)", "help": "also keep one checkpoint every N hours"}
     )
     assume_single_writer: bool = field(
         default=False,
@@ -177,13 +232,23 @@ class TrainConfig:
         default=(), metadata={"help": "REGEX=REPLACEMENT: rewrites a variable's name to its checkpoint name"}
     )
     # logging, summaries
-    log_every_steps: int = field(default=100, metadata={"help": "log step, loss, accuracy, rate, examples/s, ETA"})
-    summary_every_steps: int = field(default=100, metadata={"help": "TensorBoard scalars every N steps"})
-    histogram_every_steps: int = field(default=1000, metadata={"help": "weight histograms every N steps (0: never)"})
-    image_summaries: int = field(default=4, metadata={"help": "augmented input images shown in TensorBoard"})
-    profile_steps: tuple[int, ...] = field(default=(), metadata={"help": "FIRST LAST: profile these steps"})
+    log_every_steps: int = field(
+        default=100, metadata={"range": "[1, inf)", "help": "log step, loss, accuracy, rate, examples/s, ETA"}
+    )
+    summary_every_steps: int = field(
+        default=100, metadata={"range": "[1, inf)", "help": "TensorBoard scalars every N steps"}
+    )
+    histogram_every_steps: int = field(
+        default=1000, metadata={"range": "[0, inf)", "help": "weight histograms every N steps (0: never)"}
+    )
+    image_summaries: int = field(
+        default=4, metadata={"range": "[0, 100]", "help": "augmented input images shown in TensorBoard"}
+    )
+    profile_steps: tuple[int, ...] = field(
+        default=(), metadata={"range": "[1, inf)", "help": "FIRST LAST: profile these steps"}
+    )
     # distribution, launchers
-    workers: int = field(default=1, metadata={"help": "training workers (processes or pods)"})
+    workers: int = field(default=1, metadata={"range": "[1, 4096]", "help": "training workers (processes or pods)"})
     launcher: str = field(
         default="auto",
         metadata={
@@ -194,44 +259,26 @@ class TrainConfig:
         },
     )
     worker_failure_timeout_seconds: float = field(
-        default=30.0, metadata={"help": "local launcher: after one worker fails, how long others get to exit"}
+        default=30.0,
+        metadata={"range": "(0, inf)", "help": "local launcher: after one worker fails, how long others get to exit"},
     )
     peer_timeout_seconds: float = field(
         default=600.0,
-        metadata={"help": "how long a worker waits for the other workers to start before failing, naming them"},
+        metadata={
+            "range": "(0, inf)",
+            "help": "how long a worker waits for the other workers to start before failing, naming them",
+        },
     )
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if (self.depth - 2) % 6 or self.depth < 8:
+        # Each number's interval is its field's "range", checked by check_fields; what is left relates fields.
+        if (self.depth - 2) % 6:
             raise ValueError(f"depth: {self.depth} is not of the form 6n+2 with n >= 1 (20, 32, 44, 56, 110)")
-        for name in ("learning_rate", "batch_norm_epsilon"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: {getattr(self, name)} must be a positive number")
-        for name in ("weight_decay", "warmup_epochs", "triangle_start", "triangle_end"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: {getattr(self, name)} must not be negative")
-        for name in ("momentum", "batch_norm_decay"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name}: {getattr(self, name)} is not in [0, 1)")
-        if not 0 <= self.translate <= 8:
-            raise ValueError(f"translate: {self.translate} is not in [0, 8] pixels")
-        if not 0 < self.triangle_peak < 1:
-            raise ValueError(f"triangle_peak: {self.triangle_peak} is not in (0, 1)")
-        if self.learning_rate_batch_size < 1 or self.max_to_keep < 1:
-            raise ValueError("learning_rate_batch_size and max_to_keep: must be at least 1")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size: {self.batch_size} must be at least 1")
-        if self.workers < 1:
-            raise ValueError(f"workers: {self.workers} must be at least 1")
         if self.batch_size % self.workers:
             raise ValueError(f"batch_size: {self.batch_size} does not split evenly over {self.workers} workers")
         if self.train_steps is not None and self.epochs is not None:
             raise ValueError("train_steps and epochs: give one of them, not both")
-        if self.train_steps is not None and self.train_steps < 1:
-            raise ValueError(f"train_steps: {self.train_steps} must be at least 1")
-        if self.epochs is not None and self.epochs <= 0:
-            raise ValueError(f"epochs: {self.epochs} must be positive")
         if self.schedule == "piecewise" and len(self.boundary_epochs) != len(self.decay_factors):
             raise ValueError(
                 f"boundary_epochs and decay_factors: {len(self.boundary_epochs)} boundaries need as many factors, "
@@ -239,30 +286,8 @@ class TrainConfig:
             )
         if list(self.boundary_epochs) != sorted(self.boundary_epochs):
             raise ValueError(f"boundary_epochs: {self.boundary_epochs} must increase")
-        for name in (
-            "clip_global_norm", "clip_norm", "clip_value", "ema_decay",
-            "peer_timeout_seconds", "worker_failure_timeout_seconds",
-        ):  # fmt: skip
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name}: {value} must be positive")
-        if self.ema_decay is not None and self.ema_decay >= 1:
-            raise ValueError(f"ema_decay: {self.ema_decay} must be below 1")
-        if self.lookahead_every_steps is not None and self.lookahead_every_steps < 1:
-            raise ValueError(f"lookahead_every_steps: {self.lookahead_every_steps} must be at least 1")
-        if not 0 < self.lookahead_decay < 1 or self.lookahead_decay_power < 0 or self.lookahead_start_epochs < 0:
-            raise ValueError(
-                f"lookahead_decay {self.lookahead_decay} must be in (0, 1), lookahead_decay_power "
-                f"{self.lookahead_decay_power} and lookahead_start_epochs {self.lookahead_start_epochs} not negative"
-            )
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing: {self.label_smoothing} is not in [0, 1)")
         if self.profile_steps and (len(self.profile_steps) != 2 or self.profile_steps[0] > self.profile_steps[1]):
             raise ValueError(f"profile_steps: {self.profile_steps} must be FIRST LAST with FIRST <= LAST")
-        for name in ("checkpoint_every_steps", "log_every_steps", "summary_every_steps"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name}: {value} must be at least 1")
         _check_regex(self.trainable, "trainable")
         _check_regex(self.frozen, "frozen")
         for pattern in (*self.warm_start_include, *self.warm_start_exclude):

@@ -50,7 +50,9 @@ class LaunchConfig:
     worker_image: str | None = field(
         default=None, metadata={"help": "the workers' image (default: the train image of this release)"}
     )
-    gpus_per_worker: int = field(default=0, metadata={"help": "GPUs of each worker pod (nvidia.com/gpu)"})
+    gpus_per_worker: int = field(
+        default=0, metadata={"range": "[0, 64]", "help": "GPUs of each worker pod (nvidia.com/gpu)"}
+    )
     worker_cpu: str = field(default="4", metadata={"help": "CPU request of each worker pod (a Kubernetes quantity)"})
     worker_memory: str = field(
         default="16Gi", metadata={"help": "memory request and limit of each worker pod (a Kubernetes quantity)"}
@@ -71,10 +73,14 @@ class LaunchConfig:
     )
     termination_grace_seconds: int = field(
         default=300,
-        metadata={"help": "how long a worker has after SIGTERM to save and push a checkpoint before it is killed"},
+        metadata={
+            "range": "[0, 86400]",
+            "help": "how long a worker has after SIGTERM to save and push a checkpoint before it is killed",
+        },
     )
     job_timeout_seconds: float = field(
-        default=7 * 24 * 3600.0, metadata={"help": "the job is deleted and the step fails after this long"}
+        default=7 * 24 * 3600.0,
+        metadata={"range": "(0, inf)", "help": "the job is deleted and the step fails after this long"},
     )
     runtime: str = field(
         default=DEFAULT_RUNTIME,
@@ -83,13 +89,9 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.gpus_per_worker < 0:
-            raise ValueError(f"gpus_per_worker: {self.gpus_per_worker} must not be negative")
         for name in ("worker_cpu", "worker_memory"):
             if not QUANTITY.match(getattr(self, name)):
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
-        if self.job_timeout_seconds <= 0 or self.termination_grace_seconds < 0:
-            raise ValueError("job_timeout_seconds must be positive and termination_grace_seconds not negative")
         for name in ("job_namespace", "service_account", "object_store_secret", "runtime", "queue_name"):
             if getattr(self, name) is not None:
                 check_object_name(getattr(self, name), name)
