@@ -106,6 +106,7 @@ def test_a_promotion_killed_at_any_step_leaves_only_ready_versions_and_the_next_
     publisher_class = type(storage.publisher_for(root))
     with monkeypatch.context() as patch:
         patch.setattr(promote, "remove", lambda *_args: None)  # a killed process cleans nothing up
+        patch.setattr(promote, "_withdraw_claim", lambda *_args: None)  # nor withdraws its claim
         if point == "export":
 
             def out_of_disk(*_args, **_kwargs):
@@ -168,6 +169,33 @@ def test_a_promotion_killed_at_any_step_leaves_only_ready_versions_and_the_next_
     assert sorted(numeric_folders(root)) == [1, outcome.promotion.version]
     assert_every_numeric_folder_is_a_complete_saved_model(root)
     assert not [name for name in names_under(root) if name.startswith(".staging/")]
+
+
+@pytest.mark.parametrize("ready_before", [True, False], ids=["a version ready", "nothing ready"])
+def test_a_promotion_that_fails_while_staging_withdraws_its_claim_at_once(
+    trained, root, monkeypatch, ready_before, caplog
+):
+    """A failure the process lives through (a full disk, a store error) leaves the root as it was: no claim for the
+    next promotion to wait out, nothing staged, no half-visible version."""
+    if ready_before:
+        promote_once(trained, root, step=5)
+    before = promote.read_pointer(root)[0]
+    original_stage = promote.stage
+
+    def stage_then_fail(*arguments):
+        original_stage(*arguments)
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(promote, "stage", stage_then_fail)
+        with pytest.raises(OSError, match="No space left"):
+            promote_once(trained, root)
+    assert promote.read_pointer(root)[0] == before  # no "promoting" left behind
+    assert not [name for name in names_under(root) if name.startswith(".staging/")]
+    assert sorted(numeric_folders(root)) == ([1] if ready_before else [])
+    caplog.clear()
+    assert promote_once(trained, root).promotion.version == (2 if ready_before else 1)
+    assert "is being promoted by" not in caplog.text  # no claim to wait out
 
 
 def test_a_pointer_left_exporting_by_an_older_release_is_not_trusted(trained, tmp_path):

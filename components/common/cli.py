@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from components.common import exit_codes
+from components.common import exit_codes, out_of_space
 from components.common.config import parse_configs
 from components.common.logs import setup_logging
 
@@ -34,7 +36,35 @@ def run_stage(
     setup_logging(namespace.log_level)
     try:
         outcome = run(*configs)
-    except expected_errors as error:
+    except Exception as error:
+        code = report_error(error, program, expected_errors)
+        if code is None:
+            raise
+        return code
+    return outcome if isinstance(outcome, int) and not isinstance(outcome, bool) else 0
+
+
+def report_error(error: BaseException, program: str, expected_errors: tuple[type[BaseException], ...]) -> int | None:
+    """Log `error` as the one line it deserves and return its exit code: a full disk (retryable), an expected error
+    (bad input, final); None for anything else, a bug, whose traceback is the useful report."""
+    if out_of_space.out_of_space(error):  # before the expected errors: a full disk is not a bad input
+        logging.getLogger(program).error("%s (exit %d)", out_of_space.describe(error), exit_codes.NO_SPACE)
+        return exit_codes.NO_SPACE
+    if isinstance(error, expected_errors):
         logging.getLogger(program).error("%s", error)
         return exit_codes.BAD_INPUT
-    return outcome if isinstance(outcome, int) and not isinstance(outcome, bool) else 0
+    return None
+
+
+@contextlib.contextmanager
+def component_errors(program: str, expected_errors: tuple[type[BaseException], ...] = (ValueError,)):
+    """A KFP component's body: logging set up, and an error it expects (or a full disk) ends the step with one line
+    and its exit code instead of a traceback, as the stage's command line does."""
+    setup_logging()
+    try:
+        yield
+    except Exception as error:
+        code = report_error(error, program, expected_errors)
+        if code is None:
+            raise
+        sys.exit(code)

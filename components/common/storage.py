@@ -306,8 +306,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.fsync(handle.fileno())
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)  # a failed write() names no file: say which (a full disk, most often)
         raise
 
 
@@ -387,7 +389,17 @@ class LocalPublisher:
             atomic_write_bytes(Path(self.root, name), data)
 
     def withdraw(self, name: str) -> None:
-        Path(self.root, name).unlink(missing_ok=True)
+        """Remove an object, and the folders it leaves empty below the root (an object store has no folders)."""
+        path = Path(self.root, name)
+        path.unlink(missing_ok=True)
+        root = Path(self.root)
+        for folder in path.parents:
+            if folder == root or root not in folder.parents:
+                break
+            try:
+                folder.rmdir()
+            except OSError:  # not empty
+                break
 
     def copy(self, source: str, destination: str) -> None:
         atomic_write_bytes(Path(self.root, destination), Path(self.root, source).read_bytes())

@@ -19,8 +19,7 @@ def run(config: EvaluateConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from components.common.model_directory import CheckpointError
-    from components.evaluate.promote import PromotionConflictError
+    from components.evaluate.kfp_run import EXPECTED_ERRORS
 
     return run_stage(
         EvaluateConfig,
@@ -28,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         DESCRIPTION,
         "python -m components.evaluate",
-        expected_errors=(ValueError, CheckpointError, PromotionConflictError),
+        expected_errors=EXPECTED_ERRORS,
     )
 
 

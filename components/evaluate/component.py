@@ -26,24 +26,24 @@ def evaluate_component(
     promote step needs. With `promotion_root`, its current.json is the baseline (unless `baseline` is given)
     and its version is recorded, so the promote step only succeeds if nobody promoted in between.
     """
-    from components.common.logs import setup_logging
-    from components.evaluate.kfp_run import run_evaluate
+    from components.common.cli import component_errors
+    from components.evaluate.kfp_run import EXPECTED_ERRORS, run_evaluate
 
-    setup_logging()
-    return run_evaluate(
-        dataset,
-        model,
-        metrics,
-        classification,
-        report,
-        evaluation,
-        split=split,
-        weights=weights,
-        accuracy_threshold=accuracy_threshold,
-        baseline=baseline,
-        baseline_tolerance=baseline_tolerance,
-        promotion_root=promotion_root,
-    )
+    with component_errors("evaluate", EXPECTED_ERRORS):
+        return run_evaluate(
+            dataset,
+            model,
+            metrics,
+            classification,
+            report,
+            evaluation,
+            split=split,
+            weights=weights,
+            accuracy_threshold=accuracy_threshold,
+            baseline=baseline,
+            baseline_tolerance=baseline_tolerance,
+            promotion_root=promotion_root,
+        )
 
 
 @dsl.component(base_image=image("evaluate"), install_kfp_package=False)
@@ -62,19 +62,20 @@ def promote_component(
     least as good: decided again on the evaluation's images).
 
     `promoted` holds the pointer as written; its metadata names the SavedModel (`saved_model`) and `version`."""
-    from components.common.logs import setup_logging
-    from components.evaluate.kfp_run import run_promote
+    from components.common.cli import component_errors
+    from components.evaluate.kfp_run import EXPECTED_ERRORS, run_promote
 
-    setup_logging()
-    return run_promote(model, evaluation, dataset, promotion_root, serving_version, promoted)
+    with component_errors("evaluate", EXPECTED_ERRORS):
+        return run_promote(model, evaluation, dataset, promotion_root, serving_version, promoted)
 
 
 @dsl.component(base_image=image("evaluate"), install_kfp_package=False)
 def warm_start_component(warm_start: str, promotion_root: str, from_promoted: bool) -> str:
     """The checkpoint to warm-start from: `warm_start` when given, else (with `from_promoted`) the checkpoint of
     the currently promoted model under `promotion_root`, else "" (train from scratch)."""
-    from components.common.logs import setup_logging
+    from components.common.cli import component_errors
+    from components.evaluate.kfp_run import EXPECTED_ERRORS
     from components.evaluate.promote import warm_start_checkpoint
 
-    setup_logging()
-    return warm_start_checkpoint(warm_start, promotion_root, from_promoted)
+    with component_errors("evaluate", EXPECTED_ERRORS):
+        return warm_start_checkpoint(warm_start, promotion_root, from_promoted)

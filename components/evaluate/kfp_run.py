@@ -8,9 +8,13 @@ from typing import Any
 
 from components.common import storage
 from components.common.kfp_parameters import config_from_parameters
-from components.common.model_directory import artifact_location
+from components.common.model_directory import CheckpointError, artifact_location
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import Evaluator, evaluate
+from components.evaluate.promote import PromotionConflictError
+
+# What ends the stage with one line and exit 2 (bad input, final), not a traceback; also its command line's.
+EXPECTED_ERRORS = (ValueError, CheckpointError, PromotionConflictError)
 
 
 def run_evaluate(

@@ -307,6 +307,9 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
         try:
             names = stage(root, export_dir, token)
             make_visible(root, token, names, version)
+        except BaseException:
+            _withdraw_claim(root, version, ready, claimed)
+            raise
         finally:
             remove(root, f"{STAGING}/{token}")
         promoted = {
@@ -332,6 +335,22 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
     raise PromotionConflictError(
         f"{publisher.uri(POINTER)} kept being moved by other promotions ({ATTEMPTS} attempts); nothing was promoted"
     )
+
+
+def _withdraw_claim(root: str, version: int, ready: dict, claimed: str) -> None:
+    """After a failed staging (a full disk, a store error): remove what reached `<version>/` and put the pointer
+    back to the last ready version, so that the next promotion need not wait for the claim to go stale. Best
+    effort: what it cannot undo, the next promotion's clean-up does."""
+    try:
+        remove(root, str(version))
+        publisher = storage.publisher_for(root)
+        if ready:
+            publisher.publish(POINTER, _encode(ready), expected_version=claimed)
+        else:  # nothing was ready before this claim: no pointer, as before it (a live claim is never taken over)
+            publisher.withdraw(POINTER)
+        logger.warning("promotion of version %d failed: its claim was withdrawn, nothing of it is left", version)
+    except Exception as error:  # the original error is what the operator needs to see
+        logger.warning("could not withdraw the claim on version %d (%s); the next promotion cleans up", version, error)
 
 
 def _warm_start_uri(publisher: storage.Publisher, version: int, candidate: Candidate) -> str | None:

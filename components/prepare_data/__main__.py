@@ -6,8 +6,8 @@ import sys
 
 from components.common.cli import run_stage
 from components.common.memory import reuse_freed_memory
-from components.common.storage import PublishConflictError
 from components.prepare_data.config import PrepareDataConfig
+from components.prepare_data.kfp_run import EXPECTED_ERRORS
 from components.prepare_data.prepare import prepare_data
 
 DESCRIPTION = "Convert CIFAR-10 (or images in class folders, or synthetic data) to validated, sharded TFRecords."
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         DESCRIPTION,
         "python -m components.prepare_data",
-        expected_errors=(ValueError, PublishConflictError),  # SourceError and DatasetError are ValueErrors
+        expected_errors=EXPECTED_ERRORS,
     )
 
 

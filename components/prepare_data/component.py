@@ -28,29 +28,30 @@ def prepare_data_component(
     only the official archive's known digest. source_fingerprint is only for caching: pass the output of
     source_fingerprint_component so that a cached result is reused only for unchanged source content.
     """
-    from components.common.logs import setup_logging
-    from components.prepare_data.kfp_run import run_prepare_data
+    from components.common.cli import component_errors
+    from components.prepare_data.kfp_run import EXPECTED_ERRORS, run_prepare_data
 
-    setup_logging()
-    run_prepare_data(
-        dataset,
-        source=source,
-        source_sha256=source_sha256,
-        validation_fraction=validation_fraction,
-        examples_per_shard=examples_per_shard,
-        compression=compression,
-        seed=seed,
-        synthetic_train_per_class=synthetic_train_per_class,
-        synthetic_eval_per_class=synthetic_eval_per_class,
-        source_fingerprint=source_fingerprint,
-    )
+    with component_errors("prepare_data", EXPECTED_ERRORS):
+        run_prepare_data(
+            dataset,
+            source=source,
+            source_sha256=source_sha256,
+            validation_fraction=validation_fraction,
+            examples_per_shard=examples_per_shard,
+            compression=compression,
+            seed=seed,
+            synthetic_train_per_class=synthetic_train_per_class,
+            synthetic_eval_per_class=synthetic_eval_per_class,
+            source_fingerprint=source_fingerprint,
+        )
 
 
 @dsl.component(base_image=image("prepare_data"), install_kfp_package=False)
 def source_fingerprint_component(source: str) -> str:
     """A fingerprint of the source's content (cheap: metadata or a hash), for cache keys."""
-    from components.common.logs import setup_logging
+    from components.common.cli import component_errors
     from components.prepare_data.fingerprint import source_fingerprint
+    from components.prepare_data.kfp_run import EXPECTED_ERRORS
 
-    setup_logging()
-    return source_fingerprint(source)
+    with component_errors("prepare_data", EXPECTED_ERRORS):
+        return source_fingerprint(source)

@@ -7,8 +7,12 @@ from typing import Any
 
 from components.common.kfp_parameters import config_from_parameters
 from components.common.memory import reuse_freed_memory
+from components.common.storage import PublishConflictError
 from components.prepare_data.config import PrepareDataConfig
 from components.prepare_data.prepare import PrepareResult, prepare_data
+
+# What ends the stage with one line and exit 2 (bad input, final), not a traceback; also its command line's.
+EXPECTED_ERRORS = (ValueError, PublishConflictError)  # SourceError and DatasetError are ValueErrors
 
 
 def dataset_metadata(result: PrepareResult) -> dict[str, Any]:

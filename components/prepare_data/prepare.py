@@ -208,6 +208,37 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     progress = Progress("encode and publish", total, unit="images", logger=logger)
 
     key = dataset_key(resolved.sha256, parameters)
+    written: set[str] = set()  # this run's shards: removed again if it does not publish its manifest
+    try:
+        split_infos = _publish_shards(publisher, named_splits, key, config, len(raw.label_names), progress, written)
+        manifest = Manifest(
+            schema_version=records.SCHEMA_VERSION,
+            dataset=raw.dataset,
+            synthetic=raw.dataset == "synthetic",
+            source=raw.source,
+            label_names=raw.label_names,
+            image_shape=list(named_splits["train"].image_shape),
+            compression=config.compression,
+            parameters=parameters,
+            splits=split_infos,
+        )
+        content = manifest.to_json()
+        publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
+    except BaseException:  # a lost race, a full disk, a signal: leave no shard of this run behind
+        _remove_shards_not_published(publisher, written, "unpublished")
+        raise
+    _remove_shards_not_published(publisher, _shard_paths(existing) - _shard_paths(manifest), "replaced")
+    logger.info(
+        "published %s: %s; manifest %s",
+        config.output,
+        ", ".join(f"{name} {info.num_examples}" for name, info in split_infos.items()),
+        manifest_digest(content)[:12],
+    )
+    return PrepareResult(config.output, manifest, manifest_digest(content), reused=False)
+
+
+def _publish_shards(publisher, named_splits, key, config, num_classes, progress, written) -> dict[str, SplitInfo]:
+    """Encode and publish every split's shards (on threads); `written` collects each name as it is started."""
     split_infos: dict[str, SplitInfo] = {}
     with ThreadPoolExecutor(PUBLISH_THREADS) as pool:
         pending: dict[str, list] = {}
@@ -219,6 +250,7 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
                 content = records.encode_shard(
                     split.images(part), split.labels[part], split.ids[part], config.compression
                 )
+                written.add(name)
                 pending[split_name].append(
                     pool.submit(_publish_shard, publisher, name, content, part.stop - part.start)
                 )
@@ -226,35 +258,10 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
         for split_name, split in named_splits.items():
             split_infos[split_name] = SplitInfo(
                 num_examples=len(split),
-                class_counts=np.bincount(split.labels, minlength=len(raw.label_names)).tolist(),
+                class_counts=np.bincount(split.labels, minlength=num_classes).tolist(),
                 shards=[future.result() for future in pending[split_name]],
             )
-
-    manifest = Manifest(
-        schema_version=records.SCHEMA_VERSION,
-        dataset=raw.dataset,
-        synthetic=raw.dataset == "synthetic",
-        source=raw.source,
-        label_names=raw.label_names,
-        image_shape=list(named_splits["train"].image_shape),
-        compression=config.compression,
-        parameters=parameters,
-        splits=split_infos,
-    )
-    content = manifest.to_json()
-    try:
-        publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
-    except storage.PublishConflictError:
-        _remove_shards_not_published(publisher, _shard_paths(manifest), "unpublished")
-        raise
-    _remove_shards_not_published(publisher, _shard_paths(existing) - _shard_paths(manifest), "replaced")
-    logger.info(
-        "published %s: %s; manifest %s",
-        config.output,
-        ", ".join(f"{name} {info.num_examples}" for name, info in split_infos.items()),
-        manifest_digest(content)[:12],
-    )
-    return PrepareResult(config.output, manifest, manifest_digest(content), reused=False)
+    return split_infos
 
 
 def _shard_paths(manifest: Manifest | None) -> set[str]:

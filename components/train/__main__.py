@@ -10,9 +10,8 @@ from components.train import termination
 termination.block_for_this_process()
 
 from components.common.cli import run_stage  # noqa: E402 (after the signal block above)
-from components.common.model_directory import CheckpointError  # noqa: E402
-from components.common.writer_claim import WriterClaimError  # noqa: E402
 from components.train.config import TrainConfig  # noqa: E402
+from components.train.kfp_run import EXPECTED_ERRORS  # noqa: E402
 from components.train.launch_config import LaunchConfig  # noqa: E402
 from components.train.launcher import run  # noqa: E402
 
@@ -29,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         DESCRIPTION,
         "python -m components.train",
-        expected_errors=(ValueError, CheckpointError, WriterClaimError),
+        expected_errors=EXPECTED_ERRORS,
     )
 
 

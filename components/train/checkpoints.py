@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,23 @@ def checkpoints_on_disk(directory: str | Path) -> list[str]:
 
 
 STATE_FILE = "checkpoint"
+
+
+def remove_partial_checkpoint(directory: str | Path, step: int) -> None:
+    """Remove what an interrupted save of `step` left: TensorFlow's `ckpt-N_temp/` folder and any of `ckpt-N.*`
+    (the state file is only rewritten after a save succeeds, so it never names them)."""
+    directory = Path(directory)
+    shutil.rmtree(directory / f"{CHECKPOINT_PREFIX}-{step}_temp", ignore_errors=True)
+    for path in directory.glob(f"{CHECKPOINT_PREFIX}-{step}.*"):
+        path.unlink(missing_ok=True)
+
+
+def remove_abandoned_saves(directory: str | Path) -> None:
+    """Remove the `ckpt-N_temp/` folders saves of killed writers left (call as the only writer)."""
+    for path in Path(directory).glob(f"{CHECKPOINT_PREFIX}-*_temp"):
+        if path.is_dir():
+            logger.info("removing %s, left by an interrupted save", path)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def reconcile_state_file(directory: str | Path) -> None:

@@ -13,9 +13,18 @@ from typing import Any
 
 from components.common import exit_codes, storage
 from components.common.kfp_parameters import config_from_parameters
-from components.common.model_directory import TRAIN_METRICS, artifact_location, pipeline_model_directory
+from components.common.model_directory import (
+    TRAIN_METRICS,
+    CheckpointError,
+    artifact_location,
+    pipeline_model_directory,
+)
+from components.common.writer_claim import WriterClaimError
 from components.train.config import CLUSTER_LAUNCHERS, TrainConfig
 from components.train.launch_config import LaunchConfig
+
+# What ends the stage with one line and exit 2 (bad input, final), not a traceback; also its command line's.
+EXPECTED_ERRORS = (ValueError, CheckpointError, WriterClaimError)
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +83,8 @@ def run_train(dataset: Any, model: Any, ui_metadata: Any, launcher: str, **param
     from components.train.launcher import run
 
     code = run(train, launch)
-    if code == exit_codes.PREEMPTED:
-        sys.exit(exit_codes.PREEMPTED)  # retryable: the step's retry resumes from the saved checkpoint
-    if code != 0:
-        raise RuntimeError(f"training failed with exit code {code}; see the log above")
+    if code != exit_codes.SUCCESS:  # the reason was logged; 143 and 144 are retryable: a retry resumes
+        sys.exit(code)
     summary = json.loads(storage.read_bytes(storage.join(train.model_dir, TRAIN_METRICS)))
     model.metadata.update(
         {

@@ -29,6 +29,7 @@ from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
 from components.common.model_directory import RESOLVED_CONFIG, TRAIN_METRICS, ModelDirectory
+from components.common.out_of_space import out_of_space
 from components.common.progress import format_duration
 from components.train import checkpoints, data, distribution
 from components.train.config import TrainConfig, parse_assignments
@@ -175,6 +176,7 @@ class Trainer:
         """The checkpoint manager, over a `checkpoint` state file made to list what is on disk: only after the
         model directory was found to fit this run, so that a refused run writes nothing."""
         if self.chief:
+            checkpoints.remove_abandoned_saves(self.model_directory.local)
             checkpoints.reconcile_state_file(self.model_directory.local)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint,
@@ -406,7 +408,12 @@ class Trainer:
     def _save(self, step: int) -> None:
         if self.chief:
             self.model_directory.check_writer()  # the folder at the path is still this run's: else stop, write nothing
-        path = self.manager.save(checkpoint_number=step)
+        try:
+            path = self.manager.save(checkpoint_number=step)
+        except Exception as error:
+            if out_of_space(error):  # what TensorFlow left of this step's checkpoint would only take space
+                checkpoints.remove_partial_checkpoint(self.write_dir, step)
+            raise
         if self.chief:
             logger.info("saved checkpoint %s", path)
             self.model_directory.push(remove_deleted_checkpoints=True)

@@ -1,0 +1,50 @@
+"""Out of disk space (or quota), wherever it is raised: by Python (OSError ENOSPC, EDQUOT) or by TensorFlow (an
+OpError whose message ends in "No space left on device"), directly or as the cause of another error.
+
+It is a condition an operator fixes and retries, not a bad input and not a bug: every stage ends with one line
+naming where, after removing what it had half-written, and exits with `exit_codes.NO_SPACE`, which is retried.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+
+_MESSAGES = ("No space left on device", "Disk quota exceeded")
+_PATH = re.compile(r"/[^\s;:'\",\[\]]+")
+
+
+def out_of_space(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from, is a full disk or quota."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(message in str(error) for message in _MESSAGES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def where(error: BaseException) -> str:
+    """The file the full disk was found writing, as the error names it, or "a file"."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.filename:
+            return str(error.filename)
+        text = str(error)
+        positions = [position for message in _MESSAGES if (position := text.find(message)) >= 0]
+        paths = _PATH.findall(text[: min(positions)]) if positions else []
+        if paths:  # the last path before the message: TensorFlow's "<file>; No space...", shutil's (src, dst, why)
+            return paths[-1]
+        error = error.__cause__ or error.__context__
+    return "a file"
+
+
+def describe(error: BaseException) -> str:
+    return (
+        f"out of disk space writing {where(error)}: nothing half-written was kept; free space there (or give the step "
+        "a larger volume) and run again"
+    )
