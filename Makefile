@@ -17,6 +17,9 @@ TRAIN_OPTIONS ?=
 # PRESET: fast (airbench94's recipe) or estimator (the CIFAR-10 estimator example's ResNet recipe)
 PRESET ?=
 EXTRA ?=
+# make local-run: RESUME=<run folder or name, or last> continues that run's training; VERBOSE=1 shows every line
+RESUME ?=
+VERBOSE ?=
 KFP_HOST ?=
 EXPERIMENT ?= cifar10
 CRON ?= 0 0 3 * * *
@@ -47,7 +50,7 @@ DEMO = $(if $(PRESET),,$(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300) \
 	$(if $(TRAIN_OPTIONS),,--train-options '{"batch_norm_decay": 0.9}'))
 
 .PHONY: help install constraints test test-images lint format local-run compile run schedule tensorboard images push
-.PHONY: prepare-data bench bench-accuracy serving-ops clean
+.PHONY: prepare-data bench bench-accuracy serving-ops clean clean-runs
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -77,8 +80,12 @@ format:  ## apply ruff fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-local-run:  ## the whole pipeline on this machine (kfp.local): make local-run [SOURCE=... TRAIN_STEPS=... RUNNER=docker]
-	$(PIPELINE) local-run --runner $(RUNNER) --output-root $(OUTPUT) $(RUN_PARAMETERS) $(DEMO) $(EXTRA)
+local-run:  ## the whole pipeline on this machine: make local-run [SOURCE=... EPOCHS=... RESUME=last VERBOSE=1 RUNNER=docker]
+	$(PIPELINE) local-run --runner $(RUNNER) --output-root $(OUTPUT) $(RUN_PARAMETERS) $(DEMO) \
+	  $(if $(RESUME),--resume $(RESUME)) $(if $(VERBOSE),--verbose) $(EXTRA)
+
+clean-runs:  ## remove local runs' folders, keep the promoted models (OUTPUT/models): make clean-runs [KEEP=1]
+	$(PIPELINE) clean-runs --output-root $(OUTPUT) --keep $(or $(KEEP),0)
 
 compile:  ## write pipeline/pipeline.yaml
 	$(PIPELINE) compile
@@ -116,5 +123,5 @@ bench-accuracy:  ## what each preset buys on real CIFAR-10: 2 runs each of 10 ep
 serving-ops:  ## op definitions of a TensorFlow Serving release, from its own package: make serving-ops VERSION=2.6.2
 	$(BIN)/python -m components.evaluate.serving_ops.generate $(VERSION)
 
-clean:  ## remove outputs and caches (not .venv)
+clean:  ## remove outputs (promoted models too) and caches (not .venv)
 	rm -rf $(OUTPUT) .pytest_cache .ruff_cache bench/work

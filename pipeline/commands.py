@@ -2,9 +2,6 @@
 
 Every pipeline parameter is an option of local-run, run and schedule (`--train-steps 200`), generated from
 the pipeline's own signature so the two never drift apart.
-
-Over 300 lines: one function per command (compile, local-run and its Docker runner, run, schedule, tensorboard) and
-their shared parameter checks.
 """
 
 from __future__ import annotations
@@ -12,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import time
 from importlib import resources
 from pathlib import Path
@@ -26,6 +22,7 @@ logger = logging.getLogger("pipeline")
 # The compiled pipeline is package data (pyproject.toml), found beside this module however it was installed.
 COMPILED = Path(str(resources.files("pipeline").joinpath("pipeline.yaml")))
 DEFAULT_EXPERIMENT = "cifar10"
+LOCAL_RUN_SOURCE = "synthetic"  # local-run is a demo unless told otherwise (make local-run SOURCE=...)
 
 
 class CommandError(RuntimeError):
@@ -59,10 +56,12 @@ def _converter(kfp_type: str):
     return str
 
 
-def add_parameter_options(parser: argparse.ArgumentParser, pipeline) -> None:
+def add_parameter_options(parser: argparse.ArgumentParser, pipeline, overrides: dict[str, Any] | None = None) -> None:
+    """One option per pipeline parameter; `overrides` are this command's own defaults (shown as such)."""
     group = parser.add_argument_group("pipeline parameters (default: the pipeline's)")
     descriptions = _descriptions(pipeline)
     for name, (kfp_type, default) in _parameter_types(pipeline).items():
+        default = (overrides or {}).get(name, default)
         group.add_argument(
             "--" + name.replace("_", "-"),
             dest=f"parameter_{name}",
@@ -134,175 +133,6 @@ def compile_pipeline(pipeline, output: Path = COMPILED) -> Path:
 
 
 # -- local-run --------------------------------------------------------------------------------------------------
-
-
-def docker_engine_problem() -> str | None:
-    """Why a DockerRunner cannot work here, or None when a Docker API answers (Docker's, or podman's
-    `podman system service` with DOCKER_HOST pointing at its socket)."""
-    try:
-        import docker
-
-        docker.from_env(timeout=20).ping()
-    except ImportError:
-        return "the docker Python package is not installed"
-    except Exception as error:  # the SDK raises many kinds; all mean: no engine
-        reason = str(error).strip().splitlines()
-        return f"no Docker API answers ({reason[-1] if reason else type(error).__name__})"
-    return None
-
-
-# The container user of RUNNER=docker: the host user's own IDs, so outputs belong to whoever ran make (as root,
-# the images' non-root user; the run folder is then made writable for it).
-CONTAINER_USER = "10001"
-
-
-def run_container_then_remove(client, image: str, command: list[str], volumes: dict, **run_arguments) -> int:
-    """kfp.local's `run_docker_container`, except that the exit code is read before the container is removed.
-
-    kfp 2.17 starts each step's container with auto_remove=True and then asks for its exit code: when the container
-    is already gone, Docker answers 404, which kfp takes for success (a failed step would pass), and podman's Docker
-    API answers 500, which fails the run even when the step succeeded."""
-    from kfp.local.docker_task_handler import add_latest_tag_if_not_present
-
-    image = add_latest_tag_if_not_present(image=image)
-    if not any(image in known.tags + known.attrs.get("RepoDigests", []) for known in client.images.list()):
-        logger.info("pulling %s", image)
-        client.images.pull(image)
-    container = client.containers.run(
-        image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **run_arguments
-    )
-    try:
-        for line in container.logs(stream=True, follow=True):
-            print(line.decode(errors="replace"), end="")
-        return container.wait()["StatusCode"]
-    finally:
-        container.remove(force=True)
-
-
-def docker_runner(output_root: Path):
-    """kfp.local's DockerRunner, running each step as KFP does on a cluster: a non-root user, a read-only root file
-    system, a writable /tmp; the pipeline root (OUTPUT) is mounted at its own path."""
-    from kfp import local
-    from kfp.local import docker_task_handler
-
-    docker_task_handler.run_docker_container = run_container_then_remove
-
-    if os.getuid() == 0:
-        user = CONTAINER_USER
-        output_root.chmod(0o1777)  # like /tmp: everyone may create, only owners may remove
-    else:
-        user = f"{os.getuid()}:{os.getgid()}"
-    return local.DockerRunner(user=user, read_only=True, tmpfs={"/tmp": "rw,exec,size=4g"}, network_mode="host")
-
-
-def check_images_are_built() -> None:
-    """Every image the pipeline names is on the engine (a missing one would be pulled from a registry that does not
-    have this content's tag)."""
-    import docker
-
-    from components.images import IMAGE_OF_STAGE, image
-
-    client = docker.from_env(timeout=60)
-    for reference in sorted({image(stage) for stage in IMAGE_OF_STAGE}):
-        try:
-            client.images.get(reference)
-        except docker.errors.ImageNotFound:
-            raise CommandError(
-                f"{reference}: not built (the image tag follows the code); run make images first"
-            ) from None
-
-
-def check_paths_are_mounted(parameters: dict[str, Any], output_root: Path) -> None:
-    """RUNNER=docker mounts only OUTPUT: a local path elsewhere would not exist inside the containers."""
-    for name in ("source", "promotion_root", "warm_start", "model_dir"):
-        value = str(parameters.get(name) or "")
-        if not value or "://" in value or value == "synthetic":
-            continue
-        path = Path(value).expanduser().resolve()
-        if output_root != path and output_root not in path.parents:
-            raise CommandError(
-                f"{name}: {value} is outside {output_root}, the only folder RUNNER=docker mounts into the steps; "
-                f"copy it under {output_root} or give a gs:// or s3:// URI"
-            )
-
-
-def local_run(pipeline, parameters: dict[str, Any], output_root: Path, runner: str = "subprocess") -> Path:
-    """Run the whole pipeline on this machine through kfp.local; returns the run's folder (OUTPUT/<pipeline>-<time>;
-    promoted models go to OUTPUT/models)."""
-    from kfp import local
-
-    check_parameters(pipeline, parameters)
-    if parameters.get("launcher") in ("trainjob", "tfjob"):
-        raise CommandError(
-            f"launcher {parameters['launcher']} needs a Kubernetes cluster (make run); on this machine the workers are "
-            "processes (launcher auto or pod)"
-        )
-
-    output_root = output_root.resolve()
-    output_root.mkdir(parents=True, exist_ok=True)
-    parameters = {"promotion_root": str(output_root / "models"), **parameters}
-    if runner == "docker":
-        problem = docker_engine_problem()
-        if problem:
-            raise CommandError(
-                f"RUNNER=docker needs a running Docker engine, and here {problem}. With podman: podman system service "
-                "and DOCKER_HOST=unix://<its socket>. Or run without containers: make local-run (the subprocess "
-                "runner, same code and parameters)."
-            )
-        check_paths_are_mounted(parameters, output_root)
-        check_images_are_built()
-        local.init(runner=docker_runner(output_root), pipeline_root=str(output_root))
-    elif runner == "subprocess":
-        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(output_root))
-    else:
-        raise CommandError(f"runner {runner!r} is not subprocess or docker")
-    before = set(run_folders(pipeline, output_root))
-    logger.info("running %s locally (%s runner) with %s", pipeline.name, runner, json.dumps(parameters, sort_keys=True))
-    started = time.monotonic()
-    pipeline(**parameters)
-    (run_folder,) = set(run_folders(pipeline, output_root)) - before or {
-        max(run_folders(pipeline, output_root), key=lambda p: p.stat().st_mtime)
-    }
-    logger.info("finished in %.0f s; outputs in %s", time.monotonic() - started, run_folder)
-    for line in describe_run(run_folder, Path(parameters["promotion_root"])):
-        logger.info("%s", line)
-    return run_folder
-
-
-def run_folders(pipeline, output_root: Path) -> list[Path]:
-    """kfp.local's folders of this pipeline's runs: <pipeline name>-<timestamp>."""
-    return [path for path in output_root.glob(f"{pipeline.name}-*") if path.is_dir()]
-
-
-TRAINING_TASKS = "*train*-component*"  # train-component (in the pod), launch-training-job-component (a job)
-
-
-def describe_run(run_folder: Path, promotion_root: Path) -> list[str]:
-    """Where the run's main outputs are, for a person reading the terminal."""
-    lines = []
-    for label, pattern in (
-        ("dataset manifest", "prepare-data-component/dataset/manifest.json"),
-        ("model directory", f"{TRAINING_TASKS}/model"),
-        ("evaluation report", "evaluate-component*/report"),
-        ("evaluation metrics", f"{TRAINING_TASKS}/model/eval_metrics.json"),
-    ):
-        found = sorted(run_folder.glob(pattern))
-        if found:
-            lines.append(f"{label}: {found[0]}")
-    metrics = sorted(run_folder.glob(f"{TRAINING_TASKS}/model/eval_metrics.json"))
-    if metrics:
-        summary = json.loads(metrics[0].read_text())
-        lines.append(
-            f"accuracy: {summary['metrics']['accuracy']:.4f}; " + ("BLESSED" if summary["blessed"] else "not blessed")
-        )
-    pointer = promotion_root / "current.json"
-    if pointer.exists():
-        current = json.loads(pointer.read_text())
-        lines.append(f"promoted model: {current['version']} at {current['saved_model']}")
-    models = sorted(run_folder.glob(f"{TRAINING_TASKS}/model"))
-    if models:
-        lines.append(f"TensorBoard: make tensorboard LOGDIR={models[0]}")
-    return lines
 
 
 # -- a KFP endpoint ---------------------------------------------------------------------------------------------
@@ -378,9 +208,32 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     compile_parser = commands.add_parser("compile", help="write pipeline/pipeline.yaml", allow_abbrev=False)
     compile_parser.add_argument("--output", type=Path, default=COMPILED)
     local = commands.add_parser("local-run", help="the whole pipeline on this machine (kfp.local)", allow_abbrev=False)
-    local.add_argument("--runner", choices=("subprocess", "docker"), default="subprocess")
-    local.add_argument("--output-root", type=Path, default=Path("outputs"))
-    add_parameter_options(local, pipeline)
+    local.add_argument(
+        "--runner",
+        choices=("subprocess", "docker"),
+        default="subprocess",
+        help="subprocess: each step a process of this Python environment; docker: each step in its image, as on a "
+        "cluster (make images first) (default: subprocess)",
+    )
+    local.add_argument(
+        "--output-root",
+        type=Path,
+        default=Path("outputs"),
+        help="where each run's folder (<pipeline>-<time>/, with its local-run.log) and the promoted models (models/) "
+        "go (default: outputs)",
+    )
+    local.add_argument("--verbose", action="store_true", help="show every line of every step, not only the progress")
+    local.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue the training of an earlier run (its folder, its name, or last) from its latest checkpoint",
+    )
+    add_parameter_options(local, pipeline, overrides={"source": LOCAL_RUN_SOURCE})
+    cleaner = commands.add_parser(
+        "clean-runs", help="remove the run folders of local runs; promoted models stay", allow_abbrev=False
+    )
+    cleaner.add_argument("--output-root", type=Path, default=Path("outputs"), help="(default: outputs)")
+    cleaner.add_argument("--keep", type=int, default=0, help="keep the newest KEEP runs (default: 0)")
     run = commands.add_parser("run", help="compile and submit a run to the KFP endpoint", allow_abbrev=False)
     run.add_argument("--host", required=True)
     run.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
@@ -410,7 +263,16 @@ def main(pipeline, argv: list[str] | None = None) -> int:
         if arguments.command == "compile":
             compile_pipeline(pipeline, arguments.output)
         elif arguments.command == "local-run":
-            local_run(pipeline, chosen_parameters(arguments, pipeline), arguments.output_root, arguments.runner)
+            from pipeline.local_run import local_run
+
+            parameters = {"source": LOCAL_RUN_SOURCE, **chosen_parameters(arguments, pipeline)}
+            local_run(
+                pipeline, parameters, arguments.output_root, arguments.runner, arguments.verbose, arguments.resume
+            )
+        elif arguments.command == "clean-runs":
+            from pipeline.local_run import clean_runs
+
+            clean_runs(pipeline.name, arguments.output_root, arguments.keep)
         elif arguments.command == "run":
             submit(
                 pipeline,
@@ -436,4 +298,14 @@ def main(pipeline, argv: list[str] | None = None) -> int:
     except (CommandError, ValueError) as error:
         logger.error("%s", error)
         return exit_codes.BAD_INPUT
+    except RuntimeError as error:
+        from pipeline.local_run import RunFailedError, RunInterruptedError
+
+        if isinstance(error, RunInterruptedError):
+            logger.warning("%s", error)
+            return exit_codes.INTERRUPTED
+        if isinstance(error, RunFailedError):
+            logger.error("%s", error)
+            return exit_codes.FAILED
+        raise
     return exit_codes.SUCCESS

@@ -230,8 +230,9 @@ def tiny_train_config(data: str, model_dir, **overrides):
         "summary_every_steps": 1,
         "histogram_every_steps": 0,
         "image_summaries": 0,
-        "checkpoint_every_steps": None,
+        "checkpoint_every_steps": 0,
         "checkpoint_every_seconds": None,
+        "validation_every_steps": 0,
     }
     values.update(overrides)
     from components.common.config import config_from_mapping

@@ -11,7 +11,7 @@ import yaml
 
 from components import images
 from images import build as images_build
-from pipeline import commands
+from pipeline import commands, local_run
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def test_without_an_engine_make_images_says_so_in_one_line(monkeypatch, capsys, 
 
 def test_docker_runner_refuses_local_paths_it_cannot_mount(tmp_path):
     output = tmp_path / "outputs"
-    commands.check_paths_are_mounted({"source": "synthetic", "promotion_root": str(output / "models")}, output)
-    commands.check_paths_are_mounted({"source": "s3://bucket/cifar-10-python.tar.gz"}, output)
+    local_run.check_paths_are_mounted({"source": "synthetic", "promotion_root": str(output / "models")}, output)
+    local_run.check_paths_are_mounted({"source": "s3://bucket/cifar-10-python.tar.gz"}, output)
     with pytest.raises(commands.CommandError, match=r"^source: .*archive.tar.gz is outside .*outputs.*copy it under"):
-        commands.check_paths_are_mounted({"source": str(tmp_path / "archive.tar.gz")}, output)
+        local_run.check_paths_are_mounted({"source": str(tmp_path / "archive.tar.gz")}, output)

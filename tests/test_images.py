@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from images import build as images_build
-from pipeline import commands
+from pipeline import local_run
 from pipeline.pipeline import cifar10_pipeline
 
 pytestmark = pytest.mark.images
@@ -46,20 +46,20 @@ def built(engine) -> list[dict]:
 @pytest.fixture(scope="module")
 def docker_api(engine, tmp_path_factory):
     """A Docker API for kfp.local's DockerRunner: Docker's own, or podman's `podman system service`."""
-    if commands.docker_engine_problem() is None:
+    if local_run.docker_engine_problem() is None:
         yield
         return
     if engine != "podman":
-        pytest.skip(f"no Docker API answers: {commands.docker_engine_problem()}")
+        pytest.skip(f"no Docker API answers: {local_run.docker_engine_problem()}")
     socket = tmp_path_factory.mktemp("podman") / "podman.sock"
     service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket}"])
     previous = os.environ.get("DOCKER_HOST")
     os.environ["DOCKER_HOST"] = f"unix://{socket}"
     try:
         deadline = time.monotonic() + 60
-        while commands.docker_engine_problem() is not None:
+        while local_run.docker_engine_problem() is not None:
             assert time.monotonic() < deadline, (
-                f"podman system service did not answer: {commands.docker_engine_problem()}"
+                f"podman system service did not answer: {local_run.docker_engine_problem()}"
             )
             time.sleep(1)
         yield
@@ -102,7 +102,7 @@ def test_whole_pipeline_runs_in_the_images_through_the_docker_runner(built, dock
         "train_options": {"width_multiplier": 0.25, "log_every_steps": 10, "batch_norm_decay": 0.9},
     }
     output = tmp_path / "outputs"
-    run_folder = commands.local_run(cifar10_pipeline, parameters, output, runner="docker")
+    run_folder = local_run.local_run(cifar10_pipeline, parameters, output, runner="docker")
 
     (model,) = run_folder.glob("**/train-component*/model")
     summary = json.loads((model / "train_metrics.json").read_text())
@@ -112,4 +112,4 @@ def test_whole_pipeline_runs_in_the_images_through_the_docker_runner(built, dock
     pointer = json.loads((output / "models" / "current.json").read_text())
     assert pointer["version"] == 1 and (Path(pointer["saved_model"]) / "saved_model.pb").is_file()
     if os.getuid() == 0:  # the steps ran as the images' own non-root user
-        assert (model / "train_metrics.json").stat().st_uid == int(commands.CONTAINER_USER)
+        assert (model / "train_metrics.json").stat().st_uid == int(local_run.CONTAINER_USER)

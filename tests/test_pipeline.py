@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import yaml
 from components.common.dataset import open_dataset
 from components.images import image
 from components.train.launch_config import LaunchConfig
-from pipeline import commands
+from pipeline import commands, local_run
 from pipeline.pipeline import cifar10_pipeline
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -29,13 +30,20 @@ SMALL = {
 }
 
 
-def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_promoted_model(tmp_path):
-    run = commands.local_run(cifar10_pipeline, SMALL, tmp_path)
+def as_options(parameters: dict) -> list[str]:
+    options = []
+    for name, value in parameters.items():
+        options += ["--" + name.replace("_", "-"), json.dumps(value) if isinstance(value, dict) else str(value)]
+    return options
+
+
+def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_promoted_model(tmp_path, capsys):
+    run = local_run.local_run(cifar10_pipeline, SMALL, tmp_path)
 
     (manifest,) = run.glob("prepare-data-component/dataset/manifest.json")
     verified = open_dataset(str(manifest.parent))
     assert verified.manifest.synthetic and verified.manifest.splits["train"].num_examples == 160
-    (model_dir,) = run.glob(f"{commands.TRAINING_TASKS}/model")
+    (model_dir,) = run.glob(f"{local_run.TRAINING_TASKS}/model")
     assert (model_dir / "ckpt-40.index").exists()
     trained = json.loads((model_dir / "train_metrics.json").read_text())
     assert trained["step"] == 40 and 0 < trained["metrics"]["loss"] < 5
@@ -60,18 +68,43 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
     (model_artifact,) = promoted_outputs["artifacts"]["promoted"]["artifacts"]
     assert model_artifact["metadata"]["saved_model"] == pointer["saved_model"]
     assert promoted_outputs["parameterValues"]["Output"] == 1
-    (ui_metadata,) = run.glob(f"{commands.TRAINING_TASKS}/mlpipeline_ui_metadata")
+    (ui_metadata,) = run.glob(f"{local_run.TRAINING_TASKS}/mlpipeline_ui_metadata")
     (board,) = json.loads(ui_metadata.read_text())["outputs"]  # no KFP viewer reads a local folder: how to open it
     assert board["type"] == "markdown" and f"make tensorboard LOGDIR={model_dir}" in board["source"]
 
-    # A scheduled run: same source, warm-started from whatever is promoted at the time it runs.
-    second = commands.local_run(
-        cifar10_pipeline, {**SMALL, "warm_start_from_promoted": True, "train_steps": 10}, tmp_path
-    )
-    (second_model,) = second.glob(f"{commands.TRAINING_TASKS}/model")
-    # ... from the promoted version's own copy of its checkpoint, which outlives the first run's model directory.
-    assert json.loads((second_model / "config.json").read_text())["warm_start"] == pointer["warm_start"]
+    # What a person saw: a line as each step starts and ends, the chief's progress; the log file has the rest.
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) <= 30, "\n".join(shown)
+    assert any(line.endswith("train: step 40/40") or " train: step 40/40 " in line for line in shown), shown
+    assert any(line.endswith("prepare data: done") for line in shown) and any("promote: done" in line for line in shown)
+    log = (run / local_run.RUN_LOG).read_text()
+    for noise in ("executor_input", "[worker-1]", "Traceback", "E0000", "UserWarning", "ERROR"):
+        assert not [line for line in shown if noise in line], (noise, shown)
+    assert "executor_input" in log and "[worker-1]" in log
+    assert not [line for line in log.splitlines() if "StartAbort" in line or "E0000" in line]  # workers leave together
+
+    # Two scheduled runs at once into the same output folder: same source (its dataset is reused, not prepared
+    # again), each warm-started from whatever is promoted when it runs; each knows its own folder and succeeds,
+    # whichever promotes first (the other decides again against it).
+    command = [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(tmp_path),
+               *as_options({**SMALL, "warm_start_from_promoted": True, "train_steps": 10, "workers": 1})]  # fmt: skip
+    runs = [subprocess.Popen(command, cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]  # fmt: skip
+    outputs = [process.communicate(timeout=600) for process in runs]
+    folders = []
+    for process, (out, err) in zip(runs, outputs, strict=True):
+        assert process.returncode == 0, out[-3000:] + err[-3000:]
+        (folder,) = set(re.findall(r"finished in \d+ s: (\S+)", err))
+        assert f"full log: {folder}/{local_run.RUN_LOG}" in err
+        assert "prepare data: reused" in out and not Path(folder, "prepare-data-component").exists()
+        folders.append(folder)
+        (second_model,) = Path(folder).glob(f"{local_run.TRAINING_TASKS}/model")
+        # ... from the promoted version's own copy of its checkpoint, which outlives the first run's model directory.
+        assert json.loads((second_model / "config.json").read_text())["warm_start"] == pointer["warm_start"]
+    assert folders[0] != folders[1]
     assert pointer["warm_start"] == str(tmp_path / "models" / "1" / "checkpoint" / "ckpt-40")
+    final = json.loads((tmp_path / "models" / "current.json").read_text())
+    assert final["state"] == "ready" and Path(final["saved_model"], "saved_model.pb").exists()
 
 
 def compiled_without_version(path: Path) -> list[str]:
@@ -199,10 +232,10 @@ def test_every_pipeline_parameter_has_a_description_shown_in_help():
 
 
 def test_docker_runner_without_an_engine_says_why_and_what_to_do_instead(tmp_path):
-    if commands.docker_engine_problem() is None:
+    if local_run.docker_engine_problem() is None:
         pytest.skip("a Docker engine answers on this machine, so the DockerRunner would really run")
     with pytest.raises(commands.CommandError, match=r"RUNNER=docker needs a running Docker engine.*make local-run"):
-        commands.local_run(cifar10_pipeline, SMALL, tmp_path, runner="docker")
+        local_run.local_run(cifar10_pipeline, SMALL, tmp_path, runner="docker")
 
 
 def test_every_pipeline_parameter_is_an_option_with_its_type():

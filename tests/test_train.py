@@ -470,3 +470,26 @@ def test_an_empty_train_split_is_refused_before_training(synthetic_data, tmp_pat
     with pytest.raises(ValueError, match=r"has no training examples \(its train split is empty\)"):
         loop.train(tiny_train_config(str(data), tmp_path / "model"))
     assert not list((tmp_path / "model").glob("ckpt-*"))
+
+
+def test_curves_have_a_few_dozen_points_whatever_the_run_length_and_the_validation_split_has_its_own(
+    synthetic_data, tmp_path
+):
+    from components.common.dataset import open_dataset
+    from components.train.cadence import resolve
+
+    model_dir = tmp_path / "model"
+    chosen = {name: None for name in ("log_every_steps", "summary_every_steps", "histogram_every_steps",
+                                      "validation_every_steps", "checkpoint_every_steps")}  # fmt: skip
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=40, **chosen))
+    assert [step for step, _ in scalar_series(model_dir / "train", "loss")] == list(range(1, 41))
+    validation = scalar_series(model_dir / "validation", "accuracy")
+    assert [step for step, _ in validation] == list(range(4, 41, 4))  # ten points, beside the training curve
+    assert all(0 <= accuracy <= 1 for _, accuracy in validation)
+    assert open_dataset(synthetic_data).manifest.splits["validation"].num_examples > 0
+    assert sorted(int(path.name[5:-6]) for path in model_dir.glob("ckpt-*.index")) == [8, 16, 24, 32, 40]
+    assert json.loads((model_dir / "config.json").read_text())["resolved"]["cadence"] == {
+        "log": 2, "summary": 1, "histogram": 4, "checkpoint": 8, "validation": 4
+    }  # fmt: skip
+    long_run = resolve(tiny_train_config(synthetic_data, model_dir, **chosen), 80_000)
+    assert (long_run.log, long_run.summary, long_run.checkpoint) == (4000, 1600, 16000)

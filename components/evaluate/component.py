@@ -13,6 +13,7 @@ def evaluate_component(
     classification: dsl.Output[dsl.ClassificationMetrics],
     report: dsl.Output[dsl.HTML],
     evaluation: dsl.Output[dsl.Artifact],
+    mode: str = "latest",
     split: str = "eval",
     weights: str = "auto",
     accuracy_threshold: float = 0.0,
@@ -20,7 +21,8 @@ def evaluate_component(
     baseline_tolerance: float = 0.0,
     promotion_root: str = "",
 ) -> bool:
-    """Evaluate the model's latest checkpoint; returns whether it is blessed for promotion.
+    """Evaluate the model's latest checkpoint (`mode` "all": every kept checkpoint, the last one gated); returns
+    whether it is blessed for promotion.
 
     `evaluation` holds the summary JSON and, in its metadata, the decision and its reasons and what the
     promote step needs. With `promotion_root`, its current.json is the baseline (unless `baseline` is given)
@@ -37,6 +39,7 @@ def evaluate_component(
             classification,
             report,
             evaluation,
+            mode=mode,
             split=split,
             weights=weights,
             accuracy_threshold=accuracy_threshold,

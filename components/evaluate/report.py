@@ -1,7 +1,8 @@
 """The evaluation report: one self-contained HTML page with pictures (PNG and SVG inlined, no external files).
 
 - the gate's decision and its reasons;
-- the confusion matrix as a heatmap (also written to TensorBoard) and as a colored table with counts;
+- the confusion matrix as a table of counts shaded by their share of the row (a heatmap with the class names;
+  the image in TensorBoard has none);
 - the per-class precision / recall / F1 table;
 - a grid of misclassified images with their true and predicted labels;
 - accuracy by step when several checkpoints were evaluated.
@@ -168,8 +169,7 @@ def render(content: ReportContent) -> str:
         f"<h2>Summary</h2><table>{facts_html}{scalars_html}</table>",
         f"<h2>Accuracy by step</h2>{chart}" if chart else "",
         "<h2>Confusion matrix</h2>",
-        f'<img src="{data_uri(encode_png(confusion_heatmap(matrix)))}" '
-        'alt="confusion matrix heatmap (rows: true class)">',
+        "<p>Rows: the true class; columns: the predicted one. Each cell's shade is its share of the row.</p>",
         confusion_table(matrix, names),
         "<h2>Per class</h2>",
         per_class_table(names, metrics.precision, metrics.recall, metrics.f1, metrics.support),

@@ -36,6 +36,12 @@ def _cache_path(cache_dir: Path, source: str) -> Path:
     return cache_dir / "downloads" / f"{key}-{Path(source.split('?')[0]).name or 'download'}"
 
 
+def cached_download(cache_dir: Path, url: str) -> Path | None:
+    """The cached download of `url`, when an earlier run made one (so that no network is needed)."""
+    path = _cache_path(cache_dir, url)
+    return path if path.is_file() else None
+
+
 def _check_sha256(path: Path, digest: str, expected: str | None, source: str) -> None:
     if expected is not None and digest != expected.lower():
         raise SourceError(

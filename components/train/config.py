@@ -202,7 +202,11 @@ class TrainConfig:
     xla: bool = field(default=False, metadata={"help": "compile the training step with XLA"})
     # checkpoints, warm start
     checkpoint_every_steps: int | None = field(
-        default=1000, metadata={"range": "[1, inf)", "help": "save a checkpoint every N steps"}
+        default=None,
+        metadata={
+            "range": "[0, inf)",
+            "help": "save a checkpoint every N steps (default: a fifth of the run; 0: only by time and at the end)",
+        },
     )
     checkpoint_every_seconds: float | None = field(
         default=600.0, metadata={"range": "(0, inf)", "help": "and/or every N seconds"}
@@ -232,14 +236,28 @@ class TrainConfig:
         default=(), metadata={"help": "REGEX=REPLACEMENT: rewrites a variable's name to its checkpoint name"}
     )
     # logging, summaries
-    log_every_steps: int = field(
-        default=100, metadata={"range": "[1, inf)", "help": "log step, loss, accuracy, rate, examples/s, ETA"}
+    log_every_steps: int | None = field(
+        default=None,
+        metadata={
+            "range": "[1, inf)",
+            "help": "log step, loss, accuracy, rate, examples/s, ETA every N steps "
+            "(default: 20 lines a run) and at least every minute",
+        },
     )
-    summary_every_steps: int = field(
-        default=100, metadata={"range": "[1, inf)", "help": "TensorBoard scalars every N steps"}
+    summary_every_steps: int | None = field(
+        default=None,
+        metadata={"range": "[1, inf)", "help": "TensorBoard scalars every N steps (default: 50 points a run)"},
     )
-    histogram_every_steps: int = field(
-        default=1000, metadata={"range": "[0, inf)", "help": "weight histograms every N steps (0: never)"}
+    histogram_every_steps: int | None = field(
+        default=None,
+        metadata={"range": "[0, inf)", "help": "weight histograms every N steps (default: 10 a run; 0: never)"},
+    )
+    validation_every_steps: int | None = field(
+        default=None,
+        metadata={
+            "range": "[0, inf)",
+            "help": "with a validation split: its loss and accuracy every N steps (default: 10 points a run; 0: never)",
+        },
     )
     image_summaries: int = field(
         default=4, metadata={"range": "[0, 100]", "help": "augmented input images shown in TensorBoard"}

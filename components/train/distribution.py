@@ -245,6 +245,21 @@ def broadcast_from_chief(strategy, values: list) -> list:
     return [strategy.experimental_local_results(result)[0].numpy() for result in results]
 
 
+END_OF_TRAINING_BARRIER = "cifar10-pipeline/end-of-training"
+END_OF_TRAINING_TIMEOUT_SECONDS = 120
+
+
+def wait_for_every_worker_to_finish(cluster: Cluster | None) -> None:
+    """At the end of a multi-worker run: every worker waits until all have finished (the coordination service's
+    barrier), so that they can all leave at once. A worker that left alone would leave the others' heartbeats to the
+    service it hosted failing for half a minute ("StartAbort UNAVAILABLE ... coordination service")."""
+    if cluster is None or cluster.size < 2:
+        return
+    from tensorflow.python.eager import context
+
+    context.context().wait_at_barrier(END_OF_TRAINING_BARRIER, END_OF_TRAINING_TIMEOUT_SECONDS * 1000)
+
+
 def create_strategy(cluster: Cluster | None):
     import tensorflow as tf
 

@@ -6,8 +6,6 @@ this loop: start-up (resume from the newest readable checkpoint, warm start, ref
 checkpoints by steps and/or seconds (only the chief writes to the model directory), SIGTERM handling (a checkpoint
 at a step all workers agree on, then exit code 143), exponential moving average, TensorBoard summaries
 (`summaries.py`), progress lines with examples/s and ETA.
-
-Over 300 lines: the start-up and the agreed stop need each other's state.
 """
 
 from __future__ import annotations
@@ -32,12 +30,14 @@ from components.common.model_directory import RESOLVED_CONFIG, TRAIN_METRICS, Mo
 from components.common.out_of_space import out_of_space
 from components.common.progress import format_duration
 from components.train import checkpoints, data, distribution
+from components.train.cadence import LOG_SECONDS, every, resolve
 from components.train.config import TrainConfig, parse_assignments
 from components.train.model import ModelSpec, build_model, variable_name, whitening_layer
 from components.train.step import TrainStep
 from components.train.summaries import Summaries
 from components.train.supervisor import report_phase
 from components.train.termination import Termination
+from components.train.validation import Validation
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +60,6 @@ class TrainResult:
     weights_sha256: str
     preempted: bool = False
     chief: bool = True
-
-
-def every(step: int, period: int | None, last: int | None = None) -> bool:
-    """The one test for "every N steps" decisions: step is a multiple of `period` (never when it is None or 0),
-    or the `last` step."""
-    return (bool(period) and step % period == 0) or step == last
 
 
 def _check_numerics(host: dict, step: int, precision: str) -> None:
@@ -134,6 +128,7 @@ class Trainer:
             raise ValueError(f"data: {config.data} has no training examples (its train split is empty)")
         self.steps_per_epoch = self.train_examples / config.batch_size
         self.total_steps = config.total_steps(self.train_examples)
+        self.cadence = resolve(config, self.total_steps)
         check("after opening the dataset")
         self.model_directory.pull()
         self.write_dir = self.model_directory.local if self.chief else storage.scratch_directory(self.cluster.name)
@@ -281,6 +276,7 @@ class Trainer:
                 "synthetic_data": self.dataset.manifest.synthetic,
                 "replicas": self.strategy.num_replicas_in_sync,
                 "dataset_history": dataset_history,  # earlier datasets these checkpoints were trained on
+                "cadence": dataclasses.asdict(self.cadence),
             },
         }
         content = json.dumps(resolved, indent=2, sort_keys=True).encode()
@@ -297,7 +293,7 @@ class Trainer:
         self._write_resolved_config(dataset_history)
         start_step = self._start()
         summaries = Summaries(
-            self.model_directory.local / "train",
+            self.model_directory.local,
             self.chief,
             config,
             publish=self.model_directory.push if self.model_directory.remote else None,
@@ -320,6 +316,8 @@ class Trainer:
         iterator = iter(distributed)
         step_function = self.train_step
         step, last_save_time, window_start, window_step = start_step, time.monotonic(), time.monotonic(), start_step
+        cadence = self.cadence
+        validation = self._validation()
         host: dict = {}
         preempted = False
         self.termination.check("before the first step")
@@ -337,16 +335,21 @@ class Trainer:
             if step == start_step + 1:
                 summaries.images(batch, self.strategy, config.image_summaries, step)
             stop_agreed, save_agreed = host["flags"][0] > 0, host["flags"][1] > 0
-            if every(step, config.log_every_steps, last=self.total_steps):
-                now = time.monotonic()
+            now = time.monotonic()
+            if every(step, cadence.log, last=self.total_steps) or now - window_start >= LOG_SECONDS:
                 host["examples_per_second"] = (step - window_step) * config.batch_size / max(now - window_start, 1e-9)
                 self._log_progress(step, host)
                 window_start, window_step = now, step
-            if every(step, config.summary_every_steps):
+            if every(step, cadence.summary):
                 summaries.scalars(host, step)
-            if every(step, config.histogram_every_steps):
+            if every(step, cadence.histogram):
                 summaries.histograms(self.model, step)
-            if stop_agreed or save_agreed or every(step, config.checkpoint_every_steps):
+            if validation is not None and every(step, cadence.validation, last=self.total_steps):
+                measured = validation.measure()
+                summaries.validation(measured, step)
+                logger.info("step %d validation loss %.4f accuracy %.4f (%d images)", step, measured["loss"],
+                            measured["accuracy"], len(validation))  # fmt: skip
+            if stop_agreed or save_agreed or every(step, cadence.checkpoint):
                 self._save(step)
                 last_save_time = time.monotonic()
             if stop_agreed:
@@ -379,7 +382,16 @@ class Trainer:
                 json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True).encode(),
             )
             self.model_directory.push(remove_deleted_checkpoints=True)
+        distribution.wait_for_every_worker_to_finish(self.cluster)
         return result
+
+    def _validation(self) -> Validation | None:
+        """The validation split's measure, on the chief, when the dataset has that split and it is asked for."""
+        split = self.dataset.manifest.splits.get("validation")
+        if not self.chief or not self.cadence.validation or split is None or not split.num_examples:
+            return None
+        return Validation(open_dataset(self.config.data, splits=("validation",), cache_dir=self.config.cache_dir),
+                          self.model)  # fmt: skip
 
     def _log_progress(self, step: int, host: dict) -> None:
         rate = host["examples_per_second"]

@@ -14,35 +14,46 @@ from components.train.model import variable_name
 
 
 class Summaries:
-    """TensorBoard summaries under the model directory's `train/`; only the chief writes them.
+    """TensorBoard summaries under the model directory: `train/` and `validation/` (two runs, so TensorBoard draws
+    their curves on the same charts); only the chief writes them.
 
     With a remote model directory (`publish` given), event files are written to a local staging folder and, at
-    every summary interval, the current file is closed, moved into the mirror and published: summaries appear in
+    every summary interval, the current files are closed, moved into the mirror and published: summaries appear in
     the object store at least every summary interval, and each event file is uploaded once, whole (objects cannot
-    be appended to). TensorBoard reads the folder's files in order, as one stream.
+    be appended to). TensorBoard reads a folder's files in order, as one stream.
     """
 
-    def __init__(self, directory: Path, enabled: bool, config: TrainConfig, publish=None):
+    def __init__(self, model_directory: Path, enabled: bool, config: TrainConfig, publish=None):
         self.enabled = enabled
         self.config = config
-        self.directory = directory
+        self.model_directory = model_directory
         self.publish = publish
-        self.staging = storage.scratch_directory("summaries") if enabled and publish else directory
-        self.writer = tf.summary.create_file_writer(str(self.staging)) if enabled else None
+        self.staging = storage.scratch_directory("summaries") if enabled and publish else model_directory
+        self.writers: dict = {}  # run -> its event file's writer, opened at the run's first summary
         self.profiling = False
 
+    @property
+    def writer(self):
+        return self._writer("train")
+
+    def _writer(self, run: str):
+        if run not in self.writers:
+            self.writers[run] = tf.summary.create_file_writer(str(self.staging / run))
+        return self.writers[run]
+
     def _rotate(self) -> None:
-        """Close the current event file, move what the staging folder holds into the mirror, publish it."""
-        if self.staging == self.directory or self.profiling:
+        """Close the current event files, move what the staging folder holds into the mirror, publish it."""
+        if self.staging == self.model_directory or self.profiling:
             return
-        self.writer.close()
+        for writer in self.writers.values():
+            writer.close()
         for path in sorted(self.staging.rglob("*")):
             if path.is_file():
-                target = self.directory / path.relative_to(self.staging)
+                target = self.model_directory / path.relative_to(self.staging)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(path), str(target))
         self.publish()
-        self.writer = tf.summary.create_file_writer(str(self.staging))
+        self.writers = {}
 
     def config_text(self, text: str) -> None:
         if self.enabled:
@@ -60,6 +71,16 @@ class Summaries:
                 tf.summary.scalar("loss_scale", float(host["loss_scale"]))
         self.writer.flush()
         self._rotate()
+
+    def validation(self, measured: dict[str, float], step: int) -> None:
+        """The validation split's loss and accuracy, under the same tags as training's."""
+        if not self.enabled:
+            return
+        writer = self._writer("validation")
+        with writer.as_default(step=step):
+            for key, value in measured.items():
+                tf.summary.scalar(key, value)
+        writer.flush()
 
     def histograms(self, model, step: int) -> None:
         if not self.enabled:
@@ -81,7 +102,7 @@ class Summaries:
             return
         first, last = self.config.profile_steps
         if step == first and not self.profiling:
-            tf.profiler.experimental.start(str(self.staging))
+            tf.profiler.experimental.start(str(self.staging / "train"))
             self.profiling = True
         elif step == last + 1 and self.profiling:
             tf.profiler.experimental.stop()
@@ -91,8 +112,10 @@ class Summaries:
         if self.profiling:
             tf.profiler.experimental.stop()
             self.profiling = False
-        if self.writer is not None:
-            self._rotate()
-            self.writer.close()
-            if self.staging != self.directory:
-                shutil.rmtree(self.staging, ignore_errors=True)
+        if not self.enabled:
+            return
+        self._rotate()
+        for writer in self.writers.values():
+            writer.close()
+        if self.staging != self.model_directory:
+            shutil.rmtree(self.staging, ignore_errors=True)

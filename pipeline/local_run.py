@@ -1,0 +1,369 @@
+"""make local-run: the whole pipeline on this machine through kfp.local, as one command a person can follow.
+
+- Checks before anything runs: the parameters (as the train stage would), and that a local source exists and is
+  readable, or that a URL's host answers (unless the download is cached): mistakes fail in seconds, not minutes.
+- No retries: a cluster retries a step on a new node; here a retry would fail the same way, minutes later.
+- The prepared dataset is reused while the source and its parameters are unchanged (kfp.local's cache).
+- The terminal shows a few lines per step (terminal.py); the run's `local-run.log` has everything.
+- Ctrl-C stops training at a checkpoint; `--resume RUN` (make local-run RESUME=...) continues that run's training.
+- Runs of one output folder may go at once: each knows its own folder; promotions into the shared root are safe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from pipeline import terminal
+from pipeline.commands import CommandError, check_parameters
+
+logger = logging.getLogger("pipeline")
+
+RUN_LOG = "local-run.log"
+CACHE = ".kfp_cache"  # kfp.local's cache of step outputs (the prepared dataset), under the output folder
+MODELS = "models"  # the promotion root of local runs, under the output folder
+TRAINING_TASKS = "*train*-component*"  # train-component (in the pod), launch-training-job-component (a job)
+SOURCE_PROBE_SECONDS = 5.0
+
+
+class RunFailedError(RuntimeError):
+    """A step of the run failed (its reason was shown)."""
+
+
+class RunInterruptedError(RuntimeError):
+    """Ctrl-C: the run stopped; training saved a checkpoint when it had taken a step."""
+
+
+# -- checks that take seconds -------------------------------------------------------------------------------------
+
+
+def check_local_inputs(parameters: dict[str, Any], cache_dir: Path | None = None) -> None:
+    """Before any step: a local source exists and is readable; a URL's host answers (unless its download is in the
+    cache); a local warm start or model directory named exists."""
+    source = str(parameters.get("source") or "")
+    if source and source != "synthetic" and "://" not in source:
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise CommandError(f"source: {source} does not exist (give an archive, a folder of class folders, a URL, "
+                               "a gs:// or s3:// URI, or synthetic)")  # fmt: skip
+        if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
+            raise CommandError(f"source: {source} cannot be read by this user")
+    elif source.startswith(("http://", "https://")) and not _download_cached(source, cache_dir):
+        _check_reachable(source)
+    for name in ("warm_start", "model_dir"):
+        value = str(parameters.get(name) or "")
+        if (
+            value
+            and "://" not in value
+            and name == "warm_start"
+            and not list(Path(value).parent.glob(Path(value).name + "*"))
+        ):
+            raise CommandError(f"{name}: {value} does not exist")
+
+
+def _download_cached(url: str, cache_dir: Path | None) -> bool:
+    from components.common.dataset import default_cache_dir
+    from components.prepare_data.fetch import cached_download
+
+    return cached_download(cache_dir or default_cache_dir(), url) is not None
+
+
+def _check_reachable(url: str) -> None:
+    parsed = urllib.parse.urlsplit(url)
+    host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.getaddrinfo(host, port)
+        with socket.create_connection((host, port), timeout=SOURCE_PROBE_SECONDS):
+            pass
+    except OSError as error:
+        raise CommandError(
+            f"source: cannot reach {host} ({error.strerror or error}); on a machine without network, download "
+            f"{url} elsewhere and give its path: make local-run SOURCE=/path/to/{Path(parsed.path).name}"
+        ) from None
+
+
+# -- resuming ---------------------------------------------------------------------------------------------------
+
+
+def run_folders(pipeline_name: str, output_root: Path) -> list[Path]:
+    """kfp.local's folders of this pipeline's runs (<pipeline name>-<timestamp>), oldest first."""
+    return sorted(path for path in output_root.glob(f"{pipeline_name}-*") if path.is_dir())
+
+
+def model_directory_of(run_folder: Path) -> Path | None:
+    found = sorted(run_folder.glob(f"{TRAINING_TASKS}/model"))
+    return found[0] if found else None
+
+
+def resumed(pipeline_name: str, parameters: dict[str, Any], output_root: Path, resume: str) -> dict[str, Any]:
+    """The parameters that continue the training of run `resume` (a run folder, its name, or "last"): its model
+    directory, where training resumes from the latest checkpoint."""
+    if parameters.get("model_dir"):
+        raise CommandError(
+            "give --resume or --model-dir, not both: resuming trains in the earlier run's model directory"
+        )
+    if resume == "last":
+        runs = [run for run in run_folders(pipeline_name, output_root) if model_directory_of(run)]
+        if not runs:
+            raise CommandError(f"--resume last: no run in {output_root} has a model directory to resume")
+        folder = runs[-1]
+    else:
+        folder = Path(resume) if Path(resume).is_dir() else output_root / resume
+    model_dir = model_directory_of(folder) if folder.is_dir() else None
+    if model_dir is None or not list(model_dir.glob("ckpt-*.index")):
+        raise CommandError(f"--resume {resume}: {folder} is not a run with a checkpoint to resume from")
+    steps = sorted(int(path.name[5:-6]) for path in model_dir.glob("ckpt-*.index") if path.name[5:-6].isdigit())
+    logger.info("resuming %s from its checkpoint at step %d", folder.name, steps[-1] if steps else 0)
+    return {**parameters, "model_dir": str(model_dir)}
+
+
+# -- the run ----------------------------------------------------------------------------------------------------
+
+
+def local_run(
+    pipeline,
+    parameters: dict[str, Any],
+    output_root: Path,
+    runner: str = "subprocess",
+    verbose: bool = False,
+    resume: str | None = None,
+) -> Path:
+    """Run the whole pipeline on this machine through kfp.local; returns the run's folder (OUTPUT/<pipeline>-<time>;
+    promoted models go to OUTPUT/models). RunFailedError or RunInterruptedError when it did not finish."""
+    from kfp import local
+    from kfp.local import executor_input_utils, pipeline_orchestrator
+
+    check_parameters(pipeline, parameters)
+    if parameters.get("launcher") in ("trainjob", "tfjob"):
+        raise CommandError(
+            f"launcher {parameters['launcher']} needs a Kubernetes cluster (make run); on this machine the workers are "
+            "processes (launcher auto or pod)"
+        )
+    output_root = output_root.resolve()
+    output_root.mkdir(parents=True, exist_ok=True)
+    if resume:
+        parameters = resumed(pipeline.name, parameters, output_root, resume)
+    parameters = {"promotion_root": str(output_root / MODELS), **parameters}
+    check_local_inputs(parameters)
+    if runner == "docker":
+        problem = docker_engine_problem()
+        if problem:
+            raise CommandError(
+                f"RUNNER=docker needs a running Docker engine, and here {problem}. With podman: podman system service "
+                "and DOCKER_HOST=unix://<its socket>. Or run without containers: make local-run (the subprocess "
+                "runner, same code and parameters)."
+            )
+        check_paths_are_mounted(parameters, output_root)
+        check_images_are_built()
+        chosen_runner = docker_runner(output_root)
+    elif runner == "subprocess":
+        chosen_runner = local.SubprocessRunner(use_venv=False)
+    else:
+        raise CommandError(f"runner {runner!r} is not subprocess or docker")
+    local.init(runner=chosen_runner, pipeline_root=str(output_root), enable_caching=True,
+               cache_root=str(output_root / CACHE))  # fmt: skip
+
+    run_name = executor_input_utils.get_local_pipeline_resource_name(pipeline.name)
+    run_folder = output_root / run_name
+    log_path = run_folder / RUN_LOG
+    logger.info("running %s locally (%s runner); everything is logged in %s", pipeline.name, runner, log_path)
+    started = time.monotonic()
+    with terminal.steps_shown(log_path, verbose) as view, _run_named(executor_input_utils, run_name):
+        view.log.write(f"parameters: {json.dumps(parameters, sort_keys=True)}\n")
+        try:
+            pipeline_orchestrator.run_local_pipeline(pipeline_spec=_without_retries(pipeline), arguments=parameters)
+        except KeyboardInterrupt:
+            raise RunInterruptedError(_interrupted(run_folder)) from None
+        except RuntimeError as error:
+            if "finished with status" not in str(error):
+                raise
+            failed = re.findall(r"'([^']+)'", terminal._ANSI.sub("", str(error)))
+            step = terminal.step_name(failed[0]) if failed else "a step"
+            raise RunFailedError(
+                f"the run failed at {step}; the lines above say why, {log_path} has everything"
+            ) from None
+    logger.info("finished in %.0f s: %s", time.monotonic() - started, run_folder)
+    for line in describe_run(run_folder, Path(parameters["promotion_root"]), log_path):
+        logger.info("%s", line)
+    return run_folder
+
+
+class _run_named:  # noqa: N801 (a context manager read as a phrase)
+    """kfp.local names the run's folder <pipeline>-<timestamp> inside; this run's name is chosen before it starts, so
+    that it knows its own folder even when other runs of the same output folder start at the same moment."""
+
+    def __init__(self, module, name: str):
+        self.module, self.name = module, name
+
+    def __enter__(self):
+        self.original = self.module.get_local_pipeline_resource_name
+        self.module.get_local_pipeline_resource_name = lambda _pipeline_name: self.name
+
+    def __exit__(self, *_exception):
+        self.module.get_local_pipeline_resource_name = self.original
+
+
+def _without_retries(pipeline):
+    """The pipeline's spec with every task's retry policy removed: a local step that fails fails the same way again."""
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    spec = pipeline_spec_pb2.PipelineSpec()
+    spec.CopyFrom(pipeline.component_spec.implementation.graph)
+    dags = [spec.root.dag] + [component.dag for component in spec.components.values() if component.HasField("dag")]
+    for dag in dags:
+        for task in dag.tasks.values():
+            task.ClearField("retry_policy")
+    return spec
+
+
+def _interrupted(run_folder: Path) -> str:
+    model_dir = model_directory_of(run_folder)
+    steps = sorted(int(p.name[5:-6]) for p in model_dir.glob("ckpt-*.index")) if model_dir else []
+    if not steps:
+        return "interrupted before training saved a checkpoint; nothing to resume (run again to start over)"
+    return (
+        f"interrupted; training saved a checkpoint at step {steps[-1]}. Continue it with: make local-run "
+        f"RESUME={run_folder.name} (the same options), or python -m pipeline.pipeline local-run --resume {run_folder}"
+    )
+
+
+def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list[str]:
+    """Where the run's main outputs are, for a person reading the terminal."""
+    lines = []
+    model_dir = model_directory_of(run_folder)
+    if model_dir and (model_dir / "eval_metrics.json").exists():
+        summary = json.loads((model_dir / "eval_metrics.json").read_text())
+        decision = "BLESSED" if summary["blessed"] else "NOT BLESSED"
+        reasons = "; ".join(summary.get("reasons", []))
+        lines.append(
+            f"accuracy {summary['metrics']['accuracy']:.4f}: {decision}" + (f" ({reasons})" if reasons else "")
+        )
+    pointer = promotion_root / "current.json"
+    if pointer.exists():
+        current = json.loads(pointer.read_text())
+        if current.get("state") == "ready":
+            lines.append(f"promoted model: version {current['version']} at {current['saved_model']}")
+    report = sorted(run_folder.glob(f"{TRAINING_TASKS}/model/eval/report.html"))
+    if report:
+        lines.append(f"report: {report[0]} (open it in a browser)")
+    if model_dir:
+        lines.append(f"model directory: {model_dir}")
+        lines.append(f"TensorBoard: make tensorboard LOGDIR={model_dir}")
+    lines.append(f"full log: {log_path}")
+    return lines
+
+
+# -- cleaning up ------------------------------------------------------------------------------------------------
+
+
+def clean_runs(pipeline_name: str, output_root: Path, keep: int = 0) -> list[Path]:
+    """Remove the run folders under `output_root` but the newest `keep`; promoted models (models/) stay, and so
+    does a run's dataset while a kept run uses it (kfp.local's cache then prepares it again when needed)."""
+    runs = run_folders(pipeline_name, output_root.resolve())
+    removed = runs[: max(0, len(runs) - keep)]
+    for folder in removed:
+        shutil.rmtree(folder)
+        logger.info("removed %s", folder)
+    logger.info("kept %d run(s) and the promoted models in %s", len(runs) - len(removed), output_root / MODELS)
+    return removed
+
+
+# -- RUNNER=docker ----------------------------------------------------------------------------------------------
+
+
+def docker_engine_problem() -> str | None:
+    """Why a DockerRunner cannot work here, or None when a Docker API answers (Docker's, or podman's
+    `podman system service` with DOCKER_HOST pointing at its socket)."""
+    try:
+        import docker
+
+        docker.from_env(timeout=20).ping()
+    except ImportError:
+        return "the docker Python package is not installed"
+    except Exception as error:  # the SDK raises many kinds; all mean: no engine
+        reason = str(error).strip().splitlines()
+        return f"no Docker API answers ({reason[-1] if reason else type(error).__name__})"
+    return None
+
+
+# The container user of RUNNER=docker: the host user's own IDs, so outputs belong to whoever ran make (as root,
+# the images' non-root user; the run folder is then made writable for it).
+CONTAINER_USER = "10001"
+
+
+def run_container_then_remove(client, image: str, command: list[str], volumes: dict, **run_arguments) -> int:
+    """kfp.local's `run_docker_container`, except that the exit code is read before the container is removed.
+
+    kfp 2.17 starts each step's container with auto_remove=True and then asks for its exit code: when the container
+    is already gone, Docker answers 404, which kfp takes for success (a failed step would pass), and podman's Docker
+    API answers 500, which fails the run even when the step succeeded."""
+    from kfp.local.docker_task_handler import add_latest_tag_if_not_present
+
+    image = add_latest_tag_if_not_present(image=image)
+    if not any(image in known.tags + known.attrs.get("RepoDigests", []) for known in client.images.list()):
+        logger.info("pulling %s", image)
+        client.images.pull(image)
+    container = client.containers.run(
+        image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **run_arguments
+    )
+    try:
+        for line in container.logs(stream=True, follow=True):
+            print(line.decode(errors="replace"), end="")
+        return container.wait()["StatusCode"]
+    finally:
+        container.remove(force=True)
+
+
+def docker_runner(output_root: Path):
+    """kfp.local's DockerRunner, running each step as KFP does on a cluster: a non-root user, a read-only root file
+    system, a writable /tmp; the pipeline root (OUTPUT) is mounted at its own path."""
+    from kfp import local
+    from kfp.local import docker_task_handler
+
+    docker_task_handler.run_docker_container = run_container_then_remove
+
+    if os.getuid() == 0:
+        user = CONTAINER_USER
+        output_root.chmod(0o1777)  # like /tmp: everyone may create, only owners may remove
+    else:
+        user = f"{os.getuid()}:{os.getgid()}"
+    return local.DockerRunner(user=user, read_only=True, tmpfs={"/tmp": "rw,exec,size=4g"}, network_mode="host")
+
+
+def check_images_are_built() -> None:
+    """Every image the pipeline names is on the engine (a missing one would be pulled from a registry that does not
+    have this content's tag)."""
+    import docker
+
+    from components.images import IMAGE_OF_STAGE, image
+
+    client = docker.from_env(timeout=60)
+    for reference in sorted({image(stage) for stage in IMAGE_OF_STAGE}):
+        try:
+            client.images.get(reference)
+        except docker.errors.ImageNotFound:
+            raise CommandError(
+                f"{reference}: not built (the image tag follows the code); run make images first"
+            ) from None
+
+
+def check_paths_are_mounted(parameters: dict[str, Any], output_root: Path) -> None:
+    """RUNNER=docker mounts only OUTPUT: a local path elsewhere would not exist inside the containers."""
+    for name in ("source", "promotion_root", "warm_start", "model_dir"):
+        value = str(parameters.get(name) or "")
+        if not value or "://" in value or value == "synthetic":
+            continue
+        path = Path(value).expanduser().resolve()
+        if output_root != path and output_root not in path.parents:
+            raise CommandError(
+                f"{name}: {value} is outside {output_root}, the only folder RUNNER=docker mounts into the steps; "
+                f"copy it under {output_root} or give a gs:// or s3:// URI"
+            )
