@@ -178,6 +178,7 @@ def cifar10_pipeline(
     source: str = PREPARE.source,
     source_sha256: str = PREPARE.source_sha256,
     validation_fraction: float = 0.0,  # the pipeline's own choice: train on all 50,000, as published results do
+    resize: str = "",
     preset: str = "",
     workers: int = 2,  # the pipeline's own choice: it exists to train on several workers
     launcher: str = "auto",
@@ -213,6 +214,8 @@ def cifar10_pipeline(
         source_sha256: Expected SHA-256 of the source archive ("" checks only the official archive's known digest).
         validation_fraction: Fraction of the training data held out for validation (its loss and accuracy are then
             curves during training); 0 trains on all of it, -1 keeps the source's own (CIFAR-10's data batch 5).
+        resize: HEIGHTxWIDTH (or N): resize every image to it, as Keras's image_dataset_from_directory(image_size)
+            does; the model's input size is then that ("": the images' own size, one for all).
         preset: A training recipe: "fast" (airbench94: 94% on CIFAR-10 in 10 epochs, published) or "estimator"
             (the CIFAR-10 estimator example's ResNet recipe); its values apply wherever a parameter is left at its
             default.
@@ -260,6 +263,7 @@ def cifar10_pipeline(
             source_sha256=source_sha256,
             validation_fraction=validation_fraction,
             synthetic_train_per_class=synthetic_train_per_class,
+            resize=resize,
             source_fingerprint=fingerprint.output,
         ).set_display_name("prepare data")
         data.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)

@@ -101,8 +101,10 @@ def encode_png(image: np.ndarray) -> bytes:
     return tf.io.encode_png(image).numpy()
 
 
-def write_class_folders(root: Path, per_class: dict[str, int], classes=("cat", "dog", "frog"), seed: int = 0):
-    """`root/<split>/<class>/<n>.png` with random pixels; returns {relative path: HWC image}."""
+def write_class_folders(
+    root: Path, per_class: dict[str, int], classes=("cat", "dog", "frog"), seed: int = 0, size: int = 32
+):
+    """`root/<split>/<class>/<n>.png` (`size` x `size`) with random pixels; returns {relative path: HWC image}."""
     rng = np.random.default_rng(seed)
     written = {}
     for split, count in per_class.items():
@@ -110,7 +112,7 @@ def write_class_folders(root: Path, per_class: dict[str, int], classes=("cat", "
             folder = root / split / class_name
             folder.mkdir(parents=True, exist_ok=True)
             for index in range(count):
-                image = rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+                image = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
                 (folder / f"{index:04d}.png").write_bytes(encode_png(image))
                 written[f"{split}/{class_name}/{index:04d}.png"] = image
     return written

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -308,3 +311,70 @@ def test_component_and_pipeline_defaults_are_the_configs_defaults():
                 assert parameter.default == defaults[name], f"{function.__name__}({name}): {parameter.default!r}"
                 checked.append(name)
     assert {"depth", "train_steps", "epochs", "warm_start", "validation_fraction", "baseline"} <= set(checked)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # closed once the block ends: nothing listens there
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        (["--source", "/no/such/cifar-10-python.tar.gz"], r"source: /no/such/cifar-10-python\.tar\.gz does not exist"),
+        (["--source", f"http://127.0.0.1:{_closed_port()}/cifar-10-python.tar.gz"],
+         r"source: cannot reach 127\.0\.0\.1 .*download .* elsewhere and give its path: make local-run "
+         r"SOURCE=/path/to/cifar-10-python\.tar\.gz"),
+        (["--workers", "0"], r"workers: 0 is not in \[1, 4096\]"),
+        (["--train-options", '{"learning_rat": 0.1}'], r"'learning_rat' \(did you mean 'learning_rate'"),
+        (["--launcher", "tfjob"], r"launcher tfjob needs a Kubernetes cluster"),
+        (["--resume", "last"], r"--resume last: no run in .* has a model directory to resume"),
+    ],
+    ids=["missing source", "unreachable URL", "no workers", "misspelt option", "cluster launcher", "nothing to resume"],
+)  # fmt: skip
+def test_local_run_mistakes_fail_in_seconds_with_one_line_and_run_nothing(tmp_path, options, problem):
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(tmp_path / "out"), *options],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    errors = [line for line in output.splitlines() if " ERROR " in line]
+    assert completed.returncode == 2, output[-3000:]
+    assert len(errors) == 1 and re.search(problem, errors[0]), output[-3000:]
+    assert "Traceback" not in output and "Retrying" not in output
+    assert time.monotonic() - started < 30
+    assert not list((tmp_path / "out").glob("cifar10-pipeline-*"))  # no step ran
+
+
+def test_ctrl_c_keeps_the_checkpoint_says_how_to_resume_and_resuming_continues_it(tmp_path):
+    endless = {**SMALL, "workers": 1, "train_steps": 100_000}
+    endless["train_options"] = {**SMALL["train_options"], "log_every_steps": 5}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(tmp_path), *as_options(endless)],
+        cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    lines = []
+    for line in run.stdout:
+        lines.append(line)
+        if re.search(r"train: step 5/100000 ", line):
+            break
+    os.killpg(run.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the run gets it
+    lines.append(run.communicate(timeout=120)[0])
+    output = "".join(lines)
+    assert run.returncode == 130, output[-3000:]
+    assert "Traceback" not in output and "Retrying" not in output
+    match = re.search(r"interrupted; training saved a checkpoint at step (\d+)\. Continue it with: make local-run "
+                      r"RESUME=(cifar10-pipeline-\S+) ", output)  # fmt: skip
+    assert match, output[-3000:]
+    saved, name = int(match.group(1)), match.group(2)
+    (model_dir,) = (tmp_path / name).glob(f"{local_run.TRAINING_TASKS}/model")
+    assert (model_dir / f"ckpt-{saved}.index").exists()
+
+    resumed = local_run.local_run(cifar10_pipeline, {**endless, "train_steps": saved + 5}, tmp_path, resume="last")
+    assert resumed.name != name
+    assert json.loads((model_dir / "train_metrics.json").read_text())["step"] == saved + 5
+    assert re.search(rf"resuming from .*ckpt-{saved} at step {saved}", (resumed / local_run.RUN_LOG).read_text())

@@ -345,3 +345,30 @@ def test_what_a_killed_run_left_half_written_is_removed_by_the_next(tmp_path):
     prepare_data(PrepareDataConfig(output=str(output), source=str(archive), force=True))
     assert not (shard.parent / left).exists()
     assert live.exists()
+
+
+def test_images_of_several_sizes_are_resized_when_asked_and_the_model_input_is_that_size(tmp_path):
+    """As Keras's image_dataset_from_directory(image_size=...): every image resized, bilinear and antialiased."""
+    from components.common.pixels import resize_images
+
+    builders.write_class_folders(tmp_path / "images", {"train": 3, "test": 1})
+    large = np.random.default_rng(1).integers(0, 256, (64, 80, 3), dtype=np.uint8)
+    (tmp_path / "images" / "train" / "cat" / "large.png").write_bytes(builders.encode_png(large))
+    result = prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), source=str(tmp_path / "images"),
+                                            resize="24x20"))  # fmt: skip
+    assert result.manifest.image_shape == [24, 20, 3] and result.manifest.parameters["resize"] == [24, 20]
+    verified = open_dataset(str(tmp_path / "out"))
+    stored = builders.read_records([path for files in verified.files.values() for path in files])
+    (pixels, _label) = next(value for name, value in stored.items() if name.endswith("train/cat/large.png"))
+    np.testing.assert_array_equal(pixels, resize_images(large[None], 24, 20).numpy()[0])
+    from components.train import loop
+
+    loop.train(builders.tiny_train_config(str(tmp_path / "out"), tmp_path / "model", train_steps=2))
+    resolved = json.loads((tmp_path / "model" / "config.json").read_text())["resolved"]
+    assert resolved["image_shape"] == [24, 20, 3] and resolved["resize_images"] is True  # served images resized too
+
+
+def test_images_of_one_size_other_than_32_need_no_resizing(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1}, size=40)
+    result = prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), source=str(tmp_path / "images")))
+    assert result.manifest.image_shape == [40, 40, 3]

@@ -260,7 +260,8 @@ def test_wrong_size_image_in_class_folder(tmp_path):
     builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
     large = builders.encode_png(np.zeros((40, 48, 3), np.uint8))
     (tmp_path / "images" / "test" / "frog" / "big.png").write_bytes(large)
-    assert_rejected(tmp_path, tmp_path / "images", r"images/test/frog/big\.png: image is 48x40, expected 32x32")
+    assert_rejected(tmp_path, tmp_path / "images", r"images/test/frog/big\.png: image is 48x40 \(width x height\), "
+                    r"the others 32x32; give --resize HEIGHTxWIDTH")  # fmt: skip
 
 
 def test_eval_class_without_training_folder(tmp_path):
@@ -395,17 +396,23 @@ def test_a_pickle_asking_for_a_huge_memo_is_refused_before_loading(tmp_path, off
 def test_an_image_is_refused_from_its_header_before_it_is_decoded(tmp_path):
     builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
     (tmp_path / "images" / "train" / "cat" / "huge.png").write_bytes(builders.png_bomb(20_000, 20_000))
-    assert_refused_within_budget(tmp_path, tmp_path / "images", r"train/cat/huge\.png: image is 20000x20000, expected")
+    images = tmp_path / "images"
+    assert_refused_within_budget(tmp_path, images, r"train/cat/huge\.png: image is 20000x20000 \(width x height\), the "
+                                 r"others 32x32")  # fmt: skip
+    resized = r"train/cat/huge\.png: image is 20000x20000; sides above 4096 are refused"
+    assert_refused_within_budget(tmp_path, images, resized, "--resize", "32x32")
     (tmp_path / "images" / "train" / "cat" / "huge.png").unlink()
     (tmp_path / "images" / "train" / "dog" / "huge.jpg").write_bytes(builders.jpeg_claiming_size(30_000, 20_000))
-    assert_refused_within_budget(tmp_path, tmp_path / "images", r"train/dog/huge\.jpg: image is 30000x20000, expected")
+    assert_refused_within_budget(tmp_path, images, r"train/dog/huge\.jpg: image is 30000x20000 \(width x height\)")
+    resized = r"train/dog/huge\.jpg: image is 30000x20000; sides above 4096 are refused"
+    assert_refused_within_budget(tmp_path, images, resized, "--resize", "32x32")
 
 
 def test_an_image_file_larger_than_a_small_image_can_be_is_not_read(tmp_path):
     builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
     padded = builders.encode_png(np.zeros((32, 32, 3), np.uint8)) + bytes(2 << 20)
     (tmp_path / "images" / "test" / "frog" / "padded.png").write_bytes(padded)
-    assert_rejected(tmp_path, tmp_path / "images", r"test/frog/padded\.png: [\d,]+ bytes is more than a 32x32 image")
+    assert_rejected(tmp_path, tmp_path / "images", r"test/frog/padded\.png: [\d,]+ bytes is more than an image can be")
 
 
 def test_a_fifo_in_a_class_folder_is_refused_naming_it(tmp_path):

@@ -17,6 +17,7 @@ def prepare_data_component(
     validation_fraction: float = -1.0,
     examples_per_shard: int = 5000,
     compression: str = "NONE",
+    resize: str = "",
     seed: int = 42,
     synthetic_train_per_class: int = 200,
     synthetic_eval_per_class: int = 50,
@@ -25,7 +26,7 @@ def prepare_data_component(
     """Convert the source to sharded, checksummed TFRecords in the `dataset` artifact.
 
     validation_fraction < 0 keeps the source's own hold-out (data batch 5); source_sha256 "" checks
-    only the official archive's known digest. source_fingerprint is only for caching: pass the output of
+    only the official archive's known digest. resize "HxW" resizes every image ("": the images' own size). source_fingerprint is only for caching: pass the output of
     source_fingerprint_component so that a cached result is reused only for unchanged source content.
     """
     from components.common.cli import component_errors
@@ -39,6 +40,7 @@ def prepare_data_component(
             validation_fraction=validation_fraction,
             examples_per_shard=examples_per_shard,
             compression=compression,
+            resize=resize,
             seed=seed,
             synthetic_train_per_class=synthetic_train_per_class,
             synthetic_eval_per_class=synthetic_eval_per_class,

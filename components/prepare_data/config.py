@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from components.common import records
 from components.common.config import check_fields
+from components.common.dataset import MAX_IMAGE_SIDE
 
 OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 OFFICIAL_SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
@@ -47,6 +49,14 @@ class PrepareDataConfig:
     examples_per_shard: int = field(
         default=5000, metadata={"range": "[1, 100000000]", "help": "records per shard (the last may hold fewer)"}
     )
+    resize: str | None = field(
+        default=None,
+        metadata={
+            "help": "HEIGHTxWIDTH (or N for NxN): resize every image to it (bilinear, antialiased), as Keras's "
+            "image_dataset_from_directory(image_size=...) does; the model's input size is then that. Without it, "
+            "the images of a folder must all have one size (the model's input size)"
+        },
+    )
     compression: str = field(
         default=records.COMPRESSION_NONE,
         metadata={"help": "shard compression", "choices": (records.COMPRESSION_NONE, records.COMPRESSION_GZIP)},
@@ -82,6 +92,8 @@ class PrepareDataConfig:
         check_fields(self)
         if not self.output:
             raise ValueError("output: must name a folder, gs:// or s3:// prefix")
+        if self.resize is not None:
+            parse_image_size(self.resize)
         if self.source_format not in SOURCE_FORMATS:
             raise ValueError(f"source_format: {self.source_format!r} is not one of {SOURCE_FORMATS}")
         if self.compression not in (records.COMPRESSION_NONE, records.COMPRESSION_GZIP):
@@ -93,10 +105,16 @@ class PrepareDataConfig:
     def max_source_bytes(self) -> int:
         return self.max_source_megabytes << 20
 
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """(height, width) asked for by `resize`, or None."""
+        return parse_image_size(self.resize) if self.resize else None
+
     def output_parameters(self) -> dict:
         """The options that determine the output's bytes (recorded in the manifest; a rerun compares them)."""
         parameters = {
             "source_format": self.source_format,
+            "resize": list(self.image_size) if self.image_size else None,
             "validation_fraction": self.validation_fraction,
             "seed": self.seed,
             "shuffle": self.shuffle,
@@ -110,3 +128,15 @@ class PrepareDataConfig:
                 synthetic_classes=self.synthetic_classes,
             )
         return parameters
+
+
+def parse_image_size(text: str) -> tuple[int, int]:
+    """ "64x48" -> (64, 48), "64" -> (64, 64); ValueError naming the field otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", text)
+    if not match:
+        raise ValueError(f"resize: {text!r} is not HEIGHTxWIDTH or N (e.g. 32x32, 64)")
+    height = int(match.group(1))
+    width = int(match.group(2) or height)
+    if not (1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE):
+        raise ValueError(f"resize: {text!r}: each side must be in [1, {MAX_IMAGE_SIDE}]")
+    return height, width

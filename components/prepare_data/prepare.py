@@ -36,7 +36,7 @@ from components.common.progress import Progress
 from components.prepare_data import fetch, splits, synthetic
 from components.prepare_data.config import OFFICIAL_SHA256, OFFICIAL_URL, PrepareDataConfig
 from components.prepare_data.safe_io import DirTree, FileTree, SourceError, TarTree, check_source_size
-from components.prepare_data.sources import RawDataset, check_classes_present, read_tree
+from components.prepare_data.sources import RawDataset, check_classes_present, read_tree, resized_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +103,10 @@ def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDatas
         raw = synthetic.generate(
             config.synthetic_classes, config.synthetic_train_per_class, config.synthetic_eval_per_class, config.seed
         )
+        raw = resized_dataset(raw, config.image_size) if config.image_size else raw
     else:
         try:
-            raw = read_tree(resolved.tree(), config.source_format)
+            raw = read_tree(resolved.tree(), config.source_format, config.image_size)
         except MemoryError as error:  # every read is bounded, but the machine may have less than the bound
             raise SourceError(
                 f"{resolved.uri}: ran out of memory reading the source; give the step more memory or lower "

@@ -10,6 +10,7 @@ bounded in what it reads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import posixpath
 import struct
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common.dataset import check_label_names
+from components.common.dataset import MAX_IMAGE_SIDE, check_label_names
 from components.prepare_data.safe_io import MEGABYTE, FileTree, SourceError, load_numpy_pickle
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ HOLDOUT_BATCH = "data_batch_5"
 MAX_BATCH_BYTES = 64 * MEGABYTE  # 31 MB in the official archives
 MAX_META_BYTES = MEGABYTE  # a few hundred bytes of class names
 MAX_IMAGE_BYTES = MEGABYTE  # a 32x32 image is a few KB, even uncompressed with metadata
+MAX_RESIZED_IMAGE_BYTES = 32 * MEGABYTE  # with --resize, images of any size up to MAX_IMAGE_SIDE are read
+MAX_DECODED_BYTES = 4096 * MEGABYTE  # the pixels of one split, decoded (CIFAR-10's training set: 150 MB)
 SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validation", "test": "eval", "eval": "eval"}
 
 
@@ -334,22 +337,39 @@ def read_image_header(content: bytes, origin: str) -> ImageHeader:
     raise SourceError(f"{origin}: not a JPEG or PNG image")
 
 
-def decode_image(content: bytes, origin: str) -> tuple[np.ndarray, str]:
-    """Decode one JPEG or PNG to uint8 [32, 32, 3], and say what colors it had. The size is checked from the
-    header before decoding, so no image larger than 32x32 is ever decoded."""
+def decode_image(content: bytes, origin: str, size: tuple[int, int] | None) -> tuple[np.ndarray, str]:
+    """Decode one JPEG or PNG to uint8 [height, width, 3], and say what colors it had. `size` (height, width) is the
+    size every image must have; None: any, up to MAX_IMAGE_SIDE (to be resized). The size is checked from the header
+    before decoding, so no image larger than allowed is ever decoded."""
     import tensorflow as tf
 
     header = read_image_header(content, origin)
-    if (header.height, header.width) != CIFAR_SHAPE[:2]:
-        raise SourceError(f"{origin}: image is {header.width}x{header.height}, expected 32x32")
+    if size is not None and (header.height, header.width) != size:
+        raise SourceError(
+            f"{origin}: image is {header.width}x{header.height} (width x height), the others {size[1]}x{size[0]}; give "
+            "--resize HEIGHTxWIDTH to resize every image to one size, or make them one size"
+        )
+    if not (1 <= header.height <= MAX_IMAGE_SIDE and 1 <= header.width <= MAX_IMAGE_SIDE):
+        raise SourceError(
+            f"{origin}: image is {header.width}x{header.height}; sides above {MAX_IMAGE_SIDE} are refused"
+        )
     try:
         decoder = tf.io.decode_jpeg if header.kind == "jpeg" else tf.io.decode_png
         image = decoder(content, channels=3).numpy()
     except tf.errors.OpError as error:
         raise SourceError(f"{origin}: could not decode the {header.kind.upper()} image ({error.message})") from error
-    if image.shape != CIFAR_SHAPE:
-        raise SourceError(f"{origin}: image is {image.shape[1]}x{image.shape[0]}, expected 32x32")
+    if image.shape[:2] != (header.height, header.width):
+        raise SourceError(f"{origin}: decodes to {image.shape[1]}x{image.shape[0]}, its header says otherwise")
     return image, header.color
+
+
+def resized(images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 [N, H, W, 3] at `size`, the project's one resize (common/pixels.py: what a served model does too)."""
+    from components.common.pixels import resize_images
+
+    if images.shape[1:3] == size:
+        return images
+    return resize_images(images, *size).numpy()
 
 
 COLOR_CONVERSIONS = {
@@ -405,7 +425,9 @@ def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[
     return root, groups
 
 
-def read_class_folders(tree: FileTree) -> RawDataset:
+def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None = None) -> RawDataset:
+    """Images in <split>/<class>/ folders, each resized to `image_size` when given; else all of one size (the
+    first image's), which is then the model's input size."""
     _root, groups = _class_folder_layout(tree)
     if "train" not in groups:
         raise SourceError(f"{tree.origin}: no train/ folder")
@@ -418,12 +440,18 @@ def read_class_folders(tree: FileTree) -> RawDataset:
             raise SourceError(f"{tree.origin}: {split} classes {unknown} have no train/ folder")
     splits: dict[str, RawSplit] = {}
     colors: dict[str, list[str]] = defaultdict(list)
+    common_size = image_size  # without resizing: the first image's size, which every other must have
+    limit = MAX_RESIZED_IMAGE_BYTES if image_size else MAX_IMAGE_BYTES
     for split, classes in groups.items():
         names = [(name, label) for label, class_name in enumerate(label_names) for name in classes.get(class_name, [])]
-        images = np.empty((len(names), *CIFAR_SHAPE), np.uint8)
+        images = None
         for index, (name, _label) in enumerate(names):
             origin = tree.describe(name)
-            images[index], color = decode_image(tree.read(name, MAX_IMAGE_BYTES, "a 32x32 image"), origin)
+            image, color = decode_image(tree.read(name, limit, "an image"), origin, None if image_size else common_size)
+            common_size = common_size or image.shape[:2]
+            if images is None:
+                images = np.empty((_bounded_count(len(names), common_size, origin), *common_size, 3), np.uint8)
+            images[index] = resized(image[None], common_size)[0] if image_size else image
             colors[color].append(origin)
         labels = np.array([label for _, label in names], dtype=np.int64)
         splits[split] = RawSplit.from_array(images, labels, [name for name, _ in names])
@@ -464,7 +492,41 @@ def detect_format(tree: FileTree) -> str:
 READERS = {"python": read_python_layout, "binary": read_binary_layout, "folders": read_class_folders}
 
 
-def read_tree(tree: FileTree, source_format: str = "auto") -> RawDataset:
+def _bounded_count(count: int, size: tuple[int, int], origin: str) -> int:
+    """`count` images of `size`, refused when their pixels would not fit in MAX_DECODED_BYTES of memory."""
+    needed = count * size[0] * size[1] * 3
+    if needed > MAX_DECODED_BYTES:
+        raise SourceError(
+            f"{origin}: {count:,} images of {size[1]}x{size[0]} take {needed // MEGABYTE:,} MB decoded, more than "
+            f"{MAX_DECODED_BYTES // MEGABYTE:,} MB; give --resize with a smaller size"
+        )
+    return count
+
+
+def read_tree(tree: FileTree, source_format: str = "auto", image_size: tuple[int, int] | None = None) -> RawDataset:
+    """The source as a RawDataset, every image at `image_size` when given (folders are resized as they are read,
+    CIFAR-10's batches afterwards)."""
     layout = detect_format(tree) if source_format == "auto" else source_format
     logger.info("reading %s as the %s layout", tree.origin, layout)
-    return READERS[layout](tree)
+    if layout == "folders":
+        return read_class_folders(tree, image_size)
+    raw = READERS[layout](tree)
+    return resized_dataset(raw, image_size) if image_size else raw
+
+
+def resized_dataset(raw: RawDataset, size: tuple[int, int]) -> RawDataset:
+    """`raw` with every image resized to `size` (the splits keep their order, ids and labels)."""
+    if raw.train.image_shape[:2] == size and raw.eval.image_shape[:2] == size:
+        return raw
+    logger.info("resizing %d images to %dx%d", len(raw.train) + len(raw.eval), *size)
+
+    def split_resized(split: RawSplit) -> RawSplit:
+        images = split.images()
+        return RawSplit.from_array(
+            np.concatenate([resized(images[start : start + 1000], size) for start in range(0, len(images), 1000)])
+            if len(images) else np.empty((0, *size, 3), np.uint8),
+            split.labels,
+            split.ids,
+        )
+
+    return dataclasses.replace(raw, train=split_resized(raw.train), eval=split_resized(raw.eval))

@@ -269,6 +269,7 @@ class Trainer:
                 "num_classes": self.num_classes,
                 "label_names": self.dataset.manifest.label_names,
                 "image_shape": self.dataset.manifest.image_shape,
+                "resize_images": bool(self.dataset.manifest.parameters.get("resize")),  # served images are resized too
                 "train_examples": self.train_examples,
                 "total_steps": self.total_steps,
                 "scaled_learning_rate": self.config.scaled_learning_rate(),
