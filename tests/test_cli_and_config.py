@@ -275,3 +275,43 @@ def test_every_number_of_every_config_has_an_interval_that_is_enforced(config_cl
         given = element(value)
         with pytest.raises(ValueError, match=rf"{field_.name}: .* is not in {re.escape(interval)}"):
             config_class(**required, **{field_.name: (given,) if is_tuple else given})
+
+
+@pytest.mark.parametrize("program", ["components.train", "components.evaluate", "components.prepare_data"])
+def test_help_lists_every_choice_and_one_default_per_option(program):
+    import dataclasses
+    import typing
+
+    help_text = subprocess.run(
+        [sys.executable, "-m", program, "--help"], capture_output=True, text=True, cwd=REPOSITORY, timeout=120
+    ).stdout
+    entries = [" ".join(entry.split()) for entry in re.split(r"\n  (?=--)", help_text)]  # one per option
+    for entry in entries:  # a default said once: by the help's own words, or as the value
+        assert entry.count("(default") <= 1 and not ("by default" in entry and "(default:" in entry), entry
+    classes = {
+        "components.train": ("components.train.config", "TrainConfig"),
+        "components.evaluate": ("components.evaluate.config", "EvaluateConfig"),
+        "components.prepare_data": ("components.prepare_data.config", "PrepareDataConfig"),
+    }
+    module, name = classes[program]
+    config_class = getattr(__import__(module, fromlist=[name]), name)
+    assert typing.get_type_hints(config_class)
+    flat = " ".join(help_text.split())
+    for field_ in dataclasses.fields(config_class):
+        for choice in field_.metadata.get("choices", ()):
+            assert str(choice) in flat, f"--{field_.name} does not list {choice}"
+
+
+def test_local_run_help_describes_its_options_and_the_default_make_local_run_uses():
+    help_text = " ".join(
+        subprocess.run(
+            [sys.executable, "-m", "pipeline.pipeline", "local-run", "--help"],
+            capture_output=True, text=True, cwd=REPOSITORY, timeout=120,
+        ).stdout.split()
+    )  # fmt: skip
+    for option in ("--runner", "--output-root", "--verbose", "--resume"):
+        described = re.search(rf"{option}(?: \S+)? (.*?)(?= --|$)", help_text).group(1)
+        assert len(described.split()) >= 5, (option, described)
+    makefile = (REPOSITORY / "Makefile").read_text()
+    make_default = re.search(r"^SOURCE \?= (\S+)", makefile, re.MULTILINE).group(1)
+    assert re.search(rf'--source STRING .*?\(default: "{make_default}"\)', help_text)

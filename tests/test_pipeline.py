@@ -292,7 +292,7 @@ def test_component_and_pipeline_defaults_are_the_configs_defaults():
     from components.train.launch_config import LaunchConfig
 
     # the pipeline's and the job step's own, said where they are set
-    own_choices = {"workers", "accuracy_threshold", "worker_image"}
+    own_choices = {"workers", "accuracy_threshold", "worker_image", "validation_fraction"}
     checked = []
     prepare, train, launch, evaluate = (
         vars(parameter_defaults(c)) for c in (PrepareDataConfig, TrainConfig, LaunchConfig, EvaluateConfig)

@@ -131,9 +131,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) ->
         if field.default_factory is not dataclasses.MISSING:
             default = field.default_factory()
         required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        if "choices" in field.metadata:
+            help_text = f"{help_text}; one of: {', '.join(map(str, field.metadata['choices']))}"
         if "range" in field.metadata:
             help_text = f"{help_text}; in {field.metadata['range']}"
-        help_text = f"{help_text} (required)" if required else f"{help_text} (default: {default!r})"
+        if required:
+            help_text = f"{help_text} (required)"
+        elif "(default:" not in help_text:  # the help's own words about the default say more than a value
+            help_text = f"{help_text} (default: {'not set' if default is None else repr(default)})"
         keywords: dict[str, Any] = {"dest": field.name, "default": None, "help": help_text}
         if typing.get_origin(annotation) is tuple:
             (element_type, *_rest) = typing.get_args(annotation)

@@ -46,7 +46,7 @@ class EvaluateConfig:
     test_time_augmentation: str | None = field(
         default=None,
         metadata={
-            "help": "views to average (none, mirror, mirror_translate); default: what the model was trained to use",
+            "help": "views to average (default: what the model was trained to use)",
             "choices": ("none", "mirror", "mirror_translate"),
         },
     )

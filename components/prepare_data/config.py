@@ -32,14 +32,14 @@ class PrepareDataConfig:
         metadata={"help": "expected SHA-256 of the source archive; the official URL's is known and always checked"},
     )
     cache_dir: str | None = field(
-        default=None, metadata={"help": "where downloads are cached (default $XDG_CACHE_HOME/cifar10-pipeline)"}
+        default=None, metadata={"help": "where downloads are cached (default: $XDG_CACHE_HOME/cifar10-pipeline)"}
     )
     validation_fraction: float | None = field(
         default=None,
         metadata={
             "range": "[0, 1)",
-            "help": "take a stratified, seeded validation split of this fraction of the training data; by default "
-            "the source's own hold-out is used (data batch 5, or a validation/ folder), else 0.2",
+            "help": "take a stratified, seeded validation split of this fraction of the training data (default: the "
+            "source's own hold-out, data batch 5 or a validation/ folder, else 0.2)",
         },
     )
     seed: int = field(

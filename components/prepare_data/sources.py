@@ -524,7 +524,8 @@ def resized_dataset(raw: RawDataset, size: tuple[int, int]) -> RawDataset:
         images = split.images()
         return RawSplit.from_array(
             np.concatenate([resized(images[start : start + 1000], size) for start in range(0, len(images), 1000)])
-            if len(images) else np.empty((0, *size, 3), np.uint8),
+            if len(images)
+            else np.empty((0, *size, 3), np.uint8),
             split.labels,
             split.ids,
         )

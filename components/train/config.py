@@ -119,7 +119,8 @@ class TrainConfig:
     cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets and model dirs are mirrored"})
     # length
     train_steps: int | None = field(
-        default=None, metadata={"range": "[1, 1000000000]", "help": "global steps to train (default: 80000)"}
+        default=None,
+        metadata={"range": "[1, 1000000000]", "help": "global steps to train (default: 80000, unless --epochs)"},
     )
     epochs: float | None = field(
         default=None, metadata={"range": "(0, 1000000]", "help": "epochs to train; instead of --train-steps"}

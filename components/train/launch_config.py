@@ -62,7 +62,7 @@ class LaunchConfig:
         default="mlpipeline-minio-artifact",
         metadata={
             "help": "the secret whose accesskey/secretkey become the workers' AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY (KFP's object-store secret by default; optional)"
+            "AWS_SECRET_ACCESS_KEY (optional; the default is KFP's own object-store secret)"
         },
     )
     image_pull_secrets: tuple[str, ...] = field(
