@@ -310,7 +310,7 @@ def test_component_and_pipeline_defaults_are_the_configs_defaults():
             if not (name in own_choices and function is not train_component.python_func):
                 assert parameter.default == defaults[name], f"{function.__name__}({name}): {parameter.default!r}"
                 checked.append(name)
-    assert {"depth", "train_steps", "epochs", "warm_start", "validation_fraction", "baseline"} <= set(checked)
+    assert {"depth", "train_steps", "epochs", "warm_start", "baseline"} <= set(checked)
 
 
 def _closed_port() -> int:

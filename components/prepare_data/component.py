@@ -26,8 +26,9 @@ def prepare_data_component(
     """Convert the source to sharded, checksummed TFRecords in the `dataset` artifact.
 
     validation_fraction < 0 keeps the source's own hold-out (data batch 5); source_sha256 "" checks
-    only the official archive's known digest. resize "HxW" resizes every image ("": the images' own size). source_fingerprint is only for caching: pass the output of
-    source_fingerprint_component so that a cached result is reused only for unchanged source content.
+    only the official archive's known digest; resize "HxW" resizes every image ("": the images' own size).
+    source_fingerprint is only for caching: pass the output of source_fingerprint_component so that a cached
+    result is reused only for unchanged source content.
     """
     from components.common.cli import component_errors
     from components.prepare_data.kfp_run import EXPECTED_ERRORS, run_prepare_data
