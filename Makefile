@@ -8,7 +8,7 @@ SOURCE ?= synthetic
 # give SOURCE=https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz (or a local copy) and EPOCHS=...
 RUNNER ?= subprocess
 WORKERS ?= 2
-DEPTH ?= 20
+DEPTH ?=
 BATCH_SIZE ?= 128
 TRAIN_STEPS ?=
 EPOCHS ?=
@@ -39,14 +39,14 @@ export CIFAR10_PIPELINE_REGISTRY := $(REGISTRY)
 export CIFAR10_PIPELINE_TAG := $(TAG)
 PIPELINE := $(BIN)/python -m pipeline.pipeline
 # Only what is given is passed on (PRESET, EPOCHS or TRAIN_STEPS, TRAIN_OPTIONS); EXTRA comes last and so wins.
-RUN_PARAMETERS = --source "$(SOURCE)" --workers $(WORKERS) --depth $(DEPTH) --batch-size $(BATCH_SIZE) \
+RUN_PARAMETERS = --source "$(SOURCE)" --workers $(WORKERS) $(if $(DEPTH),--depth $(DEPTH)) --batch-size $(BATCH_SIZE) \
 	--accuracy-threshold $(THRESHOLD) $(if $(PRESET),--preset $(PRESET)) \
 	$(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) $(if $(EPOCHS),--epochs $(EPOCHS)) \
 	$(if $(TRAIN_OPTIONS),--train-options '$(TRAIN_OPTIONS)')
 # make local-run is a quick demo unless told otherwise (by a length, options or a PRESET, whose recipe then holds):
-# 300 steps, and a batch-norm decay of 0.9 (the estimator example's 0.997 needs thousands of steps before its moving
-# averages are usable).
-DEMO = $(if $(PRESET),,$(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300) \
+# 300 steps of a ResNet-8 (unless DEPTH is given), and a batch-norm decay of 0.9 (the estimator example's 0.997 needs
+# thousands of steps before its moving averages are usable).
+DEMO = $(if $(PRESET),,$(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300 $(if $(DEPTH),,--depth 8)) \
 	$(if $(TRAIN_OPTIONS),,--train-options '{"batch_norm_decay": 0.9}'))
 
 .PHONY: help install constraints test test-images lint format local-run compile run schedule tensorboard images push

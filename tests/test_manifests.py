@@ -8,11 +8,13 @@ import pytest
 import yaml
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+VENDOR = Path(__file__).resolve().parent / "vendor"
 TFJOB_TEMPLATE = Path(__file__).resolve().parents[1] / "components" / "train" / "tfjob.yaml"  # package data
 
 
 def documents():
-    for path in [*sorted(MANIFESTS.glob("*.yaml")), *sorted(MANIFESTS.glob("admin/*.yaml")), TFJOB_TEMPLATE]:
+    folders = (MANIFESTS, MANIFESTS / "admin", MANIFESTS / "serving")
+    for path in [*(path for folder in folders for path in sorted(folder.glob("*.yaml"))), TFJOB_TEMPLATE]:
         for document in yaml.safe_load_all(path.read_text()):
             if document:
                 yield path.name, document
@@ -92,7 +94,11 @@ def test_rbac_lets_the_launcher_create_watch_and_delete_trainjobs_and_tfjobs_and
     assert "get" in rules[("", "pods/log")]
     (binding,) = [document for _, document in documents() if document["kind"] == "RoleBinding"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    (account,) = [document for _, document in documents() if document["kind"] == "ServiceAccount"]
+    (account,) = [
+        document
+        for _, document in documents()
+        if document["kind"] == "ServiceAccount" and document["metadata"]["name"] == "cifar10-pipeline"
+    ]
     assert account["metadata"]["name"] in {subject["name"] for subject in binding["subjects"]}
 
 
@@ -131,10 +137,49 @@ def test_tensorboard_runs_as_the_pipelines_service_account_and_reads_the_object_
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
-@pytest.mark.parametrize("folder", [MANIFESTS, MANIFESTS / "admin"])
+@pytest.mark.parametrize("folder", [MANIFESTS, MANIFESTS / "admin", MANIFESTS / "serving"])
 def test_kustomization_lists_existing_files(folder):
     kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
     for resource in kustomization["resources"]:
         assert (folder / resource).exists(), resource
     listed = {path.name for path in folder.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == set(kustomization["resources"])  # nothing left out
+
+
+def inference_service() -> dict:
+    (service,) = [document for _, document in documents() if document["kind"] == "InferenceService"]
+    return service
+
+
+def test_the_inference_service_is_valid_against_the_vendored_kserve_crd():
+    from tests.fake_kubernetes_api import crd_schema, unknown_fields, validator
+
+    crd = "serving.kserve.io_inferenceservices-v0.16.0.yaml"
+    service = inference_service()
+    problems = [error.message for error in validator(crd).iter_errors(service)]
+    assert problems == [] and unknown_fields(crd_schema(crd), service) == []
+    broken = {**service, "spec": {"predictor": {"model": {"modelFormat": {"name": "tensorflow"}, "storageURI": "x"}}}}
+    assert list(validator(crd).iter_errors(broken)), "the schema check would let a misspelt field through"
+
+
+def test_the_inference_service_serves_the_promotion_root_with_the_exporting_tensorflow():
+    """KServe's TensorFlow runtime (vendored) runs tensorflow/serving:<runtimeVersion>, else 2.6.2, which cannot load
+    what this TensorFlow exports: the runtime version is the exporting release, and its op list ships."""
+    import tensorflow as tf
+
+    from components.evaluate import serving_ops
+
+    runtime = yaml.safe_load((VENDOR / "kserve-v0.16.0-tensorflow-serving-runtime.yaml").read_text())
+    formats = {entry["name"] for entry in runtime["spec"]["supportedModelFormats"]}
+    model = inference_service()["spec"]["predictor"]["model"]
+    assert model["modelFormat"]["name"] in formats
+    assert "--model_base_path=/mnt/models" in runtime["spec"]["containers"][0]["args"]
+    assert model["runtimeVersion"] == tf.__version__ and model["runtimeVersion"] in serving_ops.known_versions()
+    assert model["storageUri"] == "s3://mlpipeline/private/NAMESPACE/cifar10/models"  # the documented root
+    predictor = inference_service()["spec"]["predictor"]
+    (account,) = [
+        document
+        for _, document in documents()
+        if document["kind"] == "ServiceAccount" and document["metadata"]["name"] == predictor["serviceAccountName"]
+    ]
+    assert account["kind"] == "ServiceAccount" and account["secrets"] == [{"name": "cifar10-pipeline-serving-s3"}]

@@ -393,3 +393,21 @@ def test_the_gate_compares_like_with_like_on_this_runs_images(trained, synthetic
     other = evaluate(EvaluateConfig(data=real, model_dir=str(model_dir), compare_with=str(root)))
     assert other.baseline_accuracy is None and other.decision.blessed
     assert "it is not a baseline for this model" in " ".join(other.decision.reasons)
+
+
+def test_a_kserve_v1_request_for_encoded_images_gets_the_classes_of_the_uint8_path(trained, tmp_path):
+    """The request the docs show, answered by the promoted SavedModel as TensorFlow Serving's REST API would."""
+    from components.evaluate import serving_request
+
+    root = str(tmp_path / "models")
+    promote_once(trained, root)
+    images = np.random.default_rng(5).integers(0, 256, size=(3, 32, 32, 3), dtype=np.uint8)
+    body = serving_request.request_body([tf.io.encode_png(image).numpy() for image in images])
+    assert body["signature_name"] == "serving_image_bytes" and set(body["instances"][0]) == {"image_bytes"}
+    assert set(body["instances"][0]["image_bytes"]) == {"b64"}
+    answered = serving_request.answer(root, json.loads(json.dumps(body)))["predictions"]
+    served = tf.saved_model.load(str(Path(root, "1"))).signatures["serving_default"]
+    expected = served(images=tf.constant(images))["classes"].numpy().tolist()
+    assert [row["classes"] for row in answered] == expected
+    assert [row["class_names"] for row in answered] == [LABELS[index] for index in expected]
+    assert all(abs(sum(row["probabilities"]) - 1) < 1e-4 for row in answered)
