@@ -94,7 +94,7 @@ def test_cli_runs_the_stage(tmp_path):
 @pytest.mark.parametrize(
     ("stage", "values", "message"),
     [
-        ("train", {"schedule": "linear"}, "schedule: 'linear' is not one of piecewise, cosine, triangular, constant"),
+        ("train", {"schedule": "exponential"}, "schedule: 'exponential' is not one of piecewise, cosine, triangular"),
         ("train", {"launcher": "bogus"}, "launcher: 'bogus' is not one of"),
         ("train", {"augment": "false"}, "augment: 'false' is not true or false"),
         ("train", {"depth": "20"}, "depth: '20' is not an integer"),
@@ -227,7 +227,7 @@ def test_a_preset_supplies_every_value_not_given_on_every_config_path(tmp_path):
         ].test_time_augmentation
         == "mirror_translate"
     )
-    with pytest.raises(ValueError, match=r"preset: 'quick' is not one of fast, estimator"):
+    with pytest.raises(ValueError, match=r"preset: 'quick' is not one of fast, airbench94, airbench94_muon, estimator"):
         TrainConfig(data="d", model_dir="m", preset="quick")
     completed = subprocess.run(
         [sys.executable, "-m", "components.train", "--data", "d", "--model-dir", "m", "--preset", "quick"],

@@ -45,7 +45,7 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
 
     (manifest,) = run.glob("prepare-data-component/dataset/manifest.json")
     verified = open_dataset(str(manifest.parent))
-    assert verified.manifest.synthetic and verified.manifest.splits["train"].num_examples == 160
+    assert verified.manifest.synthetic and verified.manifest.splits["train"].num_examples == 200  # all: no hold-out
     (model_dir,) = run.glob(f"{local_run.TRAINING_TASKS}/model")
     assert (model_dir / "ckpt-40.index").exists()
     trained = json.loads((model_dir / "train_metrics.json").read_text())

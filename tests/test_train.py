@@ -493,3 +493,63 @@ def test_curves_have_a_few_dozen_points_whatever_the_run_length_and_the_validati
     }  # fmt: skip
     long_run = resolve(tiny_train_config(synthetic_data, model_dir, **chosen), 80_000)
     assert (long_run.log, long_run.summary, long_run.checkpoint) == (4000, 1600, 16000)
+
+
+def test_muon_orthogonalises_a_known_matrix_as_its_iteration_acts_on_the_singular_values():
+    """The quintic Newton-Schulz iteration maps each singular value s (of the matrix scaled by its Frobenius norm)
+    through p(s) = a s + b s^3 + c s^5, three times, and keeps the singular vectors: U p(p(p(S))) V^T."""
+    from components.train import optimization
+
+    a, b, c = optimization.NEWTON_SCHULZ_COEFFICIENTS
+    rng = np.random.default_rng(0)
+    for shape in ((6, 10), (10, 6)):  # wide, and tall (which the iteration transposes)
+        matrix = rng.normal(size=shape).astype(np.float64)
+        u, singular, vt = np.linalg.svd(matrix, full_matrices=False)
+        values = singular / np.linalg.norm(matrix)
+        for _ in range(3):
+            values = a * values + b * values**3 + c * values**5
+        expected = u @ np.diag(values) @ vt
+        got = optimization.orthogonalized(tf.constant(matrix, tf.float64), steps=3).numpy()
+        np.testing.assert_allclose(got, expected, atol=1e-8)
+        assert values.min() > 0.3 and values.max() < 1.3  # near-orthogonal: singular values near 1, not on it
+    kernel = rng.normal(size=(3, 3, 4, 8)).astype(np.float32)  # height, width, inputs, outputs
+    rows = np.transpose(kernel, (3, 0, 1, 2)).reshape(8, 36)  # one row per output filter
+    direction = optimization.muon_direction(tf.constant(kernel), steps=3).numpy()
+    expected = optimization.orthogonalized(tf.constant(rows), steps=3).numpy()
+    np.testing.assert_allclose(np.transpose(direction, (3, 0, 1, 2)).reshape(8, 36), expected, atol=1e-6)
+    renormalized = optimization.renormalized(tf.constant(kernel)).numpy()
+    assert np.linalg.norm(renormalized) == pytest.approx(8**0.5, rel=1e-5)
+
+
+def test_the_muon_recipe_resumed_after_a_crash_ends_where_the_uninterrupted_run_ends(synthetic_data, tmp_path):
+    """Muon's momentum is part of the checkpoint; the whitening bias stops at its epoch; the resumed run ends with
+    the uninterrupted run's weights and momentum, bit for bit."""
+    import shutil
+
+    def muon(model_dir):
+        return tiny_train_config(synthetic_data, model_dir, preset="airbench94_muon", width_multiplier=0.125,
+                                 batch_size=48, learning_rate_batch_size=48, whitening_bias_epochs=1.0,
+                                 train_steps=8, checkpoint_every_steps=5)  # fmt: skip
+
+    first = loop.train(muon(tmp_path / "uninterrupted"))
+    assert first.step == 8
+    shutil.copytree(tmp_path / "uninterrupted", tmp_path / "crashed")
+    for path in (tmp_path / "crashed").glob("ckpt-8.*"):
+        path.unlink()
+    loop.train(muon(tmp_path / "crashed"))
+    reader = tf.train.load_checkpoint(str(tmp_path / "uninterrupted" / "ckpt-8"))
+    resumed = tf.train.load_checkpoint(str(tmp_path / "crashed" / "ckpt-8"))
+    names = [name for name in reader.get_variable_to_shape_map() if name.startswith(("weights/", "muon/"))]
+    assert sum(name.startswith("muon/") for name in names) == 6  # one momentum per convolution kernel
+    for name in names:
+        np.testing.assert_array_equal(resumed.get_tensor(name), reader.get_tensor(name), err_msg=name)
+    # The whitening bias trained for its first epoch (160 images / 48 = 3.3 steps) only.
+    early = tf.train.load_checkpoint(str(tmp_path / "uninterrupted" / "ckpt-5"))
+    keys = checkpoints.checkpoint_variable_names(str(tmp_path / "uninterrupted" / "ckpt-8"))
+    np.testing.assert_array_equal(early.get_tensor(keys["whitening/bias"]), reader.get_tensor(keys["whitening/bias"]))
+    assert not np.array_equal(early.get_tensor(keys["head/kernel"]), reader.get_tensor(keys["head/kernel"]))
+    kernels = [name for name in keys if "_conv" in name and name.endswith("/kernel")]
+    assert len(kernels) == 6
+    for name in kernels:  # renormalised to sqrt(outputs) before each step, then moved by an orthogonalised update
+        kernel = reader.get_tensor(keys[name])
+        assert 0.5 * kernel.shape[-1] ** 0.5 < np.linalg.norm(kernel) < 2 * kernel.shape[-1] ** 0.5

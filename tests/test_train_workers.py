@@ -456,3 +456,16 @@ def test_a_paused_worker_is_named_not_the_healthy_one_waiting_for_it(synthetic_d
     errors = [line for line in output.splitlines() if " ERROR " in line and not line.startswith("[worker")]
     assert len(errors) == 1 and re.search(rf"worker-1 \(pid {pid}\) is stopped \(paused", errors[0]), output[-3000:]
     assert not _alive(pid)
+
+
+def test_two_workers_train_the_muon_recipe_to_identical_weights(synthetic_data, tmp_path):
+    """Muon acts on the all-reduced gradient in the cross-replica update: both workers end bit-identical."""
+    config = tiny_train_config(
+        synthetic_data, tmp_path / "muon", preset="airbench94_muon", width_multiplier=0.125, batch_size=32,
+        learning_rate_batch_size=32, workers=2, train_steps=3,
+    )  # fmt: skip
+    assert (config.optimizer, config.model) == ("muon", "airbench_muon")
+    completed = run_training(config)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    digests = re.findall(r"\[(worker-\d)\].*weights sha256 ([0-9a-f]{64})", completed.stderr)
+    assert len(digests) == 2 and digests[0][1] == digests[1][1], "the two workers ended with different weights"

@@ -37,6 +37,7 @@ class TrainingState:
     ema: dict[str, tf.Variable] = field(default_factory=dict)
     lookahead: dict[str, tf.Variable] = field(default_factory=dict)
     lookahead_started: tf.Variable | None = None
+    muon: dict[str, tf.Variable] = field(default_factory=dict)  # Muon's momentum of each convolution kernel
 
     def checkpoint(self) -> tf.train.Checkpoint:
         objects = {
@@ -48,6 +49,8 @@ class TrainingState:
             objects["ema"] = dict(self.ema)
         if self.lookahead:
             objects["lookahead"] = {**self.lookahead, "started": self.lookahead_started}
+        if self.muon:
+            objects["muon"] = dict(self.muon)
         return tf.train.Checkpoint(**objects)
 
 

@@ -14,12 +14,12 @@ from components.common.config import check_fields
 from components.common.storage import is_remote
 from components.train.presets import LENGTH_FIELDS, PRESETS
 
-OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
-SCHEDULES = ("piecewise", "cosine", "triangular", "constant")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "muon")
+SCHEDULES = ("piecewise", "cosine", "triangular", "linear", "constant")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 LAUNCHERS = ("auto", "inprocess", "local", "trainjob", "tfjob", "worker")
 CLUSTER_LAUNCHERS = ("trainjob", "tfjob")  # start the workers as a Kubernetes job, each in its own pod
-MODELS = ("resnet", "airbench")
+MODELS = ("resnet", "airbench", "airbench_muon")
 
 
 def parse_assignments(entries: tuple[str, ...], field_name: str) -> list[tuple[str, str]]:
@@ -126,7 +126,27 @@ class TrainConfig:
         default=None, metadata={"range": "(0, 1000000]", "help": "epochs to train; instead of --train-steps"}
     )
     # optimization
-    optimizer: str = field(default="sgd", metadata={"help": "optimizer", "choices": OPTIMIZERS})
+    optimizer: str = field(
+        default="sgd",
+        metadata={
+            "help": "optimizer; muon: Muon (momentum, then the update of each convolution kernel orthogonalised by a "
+            "Newton-Schulz iteration, the kernel renormalised) for convolution kernels and Nesterov-or-not sgd (see "
+            "momentum, nesterov) for every other variable",
+            "choices": OPTIMIZERS,
+        },
+    )
+    muon_learning_rate: float = field(
+        default=0.24,
+        metadata={
+            "range": "(0, inf)",
+            "help": "muon: the rate of the convolution kernels (scheduled like the others; "
+            "not scaled with the batch: the orthogonalised update has no scale of its own)",
+        },
+    )
+    muon_momentum: float = field(default=0.6, metadata={"range": "[0, 1)", "help": "muon: momentum of the kernels"})
+    newton_schulz_steps: int = field(
+        default=3, metadata={"range": "[1, 20]", "help": "muon: iterations of the orthogonalisation"}
+    )
     learning_rate: float = field(
         default=0.1, metadata={"range": "(0, inf)", "help": "learning rate at learning_rate_batch_size"}
     )
@@ -156,10 +176,17 @@ class TrainConfig:
         default=0.07, metadata={"range": "[0, inf)", "help": "triangular schedule: last rate, x learning_rate"}
     )
     momentum: float = field(default=0.9, metadata={"range": "[0, 1)", "help": "momentum of sgd and rmsprop"})
-    nesterov: bool = field(default=False, metadata={"help": "Nesterov momentum (sgd)"})
+    nesterov: bool = field(default=False, metadata={"help": "Nesterov momentum (sgd, and muon's kernels)"})
     weight_decay: float = field(
         default=2e-4,
-        metadata={"range": "[0, inf)", "help": "L2 on conv/dense kernels (decoupled weight decay for adamw)"},
+        metadata={
+            "range": "[0, inf)",
+            "help": "L2 on conv/dense kernels (not muon's: they are renormalised), its gradient added after the "
+            "gradient multipliers and clipping (decoupled weight decay for adamw)",
+        },
+    )
+    weight_decay_biases: bool = field(
+        default=False, metadata={"help": "weight decay on biases and batch-norm offsets too (PyTorch's default)"}
     )
     clip_global_norm: float | None = field(
         default=None, metadata={"range": "(0, inf)", "help": "clip gradients by their global norm"}
@@ -175,6 +202,14 @@ class TrainConfig:
     )
     trainable: str | None = field(default=None, metadata={"help": "train only variables matching this regex"})
     frozen: str | None = field(default=None, metadata={"help": "never update variables matching this regex"})
+    whitening_bias_epochs: float | None = field(
+        default=None,
+        metadata={
+            "range": "(0, inf)",
+            "help": "airbench models: the whitening layer's bias trains for this many epochs only, its rate falling "
+            "linearly from the base rate to zero over them (default: the whole run)",
+        },
+    )
     ema_decay: float | None = field(
         default=None,
         metadata={"range": "(0, 1)", "help": "keep an exponential moving average of the weights (e.g. 0.999)"},

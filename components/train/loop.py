@@ -162,7 +162,7 @@ class Trainer:
         )
         step = self.train_step
         self.state = checkpoints.TrainingState(
-            self.model, step.optimizer, step.step, step.ema, step.lookahead, step.lookahead_started
+            self.model, step.optimizer, step.step, step.ema, step.lookahead, step.lookahead_started, step.muon
         )
         self.checkpoint = self.state.checkpoint()
         self.manager: tf.train.CheckpointManager | None = None  # once the model directory is known to fit (run)

@@ -225,8 +225,26 @@ def _airbench_group(x, filters: int, spec: ModelSpec, name: str):
     return keras.layers.Activation("gelu", name=f"{name}_gelu2")(norm("bn2")(x))
 
 
-def build_airbench(spec: ModelSpec) -> keras.Model:
-    """airbench94's network; `width_multiplier` scales the 64/256/256 widths (airbench95 widens them)."""
+@keras.saving.register_keras_serializable(package="cifar10_pipeline")
+class UnitStandardDeviation(keras.initializers.Initializer):
+    """PyTorch's default linear initialisation (uniform in +-1/sqrt(fan in)) rescaled to a standard deviation of
+    exactly 1, as airbench94_muon's head (`w *= 1 / w.std()`)."""
+
+    def __init__(self, seed: int | None = None):
+        self.seed = seed
+
+    def __call__(self, shape, dtype=None):
+        values = keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform", seed=self.seed)(shape, dtype)
+        return values / keras.ops.std(values)
+
+    def get_config(self):
+        return {"seed": self.seed}
+
+
+def build_airbench(spec: ModelSpec, head: str = "airbench94") -> keras.Model:
+    """airbench94's network; `width_multiplier` scales the 64/256/256 widths (airbench95 widens them). `head`
+    airbench94: logits / 9 of a PyTorch-initialised head; airbench94_muon: logits / width of a head initialised to
+    unit standard deviation."""
     if spec.data_format != "channels_last":
         raise ValueError("data_format: the airbench model is written for channels_last")
     widths = [max(1, round(width * spec.width_multiplier)) for width in (64, 256, 256)]
@@ -237,9 +255,12 @@ def build_airbench(spec: ModelSpec) -> keras.Model:
         x = _airbench_group(x, filters, spec, f"stage{stage}")
     x = keras.layers.MaxPooling2D(3, name="pool")(x)
     x = keras.layers.Flatten(name="flatten")(x)
-    head_initializer = keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform")
+    if head == "airbench94_muon":
+        head_initializer, head_scale = UnitStandardDeviation(), 1 / widths[-1]
+    else:
+        head_initializer, head_scale = keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform"), 1 / 9
     x = keras.layers.Dense(spec.num_classes, use_bias=False, kernel_initializer=head_initializer, name="head")(x)
-    x = keras.layers.Rescaling(1 / 9, name="head_scale")(x)
+    x = keras.layers.Rescaling(head_scale, name="head_scale")(x)
     outputs = keras.layers.Activation("linear", dtype="float32", name="logits")(x)
     return keras.Model(inputs, outputs, name="airbench")
 
@@ -273,7 +294,11 @@ def whitening_layer(model: keras.Model) -> PatchWhitening | None:
     return next((layer for layer in model.layers if isinstance(layer, PatchWhitening)), None)
 
 
-MODEL_BUILDERS: dict[str, Callable[[ModelSpec], keras.Model]] = {"resnet": build_resnet, "airbench": build_airbench}
+MODEL_BUILDERS: dict[str, Callable[[ModelSpec], keras.Model]] = {
+    "resnet": build_resnet,
+    "airbench": build_airbench,
+    "airbench_muon": lambda spec: build_airbench(spec, head="airbench94_muon"),
+}
 
 
 def build_model(name: str, spec: ModelSpec) -> keras.Model:

@@ -53,6 +53,8 @@ class Schedule:
             rising = start + (1.0 - start) * step / peak_step
             falling = 1.0 + (end - 1.0) * (step - peak_step) / float(max(1.0, self.total_steps - peak_step))
             rate = self.base * tf.where(step < peak_step, rising, tf.maximum(falling, end))
+        elif self.kind == "linear":  # airbench94_muon: from the base rate down to zero at the end
+            rate = self.base * tf.maximum(1.0 - step / float(max(1, self.total_steps)), 0.0)
         elif self.kind == "cosine":
             progress = tf.minimum(step / float(max(1, self.total_steps)), 1.0)
             rate = self.base * 0.5 * (1.0 + tf.cos(math.pi * progress))
@@ -81,15 +83,57 @@ def make_schedule(config: TrainConfig, steps_per_epoch: float, total_steps: int)
 
 
 def make_optimizer(config: TrainConfig) -> keras.optimizers.Optimizer:
-    """The optimizer whose per-variable `update_step` the loop applies (the rate is passed per step)."""
+    """The optimizer whose per-variable `update_step` the loop applies (the rate is passed per step); with muon, the
+    one of every variable but the convolution kernels (`Muon` updates those)."""
     rate = config.scaled_learning_rate()
-    if config.optimizer == "sgd":
+    if config.optimizer in ("sgd", "muon"):
         return keras.optimizers.SGD(rate, momentum=config.momentum, nesterov=config.nesterov)
     if config.optimizer in ("adam", "adamw"):  # adamw: Adam plus the loop's decoupled weight decay
         return keras.optimizers.Adam(rate)
     if config.optimizer == "rmsprop":
         return keras.optimizers.RMSprop(rate, momentum=config.momentum)
-    raise ValueError(f"optimizer: {config.optimizer!r} is not one of sgd, adam, adamw, rmsprop")
+    raise ValueError(f"optimizer: {config.optimizer!r} is not one of sgd, adam, adamw, rmsprop, muon")
+
+
+# -- Muon -----------------------------------------------------------------------------------------------------
+# Jordan et al. 2024 (github.com/KellerJordan/cifar10-airbench, airbench94_muon.py): for each convolution kernel,
+# momentum on the gradient, then its update replaced by the nearest semi-orthogonal matrix (approximately: a quintic
+# Newton-Schulz iteration whose coefficients maximise the slope at zero, so a few steps suffice; the singular values
+# land near 1, not on it), applied to the kernel renormalised to norm sqrt(output channels).
+
+NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def is_muon_variable(variable) -> bool:
+    """What Muon updates: convolution kernels (rank 4: height, width, inputs, outputs)."""
+    return len(variable.shape) == 4
+
+
+def orthogonalized(matrix: tf.Tensor, steps: int, epsilon: float = 1e-7) -> tf.Tensor:
+    """Approximately U V^T of `matrix` = U S V^T (rows x columns), by `steps` quintic Newton-Schulz iterations on the
+    matrix scaled to spectral norm at most 1 (by its Frobenius norm)."""
+    a, b, c = NEWTON_SCHULZ_COEFFICIENTS
+    x = matrix / (tf.norm(matrix) + epsilon)
+    tall = matrix.shape[0] > matrix.shape[1]
+    if tall:
+        x = tf.transpose(x)
+    for _ in range(steps):
+        gram = tf.matmul(x, x, transpose_b=True)
+        x = a * x + tf.matmul(b * gram + c * tf.matmul(gram, gram), x)
+    return tf.transpose(x) if tall else x
+
+
+def muon_direction(kernel_update: tf.Tensor, steps: int) -> tf.Tensor:
+    """A convolution kernel's update [h, w, in, out], orthogonalised as a matrix of one row per output filter."""
+    height, width, inputs, outputs = kernel_update.shape
+    rows = tf.reshape(tf.transpose(kernel_update, [3, 0, 1, 2]), [outputs, height * width * inputs])
+    return tf.transpose(tf.reshape(orthogonalized(rows, steps), [outputs, height, width, inputs]), [1, 2, 3, 0])
+
+
+def renormalized(kernel: tf.Tensor) -> tf.Tensor:
+    """The kernel scaled to norm sqrt(output channels): what Muon does before each step."""
+    outputs = float(kernel.shape[-1])
+    return kernel * (outputs**0.5 / tf.norm(kernel))
 
 
 # -- which variables train ----------------------------------------------------------------------------------

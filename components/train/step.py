@@ -22,6 +22,7 @@ from components.train.config import TrainConfig
 from components.train.model import is_kernel, variable_name
 
 INITIAL_LOSS_SCALE = 2.0**15
+WHITENING_BIAS = "whitening/bias"  # the airbench models' patch-whitening bias (whitening_bias_epochs)
 LOSS_SCALE_GROWTH_STEPS = 2000
 
 
@@ -42,8 +43,14 @@ class TrainStep:
             self.trained, _frozen = optimization.select_trainable(
                 model.trainable_variables, config.trainable, config.frozen
             )
-            self.optimizer = optimization.make_optimizer(config)
-            self.optimizer.build(self.trained)
+            muon = config.optimizer == "muon"
+            self.muon = {  # each kernel's momentum under Muon
+                variable_name(variable): self._slot(variable, "muon")
+                for variable in self.trained
+                if muon and optimization.is_muon_variable(variable)
+            }
+            self.optimizer = optimization.make_optimizer(config)  # every other trained variable's
+            self.optimizer.build([variable for variable in self.trained if variable_name(variable) not in self.muon])
             self.step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA, name="step"
             )
@@ -71,7 +78,12 @@ class TrainStep:
                     self.ema[variable_name(variable)] = tf.Variable(
                         variable.value, trainable=False, name=f"ema_{variable_name(variable).replace('/', '_')}"
                     )
-        self.decayed = [variable for variable in self.trained if is_kernel(variable)]
+        self.decayed = {
+            variable_name(variable)
+            for variable in self.trained
+            if variable_name(variable) not in self.muon and (is_kernel(variable) or config.weight_decay_biases)
+        }
+        self.whitening_bias_steps = (config.whitening_bias_epochs or 0.0) * steps_per_epoch
         self.moving_statistics = list(model.non_trainable_variables)
         self.processing = optimization.GradientProcessing.for_variables(config, self.trained)
         self.schedule = optimization.make_schedule(config, steps_per_epoch, total_steps)
@@ -91,9 +103,6 @@ class TrainStep:
             logits = self.model(images, training=True)
             per_example = cross_entropy(labels, logits, self.num_classes, config.label_smoothing)
             loss = tf.reduce_sum(per_example) / config.batch_size
-            if config.optimizer != "adamw" and config.weight_decay and self.decayed:
-                l2 = tf.add_n([tf.nn.l2_loss(tf.cast(variable, tf.float32)) for variable in self.decayed])
-                loss += config.weight_decay * l2 / self.strategy.num_replicas_in_sync
             scaled = loss * self.loss_scale
         gradients = tape.gradient(scaled, self.trained)
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
@@ -121,6 +130,7 @@ class TrainStep:
         gradients_finite = optimization.all_finite(gradients)
         loss_finite = tf.math.is_finite(total_loss)
         processed, gradient_norm = self.processing(gradients)
+        processed, total_loss = self._weight_decay(processed, total_loss)
         rate = self.schedule(self.step)
         apply = gradients_finite & loss_finite
         context.merge_call(self._apply, args=(processed, rate, apply, gradients_finite, statistics))
@@ -141,6 +151,20 @@ class TrainStep:
             "loss_scale": self.loss_scale.read_value() * 1.0,
         }
 
+    def _weight_decay(self, gradients: list, loss):
+        """L2 on the decayed variables, added to the gradients after multipliers and clipping (so that a variable's
+        multiplier changes its rate, not its decay) and to the reported loss. adamw decays in the update instead."""
+        decay = self.config.weight_decay
+        if not decay or self.config.optimizer == "adamw" or not self.decayed:
+            return gradients, loss
+        decayed = []
+        for gradient, variable in zip(gradients, self.trained, strict=True):
+            if variable_name(variable) in self.decayed:
+                gradient = gradient + decay * tf.cast(variable, tf.float32)
+            decayed.append(gradient)
+        values = [tf.cast(variable, tf.float32) for variable in self.trained if variable_name(variable) in self.decayed]
+        return decayed, loss + decay * tf.add_n([tf.nn.l2_loss(value) for value in values])
+
     def _apply(self, strategy, gradients, rate, apply, gradients_finite, statistics):
         """Cross-replica: apply the (identical) processed gradients to each replica's copy of the variables."""
         config = self.config
@@ -150,20 +174,26 @@ class TrainStep:
             )
         skip_allowed = config.precision == "mixed_float16"  # an fp16 overflow skips the step and lowers the scale
 
-        def update(variable, gradient, decoupled_decay):
-            if skip_allowed:
-                return tf.cond(
-                    apply,
-                    lambda: self._update_variable(variable, gradient, rate, decoupled_decay),
-                    lambda: tf.constant(True),
-                )
-            return self._update_variable(variable, gradient, rate, decoupled_decay)
+        def update(variable, gradient, decoupled_decay, name):
+            variable_rate, active = self._rate_of(name, rate)
+            allowed = apply if skip_allowed else None
+            if active is not None:  # the whitening bias after its epochs: no update at all, as a frozen variable
+                allowed = active if allowed is None else allowed & active
+            if allowed is None:
+                return self._update_variable(variable, gradient, variable_rate, decoupled_decay)
+            return tf.cond(
+                allowed,
+                lambda: self._update_variable(variable, gradient, variable_rate, decoupled_decay),
+                lambda: tf.constant(True),
+            )
 
         decoupled = config.optimizer == "adamw" and bool(config.weight_decay)
         for gradient, variable in zip(gradients, self.trained, strict=True):
-            strategy.extended.update(
-                variable.value, update, args=(gradient, decoupled and is_kernel(variable)), group=False
-            )
+            if variable_name(variable) in self.muon:
+                self._muon_update(strategy, variable, gradient, rate, apply if skip_allowed else None)
+            else:
+                arguments = (gradient, decoupled and is_kernel(variable), variable_name(variable))
+                strategy.extended.update(variable.value, update, args=arguments, group=False)
         self.optimizer.iterations.assign_add(1)
         self.step.assign_add(1)
         if skip_allowed:  # dynamic loss scaling: halve on overflow, double after a run of finite steps
@@ -184,6 +214,46 @@ class TrainStep:
                 strategy.extended.update(
                     shadow, lambda s, v: s.assign(decay * s + (1.0 - decay) * v), args=(variable.value,), group=False
                 )
+
+    @staticmethod
+    def _slot(variable, purpose: str) -> tf.Variable:
+        """A zero variable beside `variable` for state the optimizer keeps (checkpointed with it)."""
+        return tf.Variable(
+            tf.zeros_like(variable.value),
+            trainable=False,
+            name=f"{purpose}_{variable_name(variable)}".replace("/", "_"),
+        )
+
+    def _rate_of(self, name: str, rate):
+        """(the rate of variable `name`, and whether it still trains): the scheduled rate, but for the whitening bias
+        under `whitening_bias_epochs`, whose rate falls from the base rate to zero over them (then it stops)."""
+        if not self.whitening_bias_steps or name != WHITENING_BIAS:
+            return rate, None
+        progress = tf.cast(self.step, tf.float32) / self.whitening_bias_steps
+        return self.schedule.base * tf.maximum(1.0 - progress, 0.0), progress < 1.0
+
+    def _muon_update(self, strategy, variable, gradient, rate, apply) -> None:
+        """Muon on one convolution kernel: momentum on the (all-reduced, processed) gradient, then the kernel
+        renormalised and moved by the orthogonalised (Nesterov) momentum, at muon's rate on the same schedule."""
+        config = self.config
+        momentum = config.muon_momentum
+        muon_rate = config.muon_learning_rate * rate / self.schedule.base
+        buffer = self.muon[variable_name(variable)]
+
+        def step(kernel, held, new_gradient):
+            held.assign(momentum * held + tf.cast(new_gradient, held.dtype))
+            direction = tf.cast(new_gradient, held.dtype) + momentum * held if config.nesterov else held
+            kernel.assign(optimization.renormalized(kernel))
+            kernel.assign_sub(tf.cast(muon_rate, kernel.dtype) * optimization.muon_direction(direction,
+                              config.newton_schulz_steps))  # fmt: skip
+            return tf.constant(True)
+
+        def guarded(kernel, held, new_gradient):
+            if apply is None:
+                return step(kernel, held, new_gradient)
+            return tf.cond(apply, lambda: step(kernel, held, new_gradient), lambda: tf.constant(True))
+
+        strategy.extended.update(variable.value, guarded, args=(buffer, gradient), group=False)
 
     @staticmethod
     def lookahead_variables(model, trained) -> list:
