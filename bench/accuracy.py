@@ -1,14 +1,17 @@
 """Benchmark: what each training preset buys on real CIFAR-10, accuracy against time, in one process run.
 
-1. Accuracy: for each preset (default: fast, then estimator), `--runs` trainings of `--epochs` epochs on all 50,000
-   training images (prepared once with no validation hold-out), each evaluated on the 10,000 test images by the
-   evaluate stage (with the test-time augmentation the model was trained for). Reports every run, the mean and
-   spread of the accuracy, the wall time and the training images/s.
+1. Accuracy: for each preset (default: airbench94, then airbench94_muon, side by side), `--runs` trainings of its
+   own length (or `--epochs`) on all 50,000 training images (prepared once with no validation hold-out), each
+   evaluated on the 10,000 test images by the evaluate stage (with the test-time augmentation the model was trained
+   for). Reports every run, the mean and spread of the accuracy, the training minutes and images/s, and the training
+   FLOP/s (3 x the network's forward FLOPs per image x images/s) against this CPU's float32 matrix-multiply peak,
+   measured in the same run (bench/flops.py).
 2. Speed: images/s of the fast preset's training loop (one worker, steady state: the median of its own progress
    windows after the first) against a bare `tf.function` step of the same network, batch and optimizer on a fixed
    batch, timed in windows of the same length (target ratio >= 0.95); rounds alternate which side goes first.
 
-    .venv/bin/python bench/accuracy.py [--runs 2] [--epochs 10] [--presets fast estimator] [--speed-rounds 4]
+    .venv/bin/python bench/accuracy.py [--runs 2] [--epochs 10] [--presets airbench94 airbench94_muon]
+        [--speed-rounds 4]
         [--train-args "--width-multiplier 1.5"]
 
 `--runs 0` measures only the speed; `--speed-rounds 0` only the accuracy.
@@ -35,8 +38,9 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 WORK = REPOSITORY / "bench" / "work"
 
-from bench import timing  # noqa: E402
+from bench import flops, timing  # noqa: E402
 from bench.prepare_data import official_archive  # noqa: E402
+from components.train.presets import PRESETS  # noqa: E402
 
 
 def full_training_set() -> str:
@@ -63,24 +67,34 @@ def run(command: list[str]) -> str:
 
 
 def train_and_evaluate(
-    data: str, preset: str, epochs: float, seed: int, model_dir: Path, train_arguments: list[str]
+    data: str, preset: str, epochs: float | None, seed: int, model_dir: Path, train_arguments: list[str]
 ) -> dict:
+    length = ["--epochs", str(epochs)] if epochs else []
     started = time.monotonic()
     trained = run([sys.executable, "-m", "components.train", "--data", data, "--model-dir", str(model_dir),
-                   "--preset", preset, "--epochs", str(epochs), "--seed", str(seed), "--log-every-steps", "20",
+                   "--preset", preset, *length, "--seed", str(seed), "--log-every-steps", "20",
                    "--checkpoint-every-seconds", "3600", *train_arguments])  # fmt: skip
     seconds = time.monotonic() - started
     rates = [float(rate) for rate in timing.RATE.findall(trained)][1:]  # the first window includes tracing
     run([sys.executable, "-m", "components.evaluate", "--data", data, "--model-dir", str(model_dir)])
     evaluation = json.loads((model_dir / "eval_metrics.json").read_text())
+    config = json.loads((model_dir / "config.json").read_text())
     return {
         "preset": " ".join([preset, *train_arguments]),
         "seed": seed,
-        "epochs": epochs,
+        "epochs": round(config["resolved"]["train_steps"] * config["batch_size"] / 50_000, 2),
+        "forward_flops": model_forward_flops(config),
         "accuracy": evaluation["metrics"]["accuracy"],
         "train_seconds": round(seconds),
         "images_per_second": round(statistics.median(rates)) if rates else None,
     }
+
+
+def model_forward_flops(train_config: dict) -> int:
+    """Forward FLOPs per image of the network a model directory's config.json describes."""
+    from components.evaluate.restore import build_from_config
+
+    return flops.forward_flops(build_from_config(train_config), tuple(train_config["resolved"]["image_shape"]))
 
 
 def speed_round(data: str, round_number: int, window_steps: int, windows: int) -> tuple[float, float]:
@@ -105,19 +119,23 @@ def speed_round(data: str, round_number: int, window_steps: int, windows: int) -
     return config.batch_size / bare_seconds, config.batch_size / loop_seconds
 
 
-def print_accuracy_table(results: list[dict], epochs: float) -> None:
-    print(f"\n{epochs:g} epochs on all 50,000 training images, tested on the 10,000 test images, "
-          f"{os.cpu_count()} cores")  # fmt: skip
-    print("| preset | runs | test accuracy (mean +- std) | train time (mean) | training images/s |")
-    print("|---|---|---|---|---|")
+def print_accuracy_table(results: list[dict], peak_flops: float) -> None:
+    print(f"\nAll 50,000 training images, tested on the 10,000 test images, {os.cpu_count()} cores; float32 "
+          f"matrix-multiply peak {peak_flops / 1e9:.0f} GFLOP/s (measured in this run)")  # fmt: skip
+    print("| preset | epochs | runs | test accuracy (mean +- std) | train time (mean) | training images/s "
+          "| training GFLOP/s (of peak) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for preset in dict.fromkeys(result["preset"] for result in results):
         mine = [result for result in results if result["preset"] == preset]
         accuracies = [result["accuracy"] for result in mine]
         spread = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
         seconds = statistics.mean(result["train_seconds"] for result in mine)
         rates = [result["images_per_second"] for result in mine if result["images_per_second"]]
-        print(f"| {preset} | {len(mine)} | {100 * statistics.mean(accuracies):.2f}% +- {100 * spread:.2f} "
-              f"| {seconds / 60:.1f} min | {statistics.median(rates) if rates else 0:.0f} |")  # fmt: skip
+        rate = statistics.median(rates) if rates else 0
+        achieved = 3 * mine[0]["forward_flops"] * rate
+        print(f"| {preset} | {mine[0]['epochs']:g} | {len(mine)} | {100 * statistics.mean(accuracies):.2f}% "
+              f"+- {100 * spread:.2f} | {seconds / 60:.1f} min | {rate:.0f} | {achieved / 1e9:.0f} "
+              f"({achieved / peak_flops:.0%}) |")  # fmt: skip
 
 
 def print_speed_ratio(data: str, rounds: int, window_steps: int, windows: int) -> None:
@@ -134,8 +152,8 @@ def print_speed_ratio(data: str, rounds: int, window_steps: int, windows: int) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--epochs", type=float, default=10.0)
-    parser.add_argument("--presets", nargs="+", default=["fast", "estimator"], choices=["fast", "estimator"])
+    parser.add_argument("--epochs", type=float, default=None, help="default: each preset's own length")
+    parser.add_argument("--presets", nargs="+", default=["airbench94", "airbench94_muon"], choices=list(PRESETS))
     parser.add_argument("--train-args", default="", help='more train options for every run: "--width-multiplier 1.5"')
     parser.add_argument("--speed-rounds", type=int, default=4, help="0 skips the speed comparison")
     parser.add_argument("--speed-window-steps", type=int, default=5, help="steps per timed window")
@@ -143,6 +161,7 @@ def main() -> None:
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     data = full_training_set()
+    peak_flops = flops.matmul_peak_flops()
 
     results = []
     for preset in arguments.presets:
@@ -153,7 +172,8 @@ def main() -> None:
                 ))  # fmt: skip
             print(json.dumps(results[-1]), flush=True)
     if results:
-        print_accuracy_table(results, arguments.epochs)
+        peak_flops = max(peak_flops, flops.matmul_peak_flops())  # before and after: the better of two measurements
+        print_accuracy_table(results, peak_flops)
     if arguments.speed_rounds:
         print_speed_ratio(data, arguments.speed_rounds, arguments.speed_window_steps, arguments.speed_windows)
 
