@@ -92,9 +92,10 @@ def train_and_evaluate(
 
 def model_forward_flops(train_config: dict) -> int:
     """Forward FLOPs per image of the network a model directory's config.json describes."""
-    from components.evaluate.restore import build_from_config
+    from components.common.model import build_model, model_spec_of
 
-    return flops.forward_flops(build_from_config(train_config), tuple(train_config["resolved"]["image_shape"]))
+    spec = model_spec_of(train_config)
+    return flops.forward_flops(build_model(spec), spec.image_shape)
 
 
 def speed_round(data: str, round_number: int, window_steps: int, windows: int) -> tuple[float, float]:
@@ -103,13 +104,13 @@ def speed_round(data: str, round_number: int, window_steps: int, windows: int) -
     import keras
 
     from components.common.config import config_from_mapping
+    from components.common.model import ModelSpec, build_model
     from components.train.config import TrainConfig
-    from components.train.model import ModelSpec, build_model
 
     config = config_from_mapping(TrainConfig, {"data": data, "model_dir": "unused", "preset": "fast"}, "benchmark")
 
     def bare() -> list[float]:
-        model = build_model("airbench", ModelSpec(batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
+        model = build_model(ModelSpec("airbench", batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
         optimizer = keras.optimizers.SGD(0.1, momentum=0.85, nesterov=True)
         return timing.bare_window_seconds(model, optimizer, config.batch_size, window_steps, windows)
 

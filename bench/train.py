@@ -59,7 +59,7 @@ def speed_round(data: str, round_number: int, window_steps: int, windows: int) -
     step, even ones with the loop."""
     import keras
 
-    from components.train.model import ModelSpec, build_resnet
+    from components.common.model import ModelSpec, build_resnet
 
     def bare() -> list[float]:
         model, optimizer = build_resnet(ModelSpec(depth=DEPTH)), keras.optimizers.SGD(0.1, momentum=0.9)

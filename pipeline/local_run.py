@@ -117,11 +117,13 @@ def resumed(pipeline_name: str, parameters: dict[str, Any], output_root: Path, r
         folder = runs[-1]
     else:
         folder = Path(resume) if Path(resume).is_dir() else output_root / resume
+    from components.common.model_directory import checkpoint_step, list_checkpoints
+
     model_dir = model_directory_of(folder) if folder.is_dir() else None
-    if model_dir is None or not list(model_dir.glob("ckpt-*.index")):
+    found = list_checkpoints(model_dir) if model_dir else []
+    if not found:
         raise CommandError(f"--resume {resume}: {folder} is not a run with a checkpoint to resume from")
-    steps = sorted(int(path.name[5:-6]) for path in model_dir.glob("ckpt-*.index") if path.name[5:-6].isdigit())
-    logger.info("resuming %s from its checkpoint at step %d", folder.name, steps[-1] if steps else 0)
+    logger.info("resuming %s from its checkpoint at step %d", folder.name, checkpoint_step(found[-1]))
     return {**parameters, "model_dir": str(model_dir)}
 
 
@@ -225,8 +227,10 @@ def _without_retries(pipeline):
 
 
 def _interrupted(run_folder: Path) -> str:
+    from components.common.model_directory import checkpoint_step, list_checkpoints
+
     model_dir = model_directory_of(run_folder)
-    steps = sorted(int(p.name[5:-6]) for p in model_dir.glob("ckpt-*.index")) if model_dir else []
+    steps = [checkpoint_step(prefix) for prefix in list_checkpoints(model_dir)] if model_dir else []
     if not steps:
         return "interrupted before training saved a checkpoint; nothing to resume (run again to start over)"
     return (
@@ -237,10 +241,12 @@ def _interrupted(run_folder: Path) -> str:
 
 def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list[str]:
     """Where the run's main outputs are, for a person reading the terminal."""
+    from components.common.model_directory import EVAL_METRICS
+
     lines = []
     model_dir = model_directory_of(run_folder)
-    if model_dir and (model_dir / "eval_metrics.json").exists():
-        summary = json.loads((model_dir / "eval_metrics.json").read_text())
+    if model_dir and (model_dir / EVAL_METRICS).exists():
+        summary = json.loads((model_dir / EVAL_METRICS).read_text())
         decision = "BLESSED" if summary["blessed"] else "NOT BLESSED"
         reasons = "; ".join(summary.get("reasons", []))
         lines.append(

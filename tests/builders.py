@@ -254,6 +254,6 @@ def scalar_series(log_dir, tag) -> list[tuple[int, float]]:
 
 def tiny_model(num_classes: int = 2):
     """A ResNet-8 at quarter width, untrained (for promotion and serving tests that need a model, not a good one)."""
-    from components.train.model import ModelSpec, build_model
+    from components.common.model import ModelSpec, build_model
 
-    return build_model("resnet", ModelSpec(depth=8, width_multiplier=0.25, num_classes=num_classes))
+    return build_model(ModelSpec("resnet", depth=8, width_multiplier=0.25, num_classes=num_classes))

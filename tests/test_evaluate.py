@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -14,9 +16,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.common.model import build_model, model_spec_of
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import evaluate
-from components.evaluate.restore import EvaluationError, build_from_config, read_train_config, restore_weights
+from components.evaluate.restore import EvaluationError, read_train_config, restore_weights
 from components.train import loop
 from tests.builders import scalar_series, tiny_train_config
 
@@ -52,6 +55,44 @@ def test_all_checkpoints_give_accuracy_by_step(synthetic_data, trained):
     assert [r.step for r in result.results] == [5, 10]
     assert set(dict(scalar_series(trained / "eval", "accuracy"))) >= {5, 10}
     assert "<svg" in result.report_html and "Accuracy by step" in result.report_html
+
+
+def build_from_config(train_config: dict):
+    return build_model(model_spec_of(train_config))
+
+
+def test_the_model_directory_describes_its_model(trained):
+    """config.json holds the model's spec as its own block; a directory written before the block existed reads the
+    same from the train config."""
+    train_config = read_train_config(trained, str(trained))
+    spec = model_spec_of(train_config)
+    assert train_config["model_spec"] == spec.to_dict()
+    assert (spec.family, spec.depth, spec.num_classes, spec.image_shape) == ("resnet", 8, 10, (32, 32, 3))
+    older = {key: value for key, value in train_config.items() if key != "model_spec"}
+    assert model_spec_of(older) == spec
+    with pytest.raises(ValueError, match=r"model_spec: unknown field\(s\) \['colour'\]"):
+        model_spec_of({**train_config, "model_spec": {**train_config["model_spec"], "colour": "red"}})
+
+
+def test_train_and_evaluate_find_the_same_checkpoints(synthetic_data, trained, tmp_path, caplog):
+    """What counts as a checkpoint is one rule for both stages: a save's leftovers, a data file without its index
+    and files that only look like checkpoints are neither evaluated nor resumed from."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained, model_dir)
+    (model_dir / "ckpt-30_temp").mkdir()  # what a killed save leaves
+    shutil.copy(model_dir / "ckpt-10.index", model_dir / "ckpt-30_temp" / "ckpt-30.index")
+    (model_dir / "ckpt-40.data-00000-of-00001").write_bytes(b"no index: not a checkpoint")
+    (model_dir / "ckpt-best.index").write_bytes(b"a stranger's file")
+    shutil.copy(model_dir / "ckpt-10.index", model_dir / "ckpt-050.index")  # not a name TensorFlow writes
+
+    evaluated = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(model_dir), mode="all", weights="raw"))
+    assert [result.step for result in evaluated.results] == [5, 10]
+
+    caplog.set_level(logging.INFO, logger="components.train")
+    loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=12, checkpoint_every_steps=5, ema_decay=0.9))
+    assert re.search(r"resum\w+ .*ckpt-10\b", caplog.text), caplog.text[-2000:]
+    evaluated = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(model_dir), mode="all", weights="raw"))
+    assert [result.step for result in evaluated.results] == [5, 10, 12]
 
 
 def test_threshold_and_baseline_decide(synthetic_data, trained, tmp_path):
@@ -185,6 +226,8 @@ class TestNeverBlessedOnError:
         for path in trained.glob("ckpt-10*"):
             (target / path.name).write_bytes(path.read_bytes())
         config = {**json.loads((trained / "config.json").read_text()), **config_changes}
+        spec_changes = {key: value for key, value in config_changes.items() if key in config["model_spec"]}
+        config["model_spec"] = {**config["model_spec"], **spec_changes}  # the model is what its spec says
         (target / "config.json").write_text(json.dumps(config))
         return config
 
@@ -200,12 +243,12 @@ class TestNeverBlessedOnError:
         model = build_from_config(config)
         head = model.get_layer("head").kernel
         with pytest.raises(EvaluationError, match=r"head/kernel has shape \[\d+, 10\], the model expects \[\d+, 12\]"):
-            config["resolved"]["num_classes"] = 12
+            config["model_spec"]["num_classes"] = 12
             restore_weights(build_from_config(config), str(other / "ckpt-10"))
         assert head.shape[-1] == 10
 
     def test_nan_weights(self, synthetic_data, trained, tmp_path):
-        from components.train.model import variable_name
+        from components.common.model import variable_name
 
         model = build_from_config(read_train_config(trained, str(trained)))
         restore_weights(model, str(trained / "ckpt-10"), "raw")
@@ -281,7 +324,7 @@ def test_a_torn_training_summary_is_named_in_one_clear_line(synthetic_data, trai
 def test_an_airbench_model_is_evaluated_with_the_whitening_it_was_trained_with(synthetic_data, tmp_path):
     """The fitted whitening (mean, deviation, filters: not trainable) travels in the checkpoint; evaluation
     rebuilds the model and predicts exactly as the trained model did."""
-    from components.train.model import whitening_layer
+    from components.common.model import whitening_layer
 
     config = tiny_train_config(
         synthetic_data, tmp_path / "model", model="airbench", width_multiplier=0.125, batch_norm_decay=0.6
@@ -308,7 +351,7 @@ def open_eval(data: str):
 def test_test_time_augmentation_is_the_same_in_evaluation_and_in_the_exported_model(synthetic_data, tmp_path):
     """A model trained with test_time_augmentation=mirror_translate is evaluated with its six views, and the
     SavedModel it is promoted as answers with the same probabilities; without the views the answers differ."""
-    from components.train.model import predict_logits
+    from components.common.model import predict_logits
 
     config = tiny_train_config(
         synthetic_data, tmp_path / "model", model="airbench", width_multiplier=0.125, batch_norm_decay=0.6,

@@ -14,10 +14,12 @@ import pytest
 import tensorflow as tf
 
 from components.common import storage
+from components.common.model import build_model, model_spec_of
+from components.common.model_directory import checkpoint_files
 from components.evaluate import canary, promote
-from components.evaluate.export import checkpoint_files, export_saved_model
+from components.evaluate.export import export_saved_model
 from components.evaluate.gate import Decision
-from components.evaluate.restore import build_from_config, read_train_config, restore_weights
+from components.evaluate.restore import read_train_config, restore_weights
 from components.train import loop
 from tests.builders import tiny_train_config
 
@@ -32,7 +34,7 @@ def trained(synthetic_data, tmp_path_factory):
 
 
 def model_at(trained: Path, step: int):
-    model = build_from_config(read_train_config(trained, str(trained)))
+    model = build_model(model_spec_of(read_train_config(trained, str(trained))))
     restore_weights(model, str(trained / f"ckpt-{step}"), "raw")
     return model
 

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from components.common.config import config_to_dict
+from components.common.model_directory import checkpoint_key
 from components.train import checkpoints, loop
 from components.train.checkpoints import CheckpointError
 from tests.builders import scalar_series, tiny_train_config
@@ -25,8 +26,7 @@ def summary_tags(log_dir) -> set[str]:
 
 
 def checkpoint_value(path, name, collection="weights"):
-    key = f"{collection}/{name.replace('.', '..').replace('/', '.S')}{checkpoints.VALUE_SUFFIX}"
-    return tf.train.load_checkpoint(str(path)).get_tensor(key)
+    return tf.train.load_checkpoint(str(path)).get_tensor(checkpoint_key(collection, name))
 
 
 def test_loss_goes_down_and_tensorboard_has_the_curves(synthetic_data, tmp_path):
@@ -198,9 +198,9 @@ def test_clipping_by_global_norm_bounds_the_step(synthetic_data, tmp_path, start
 
 
 def test_warm_start_with_a_new_head_for_another_number_of_classes(synthetic_data, tmp_path):
+    from components.common.model import ModelSpec, build_resnet
     from components.prepare_data.config import PrepareDataConfig
     from components.prepare_data.prepare import prepare_data
-    from components.train.model import ModelSpec, build_resnet
 
     loop.train(tiny_train_config(synthetic_data, tmp_path / "source", train_steps=2))
     source = tmp_path / "source" / "ckpt-2"
@@ -232,7 +232,7 @@ def test_warm_start_with_a_new_head_for_another_number_of_classes(synthetic_data
 
 
 def test_warm_start_that_matches_nothing_is_an_error(synthetic_data, tmp_path):
-    from components.train.model import ModelSpec, build_resnet
+    from components.common.model import ModelSpec, build_resnet
 
     loop.train(tiny_train_config(synthetic_data, tmp_path / "source", train_steps=1))
     model = build_resnet(ModelSpec(depth=8, width_multiplier=0.25))
@@ -241,7 +241,7 @@ def test_warm_start_that_matches_nothing_is_an_error(synthetic_data, tmp_path):
 
 
 def test_warm_start_name_mapping(synthetic_data, tmp_path):
-    from components.train.model import ModelSpec, build_resnet
+    from components.common.model import ModelSpec, build_resnet
 
     loop.train(tiny_train_config(synthetic_data, tmp_path / "source", train_steps=1))
     model = build_resnet(ModelSpec(depth=8, width_multiplier=0.25))

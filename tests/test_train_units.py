@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.common.model import ModelSpec, build_resnet
 from components.train import distribution, optimization
 from components.train.config import TrainConfig
 from components.train.launcher import choose_launcher
-from components.train.model import ModelSpec, build_resnet
 
 
 def tf_config(workers=2, task_type="worker", index=0):
@@ -232,10 +232,10 @@ def test_patch_whitening_whitens_the_training_patches():
     the images it was fitted to; its second half is the negation of the first."""
     import keras
 
-    from components.train.model import ModelSpec, build_model, whitening_layer
+    from components.common.model import ModelSpec, build_model, whitening_layer
 
     images = correlated_images(64)
-    model = build_model("airbench", ModelSpec(batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
+    model = build_model(ModelSpec("airbench", batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
     layer = whitening_layer(model)
     pixels = images.astype(np.float64).reshape(-1, 3)
     before = np.corrcoef(pixels.T)
@@ -252,7 +252,7 @@ def test_patch_whitening_whitens_the_training_patches():
 def test_dirac_initialised_convolutions_pass_their_input_through():
     import keras
 
-    from components.train.model import DiracUniform
+    from components.common.model import DiracUniform
 
     convolution = keras.layers.Conv2D(8, 3, padding="same", use_bias=False, kernel_initializer=DiracUniform(seed=1))
     inputs = np.random.default_rng(0).normal(size=(2, 6, 6, 4)).astype(np.float32)
@@ -264,9 +264,9 @@ def test_dirac_initialised_convolutions_pass_their_input_through():
 
 
 def test_the_airbench_network_has_airbench94s_shape():
-    from components.train.model import ModelSpec, build_model
+    from components.common.model import ModelSpec, build_model
 
-    model = build_model("airbench", ModelSpec())
+    model = build_model(ModelSpec("airbench"))
     assert model(correlated_images(2)).shape == (2, 10)
     assert [layer.filters for layer in model.layers if hasattr(layer, "filters")] == [64, 64, 256, 256, 256, 256]
     batch_norms = [layer for layer in model.layers if "bn" in layer.name]

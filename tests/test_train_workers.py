@@ -156,7 +156,7 @@ def test_two_workers_train_the_fast_preset_to_identical_weights(synthetic_data, 
     reader = tf.train.load_checkpoint(str(tmp_path / "airbench" / "ckpt-3"))
     names = checkpoints.checkpoint_variable_names(str(tmp_path / "airbench" / "ckpt-3"))
     from components.common.dataset import open_dataset
-    from components.train.model import PatchWhitening
+    from components.common.model import PatchWhitening
 
     dataset = open_dataset(synthetic_data, splits=("train",))
     first_images, _labels = next(iter(dataset.tf_dataset("train", batch_size=5000)))

@@ -3,7 +3,8 @@
     <model_dir>/config.json            the resolved train config (written by train)
     <model_dir>/train_metrics.json     the final step, metrics and checkpoint (written by train when it ends)
     <model_dir>/ckpt-N.*, checkpoint   checkpoints (train)
-    <model_dir>/train/, eval/          TensorBoard summaries (train, evaluate)
+    <model_dir>/train/, validation/    TensorBoard summaries of training and its held-out curve (train)
+    <model_dir>/eval/                  TensorBoard summaries, per-checkpoint metrics and report.html (evaluate)
     <model_dir>/eval_metrics.json      the evaluation's summary (evaluate)
 
 It is a local folder or a gs:// / s3:// prefix. In a KFP pipeline it is placed so that it outlives the step's
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,65 @@ TRAIN_METRICS = "train_metrics.json"
 EVAL_METRICS = "eval_metrics.json"
 CHECKPOINT_PREFIX = "ckpt"
 TRAIN_LOGS = "train"
+VALIDATION_LOGS = "validation"
 EVAL_LOGS = "eval"
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"  # how TensorFlow names a variable's value inside a checkpoint
 RUN_MODEL_DIRECTORY = "model-directory"  # under `<pipeline root>/<pipeline>/<run id>/`, shared by the run's attempts
+CHECKPOINT_INDEX = re.compile(rf"{CHECKPOINT_PREFIX}-(0|[1-9]\d*)\.index")  # the one rule for what is a checkpoint
+
+
+# -- checkpoints: names, finding them, their files, the keys of their values ------------------------------------------
+
+
+def checkpoint_name(step: int) -> str:
+    """The prefix name of step `step`'s checkpoint: `ckpt-N` (its files are `ckpt-N.index`, `ckpt-N.data-*`)."""
+    return f"{CHECKPOINT_PREFIX}-{step}"
+
+
+def checkpoint_step_of_file(file_name: str) -> int | None:
+    """The step of a checkpoint's `.index` file name (`ckpt-40.index` -> 40); None for any other name (a save's
+    `ckpt-40_temp`, a data file, the `checkpoint` state file, a stranger's file)."""
+    match = CHECKPOINT_INDEX.fullmatch(file_name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_step(prefix: str | Path) -> int:
+    """The step of a checkpoint prefix found by `list_checkpoints` (`.../ckpt-40` -> 40)."""
+    step = checkpoint_step_of_file(f"{Path(prefix).name}.index")
+    if step is None:
+        raise ValueError(f"{prefix}: not a checkpoint prefix ({CHECKPOINT_PREFIX}-<step>)")
+    return step
+
+
+def checkpoint_steps(file_names) -> list[int]:
+    """The checkpoint steps among a folder's file names, in increasing order (the listing of a store's prefix)."""
+    return sorted(step for name in file_names if (step := checkpoint_step_of_file(name)) is not None)
+
+
+def list_checkpoints(directory: str | Path) -> list[str]:
+    """The checkpoint prefixes in `directory`, oldest step first, found from their own `.index` files (the
+    `checkpoint` state file may be missing, damaged or out of date: the checkpoints themselves are what counts).
+    What train resumes from and what evaluate evaluates are both this list."""
+    directory = Path(directory)
+    steps = checkpoint_steps(path.name for path in directory.glob(f"{CHECKPOINT_PREFIX}-*.index"))
+    return [str(directory / checkpoint_name(step)) for step in steps]
+
+
+def checkpoint_files(prefix: str | Path) -> list[Path]:
+    """The files of a checkpoint: `ckpt-N.index` and its `ckpt-N.data-*`."""
+    prefix = Path(prefix)
+    return [prefix.with_name(f"{prefix.name}.index"), *sorted(prefix.parent.glob(f"{prefix.name}.data-*"))]
+
+
+def checkpoint_key(collection: str, name: str) -> str:
+    """The key of variable `name` (`<layer>/<weight>`) of `collection` (weights, ema, ...) inside a checkpoint:
+    tf.train.Checkpoint escapes `.` as `..` and `/` as `.S` in object names."""
+    return f"{collection}/{name.replace('.', '..').replace('/', '.S')}{VALUE_SUFFIX}"
+
+
+def unescape_object_name(name: str) -> str:
+    """Undo tf.train.Checkpoint's escaping of an object name: `.S` is `/`, `..` is `.`."""
+    return re.sub(r"\.(S|\.)", lambda match: "/" if match.group(1) == "S" else ".", name)
 
 
 class CheckpointError(RuntimeError):

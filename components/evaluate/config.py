@@ -15,6 +15,8 @@ WEIGHTS = ("auto", "ema", "raw")
 class EvaluateConfig:
     PRESETS: ClassVar[dict[str, dict]] = {
         "fast": {"test_time_augmentation": "mirror_translate"},
+        "airbench94": {"test_time_augmentation": "mirror_translate"},
+        "airbench94_muon": {"test_time_augmentation": "mirror_translate"},
         "estimator": {"test_time_augmentation": "none"},
     }
 
@@ -23,9 +25,9 @@ class EvaluateConfig:
     preset: str | None = field(
         default=None,
         metadata={
-            "help": "fast: airbench's 6-view test-time augmentation; estimator: none (default: what the model was "
-            "trained with)",
-            "choices": ("fast", "estimator"),
+            "help": "fast, airbench94, airbench94_muon: airbench's 6-view test-time augmentation; estimator: none "
+            "(default: what the model was trained with)",
+            "choices": ("fast", "airbench94", "airbench94_muon", "estimator"),
         },
     )
     mode: str = field(

@@ -21,26 +21,27 @@ import tensorflow as tf
 from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
-from components.common.model_directory import RESOLVED_CONFIG, TRAIN_METRICS, CheckpointError, ModelDirectory
+from components.common.model import build_model, model_spec_of, predict_logits
+from components.common.model_directory import (
+    EVAL_LOGS,
+    EVAL_METRICS,
+    RESOLVED_CONFIG,
+    TRAIN_METRICS,
+    CheckpointError,
+    ModelDirectory,
+    checkpoint_files,
+    checkpoint_step,
+    list_checkpoints,
+)
 from components.common.progress import Progress
 from components.evaluate import gate, metrics, promote, report
 from components.evaluate.baseline import Baseline, EvaluatedData, promoted_baseline
 from components.evaluate.canary import CANARY_IMAGES, Canary
 from components.evaluate.config import EvaluateConfig
-from components.evaluate.export import checkpoint_files
-from components.evaluate.restore import (
-    EvaluationError,
-    build_from_config,
-    checkpoint_step,
-    list_checkpoints,
-    read_train_config,
-    restore_weights,
-)
-from components.train.model import predict_logits
+from components.evaluate.restore import EvaluationError, read_train_config, restore_weights
 
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "eval_metrics.json"
 REPORT_FILE = "report.html"
 
 
@@ -114,16 +115,15 @@ class Evaluator:
                 f"{trained_on.get('label_names')}: the dataset does not match the model"
             )
         self.label_names = manifest.label_names
-        self.model = build_from_config(self.train_config)
+        self.model_spec = model_spec_of(self.train_config)
+        self.model = build_model(self.model_spec)
         self.images, self.labels = self._load_split()
         # The views the model was trained to be evaluated with (airbench's), unless the configuration says otherwise.
-        self.test_time_augmentation = config.test_time_augmentation or self.train_config.get(
-            "test_time_augmentation", "none"
-        )
+        self.test_time_augmentation = config.test_time_augmentation or self.model_spec.test_time_augmentation
         self.predict = tf.function(
             lambda images: tf.nn.softmax(predict_logits(self.model, images, self.test_time_augmentation), -1)
         )
-        self.summary_writer = tf.summary.create_file_writer(str(self.directory.local / "eval"))
+        self.summary_writer = tf.summary.create_file_writer(str(self.directory.local / EVAL_LOGS))
 
     def _wait_for_training_to_start(self) -> None:
         """Continuous mode may start before training does: wait (at most `timeout_seconds`) for the model directory's
@@ -195,7 +195,7 @@ class Evaluator:
             heatmap = report.confusion_heatmap(np.asarray(result.confusion_matrix))
             tf.summary.image("confusion_matrix", heatmap[None], max_outputs=1)
         self.summary_writer.flush()
-        per_checkpoint = self.directory.local / "eval" / f"metrics-{step}.json"
+        per_checkpoint = self.directory.local / EVAL_LOGS / f"metrics-{step}.json"
         per_checkpoint.parent.mkdir(parents=True, exist_ok=True)
         per_checkpoint.write_text(
             json.dumps({"checkpoint": checkpoint, "weights": weights, **result.to_dict()}, indent=2)
@@ -413,15 +413,15 @@ class Evaluator:
     def _write_outputs(self, result: EvaluationResult) -> None:
         summary = {**result.summary(), "config": config_to_dict(self.config)}
         storage.atomic_write_bytes(
-            self.directory.local / METRICS_FILE, json.dumps(summary, indent=2, sort_keys=True).encode()
+            self.directory.local / EVAL_METRICS, json.dumps(summary, indent=2, sort_keys=True).encode()
         )
         self.summary_writer.close()
         if self.config.output_dir:
             publisher = storage.publisher_for(self.config.output_dir)
             publisher.publish(REPORT_FILE, result.report_html.encode())
-            publisher.publish(METRICS_FILE, json.dumps(summary, indent=2, sort_keys=True).encode())
+            publisher.publish(EVAL_METRICS, json.dumps(summary, indent=2, sort_keys=True).encode())
         else:
-            (self.directory.local / "eval" / REPORT_FILE).write_text(result.report_html)
+            (self.directory.local / EVAL_LOGS / REPORT_FILE).write_text(result.report_html)
         self.directory.push()
 
 

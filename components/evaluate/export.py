@@ -20,8 +20,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from components.common.model import predict_logits
 from components.common.pixels import resize_images
-from components.train.model import predict_logits
 
 SIGNATURES = ("serving_default", "serving_image_bytes")
 CHECKPOINT_FOLDER = "checkpoint"
@@ -90,10 +90,3 @@ def export_saved_model(
         target = Path(directory, CHECKPOINT_FOLDER, Path(path).name)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-
-
-def checkpoint_files(prefix: str | Path) -> list[Path]:
-    """The files of a checkpoint (`ckpt-N.index`, `ckpt-N.data-*`)."""
-    prefix = Path(prefix)
-    files = sorted(prefix.parent.glob(f"{prefix.name}.data-*"))
-    return [prefix.with_name(f"{prefix.name}.index"), *files]

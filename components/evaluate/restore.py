@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from components.common.model_directory import RESOLVED_CONFIG, VALUE_SUFFIX
-from components.train.model import ModelSpec, build_model, variable_name
+from components.common.model import variable_name
+from components.common.model_directory import RESOLVED_CONFIG, checkpoint_key
 
 logger = logging.getLogger(__name__)
 
@@ -31,24 +31,6 @@ def read_train_config(model_dir: Path, origin: str) -> dict:
         raise EvaluationError(f"{origin}/{RESOLVED_CONFIG}: not valid JSON ({error})") from error
 
 
-def build_from_config(train_config: dict):
-    resolved = train_config.get("resolved", {})
-    spec = ModelSpec(
-        depth=train_config["depth"],
-        width_multiplier=train_config["width_multiplier"],
-        num_classes=resolved["num_classes"],
-        data_format=train_config["data_format"],
-        batch_norm_decay=train_config["batch_norm_decay"],
-        batch_norm_epsilon=train_config["batch_norm_epsilon"],
-        image_shape=tuple(resolved["image_shape"]),
-    )
-    return build_model(train_config["model"], spec)
-
-
-def _key(collection: str, name: str) -> str:
-    return f"{collection}/{name.replace('.', '..').replace('/', '.S')}{VALUE_SUFFIX}"
-
-
 def restore_weights(model, checkpoint_path: str, weights: str = "auto") -> str:
     """Load `checkpoint_path` into `model` by variable name; returns "ema" or "raw" (which weights were used).
 
@@ -61,13 +43,13 @@ def restore_weights(model, checkpoint_path: str, weights: str = "auto") -> str:
         raise EvaluationError(f"{checkpoint_path}: not a readable checkpoint ({error})") from error
     shapes = reader.get_variable_to_shape_map()
     trainable = {variable_name(variable) for variable in model.trainable_variables}
-    has_ema = all(_key("ema", name) in shapes for name in trainable)
+    has_ema = all(checkpoint_key("ema", name) in shapes for name in trainable)
     if weights == "ema" and not has_ema:
         raise EvaluationError(f"{checkpoint_path}: has no moving-average (ema/...) weights; train with --ema-decay")
     use_ema = has_ema and weights in ("auto", "ema")
     for variable in model.variables:
         name = variable_name(variable)
-        key = _key("ema" if use_ema and name in trainable else "weights", name)
+        key = checkpoint_key("ema" if use_ema and name in trainable else "weights", name)
         if key not in shapes:
             raise EvaluationError(
                 f"{checkpoint_path}: has no variable {name!r}; the checkpoint is of another architecture"
@@ -82,13 +64,3 @@ def restore_weights(model, checkpoint_path: str, weights: str = "auto") -> str:
             raise EvaluationError(f"{checkpoint_path}: variable {name} holds NaN or Inf")
         variable.assign(value)
     return "ema" if use_ema else "raw"
-
-
-def checkpoint_step(path: str) -> int:
-    return int(Path(path).name.rsplit("-", 1)[1])
-
-
-def list_checkpoints(model_dir: Path) -> list[str]:
-    """Checkpoint prefixes in the directory, oldest step first."""
-    prefixes = [str(index)[: -len(".index")] for index in model_dir.glob("ckpt-*.index")]
-    return sorted(prefixes, key=checkpoint_step)

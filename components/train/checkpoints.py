@@ -21,8 +21,15 @@ import tensorflow as tf
 
 from components.common import storage
 from components.common.dataset import default_cache_dir
-from components.common.model_directory import CHECKPOINT_PREFIX, VALUE_SUFFIX, CheckpointError
-from components.train.model import variable_name
+from components.common.model import variable_name
+from components.common.model_directory import (
+    VALUE_SUFFIX,
+    CheckpointError,
+    checkpoint_name,
+    checkpoint_steps,
+    list_checkpoints,
+    unescape_object_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,17 +61,6 @@ class TrainingState:
         return tf.train.Checkpoint(**objects)
 
 
-def checkpoints_on_disk(directory: str | Path) -> list[str]:
-    """The checkpoint prefixes in `directory`, oldest first, found from their own `.index` files: the `checkpoint`
-    state file may be missing, damaged or out of date, the checkpoints themselves are what counts."""
-    found = []
-    for index in Path(directory).glob(f"{CHECKPOINT_PREFIX}-*.index"):
-        match = re.fullmatch(rf"{CHECKPOINT_PREFIX}-(\d+)\.index", index.name)
-        if match:
-            found.append((int(match.group(1)), str(index.with_suffix(""))))
-    return [path for _step, path in sorted(found)]
-
-
 STATE_FILE = "checkpoint"
 
 
@@ -72,14 +68,14 @@ def remove_partial_checkpoint(directory: str | Path, step: int) -> None:
     """Remove what an interrupted save of `step` left: TensorFlow's `ckpt-N_temp/` folder and any of `ckpt-N.*`
     (the state file is only rewritten after a save succeeds, so it never names them)."""
     directory = Path(directory)
-    shutil.rmtree(directory / f"{CHECKPOINT_PREFIX}-{step}_temp", ignore_errors=True)
-    for path in directory.glob(f"{CHECKPOINT_PREFIX}-{step}.*"):
+    shutil.rmtree(directory / f"{checkpoint_name(step)}_temp", ignore_errors=True)
+    for path in directory.glob(f"{checkpoint_name(step)}.*"):
         path.unlink(missing_ok=True)
 
 
 def remove_abandoned_saves(directory: str | Path) -> None:
     """Remove the `ckpt-N_temp/` folders saves of killed writers left (call as the only writer)."""
-    for path in Path(directory).glob(f"{CHECKPOINT_PREFIX}-*_temp"):
+    for path in Path(directory).glob(f"{checkpoint_name('*')}_temp"):
         if path.is_dir():
             logger.info("removing %s, left by an interrupted save", path)
             shutil.rmtree(path, ignore_errors=True)
@@ -89,7 +85,7 @@ def reconcile_state_file(directory: str | Path) -> None:
     """Rewrite the `checkpoint` state file from the checkpoints on disk when it is missing, unreadable or lists
     others (so the checkpoint manager's bookkeeping covers them all), and say so."""
     directory = Path(directory)
-    paths = checkpoints_on_disk(directory)
+    paths = list_checkpoints(directory)
     if not paths:
         return
     state_path = directory / STATE_FILE
@@ -116,7 +112,7 @@ def restore_latest(checkpoint: tf.train.Checkpoint, directory: str | Path) -> st
     Returns the restored path, or None when the directory holds no checkpoint at all. When every
     checkpoint is damaged this fails: training never silently restarts from step 0.
     """
-    candidates = list(reversed(checkpoints_on_disk(directory)))
+    candidates = list(reversed(list_checkpoints(directory)))
     if not candidates:
         return None
     problems = []
@@ -146,15 +142,10 @@ def checkpoint_variable_names(path: str) -> dict[str, str]:
             continue
         name = key[: -len(VALUE_SUFFIX)]
         if name.startswith("weights/"):
-            names[unescape(name[len("weights/") :])] = key
+            names[unescape_object_name(name[len("weights/") :])] = key
         elif not name.startswith(("optimizer/", "ema/", "step", "save_counter")):
             names.setdefault(name, key)
     return names
-
-
-def unescape(name: str) -> str:
-    """Undo tf.train.Checkpoint's escaping of object names: `.S` is `/`, `..` is `.`."""
-    return re.sub(r"\.(S|\.)", lambda match: "/" if match.group(1) == "S" else ".", name)
 
 
 @dataclass(frozen=True)
@@ -171,11 +162,11 @@ def local_checkpoint(source: str, cache_dir: str | Path | None = None) -> str:
         return source
     source = storage.normalize_uri(source).rstrip("/")
     folder, name = storage.parent_and_name(source)
-    if not re.fullmatch(rf"{CHECKPOINT_PREFIX}-\d+", name):  # a folder: take its newest checkpoint
-        steps = [int(match.group(1)) for n in storage.publisher_for(source).list() if (match := _INDEX.fullmatch(n))]
+    if checkpoint_steps([f"{name}.index"]) == []:  # a folder: take its newest checkpoint
+        steps = checkpoint_steps(storage.publisher_for(source).list())
         if not steps:
             raise CheckpointError(f"warm start: {source} holds no checkpoint")
-        folder, name = source, f"{CHECKPOINT_PREFIX}-{max(steps)}"
+        folder, name = source, checkpoint_name(steps[-1])
     publisher = storage.publisher_for(folder)
     files = [n for n in publisher.list() if n == f"{name}.index" or n.startswith(f"{name}.data-")]
     if f"{name}.index" not in files:
@@ -185,9 +176,6 @@ def local_checkpoint(source: str, cache_dir: str | Path | None = None) -> str:
         storage.download_file(publisher.uri(file_name), local / file_name)
     logger.info("warm start: copied %s/%s (%d files) into %s", folder, name, len(files), local)
     return str(local / name)
-
-
-_INDEX = re.compile(rf"{CHECKPOINT_PREFIX}-(\d+)\.index")
 
 
 def resolve_checkpoint_path(source: str) -> str:

@@ -26,13 +26,19 @@ import tensorflow as tf
 from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
-from components.common.model_directory import RESOLVED_CONFIG, TRAIN_METRICS, ModelDirectory
+from components.common.model import ModelSpec, build_model, variable_name, whitening_layer
+from components.common.model_directory import (
+    CHECKPOINT_PREFIX,
+    RESOLVED_CONFIG,
+    TRAIN_METRICS,
+    ModelDirectory,
+    list_checkpoints,
+)
 from components.common.out_of_space import out_of_space
 from components.common.progress import format_duration
 from components.train import checkpoints, data, distribution
 from components.train.cadence import LOG_SECONDS, every, resolve
 from components.train.config import TrainConfig, parse_assignments
-from components.train.model import ModelSpec, build_model, variable_name, whitening_layer
 from components.train.step import TrainStep
 from components.train.summaries import Summaries
 from components.train.supervisor import report_phase
@@ -146,7 +152,8 @@ class Trainer:
 
     def _build(self) -> None:
         config = self.config
-        spec = ModelSpec(
+        self.model_spec = spec = ModelSpec(
+            family=config.model,
             depth=config.depth,
             width_multiplier=config.width_multiplier,
             num_classes=self.num_classes,
@@ -154,9 +161,10 @@ class Trainer:
             batch_norm_decay=config.batch_norm_decay,
             batch_norm_epsilon=config.batch_norm_epsilon,
             image_shape=tuple(self.dataset.manifest.image_shape),
+            test_time_augmentation=config.test_time_augmentation,
         )
         with self.strategy.scope():
-            self.model = build_model(config.model, spec)
+            self.model = build_model(spec)
         self.train_step = TrainStep(
             config, self.strategy, self.model, self.num_classes, self.steps_per_epoch, self.total_steps
         )
@@ -178,7 +186,7 @@ class Trainer:
             str(self.write_dir),
             max_to_keep=self.config.max_to_keep,
             keep_checkpoint_every_n_hours=self.config.keep_checkpoint_every_hours,
-            checkpoint_name=checkpoints.CHECKPOINT_PREFIX,
+            checkpoint_name=CHECKPOINT_PREFIX,
         )
 
     # -- start: resume or warm start -------------------------------------------------------------------------
@@ -228,7 +236,7 @@ class Trainer:
         """Before anything is written: a model directory that holds checkpoints must hold this model, trained on
         this dataset unless `resume_on_other_data`; returns the dataset digests it was trained on before."""
         previous_path = self.model_directory.local / RESOLVED_CONFIG
-        if not checkpoints.checkpoints_on_disk(self.model_directory.local) or not previous_path.exists():
+        if not list_checkpoints(self.model_directory.local) or not previous_path.exists():
             return []
         try:
             previous = json.loads(previous_path.read_text())
@@ -265,6 +273,7 @@ class Trainer:
             return
         resolved = {
             **config_to_dict(self.config),
+            "model_spec": self.model_spec.to_dict(),  # what the model is, for every stage that builds it
             "resolved": {
                 "num_classes": self.num_classes,
                 "label_names": self.dataset.manifest.label_names,

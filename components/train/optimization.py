@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
+from components.common.model import variable_name
 from components.train.config import TrainConfig, parse_assignments
-from components.train.model import variable_name
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from components.common.model import is_kernel, variable_name
 from components.train import optimization
 from components.train.config import TrainConfig
-from components.train.model import is_kernel, variable_name
 
 INITIAL_LOSS_SCALE = 2.0**15
 WHITENING_BIAS = "whitening/bias"  # the airbench models' patch-whitening bias (whitening_bias_epochs)

@@ -9,8 +9,9 @@ import numpy as np
 import tensorflow as tf
 
 from components.common import storage
+from components.common.model import variable_name
+from components.common.model_directory import TRAIN_LOGS, VALIDATION_LOGS
 from components.train.config import TrainConfig
-from components.train.model import variable_name
 
 
 class Summaries:
@@ -34,7 +35,7 @@ class Summaries:
 
     @property
     def writer(self):
-        return self._writer("train")
+        return self._writer(TRAIN_LOGS)
 
     def _writer(self, run: str):
         if run not in self.writers:
@@ -76,7 +77,7 @@ class Summaries:
         """The validation split's loss and accuracy, under the same tags as training's."""
         if not self.enabled:
             return
-        writer = self._writer("validation")
+        writer = self._writer(VALIDATION_LOGS)
         with writer.as_default(step=step):
             for key, value in measured.items():
                 tf.summary.scalar(key, value)
@@ -102,7 +103,7 @@ class Summaries:
             return
         first, last = self.config.profile_steps
         if step == first and not self.profiling:
-            tf.profiler.experimental.start(str(self.staging / "train"))
+            tf.profiler.experimental.start(str(self.staging / TRAIN_LOGS))
             self.profiling = True
         elif step == last + 1 and self.profiling:
             tf.profiler.experimental.stop()

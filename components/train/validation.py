@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from components.train.model import predict_logits
+from components.common.model import predict_logits
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Models, chosen by name; Keras 3 layers, uint8 images in, logits out.
+"""The model: what it is (`ModelSpec`, the block `model_spec` of a model directory's config.json) and how it is built
+(`build_model`), read by train and evaluate alike. Keras 3 layers, uint8 images in, logits out. Families:
 
 - `resnet`: ResNet v1 for CIFAR (He et al. 2016, section 4.2), depth 6n+2, as in the CIFAR-10 estimator example:
   3x3 convolution with 16 filters, three stages of n residual blocks (16, 32, 64 filters; stride 2 at the start of
@@ -15,8 +16,9 @@ starts use.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import keras
 import numpy as np
@@ -44,6 +46,10 @@ class PadChannels(keras.layers.Layer):
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """Everything that decides the network and how it predicts: the model directory records it (`model_spec` in
+    config.json), and every stage builds the model from it."""
+
+    family: str = "resnet"  # resnet, airbench or airbench_muon
     depth: int = 20
     width_multiplier: float = 1.0
     num_classes: int = 10
@@ -51,6 +57,32 @@ class ModelSpec:
     batch_norm_decay: float = 0.997
     batch_norm_epsilon: float = 1e-5
     image_shape: tuple[int, int, int] = (32, 32, 3)
+    test_time_augmentation: str = "none"  # the views predictions average (predict_logits)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "image_shape": list(self.image_shape)}
+
+
+SPEC_FIELDS_IN_TRAIN_CONFIG = ("depth", "width_multiplier", "data_format", "batch_norm_decay", "batch_norm_epsilon")
+
+
+def model_spec_of(train_config: Mapping[str, Any]) -> ModelSpec:
+    """The spec a model directory's config.json records: its `model_spec` block, or for a directory written before
+    there was one, the same values read from the train config and what it resolved."""
+    block = train_config.get("model_spec")
+    if block is None:
+        resolved = train_config.get("resolved", {})
+        block = {
+            "family": train_config["model"],
+            "num_classes": resolved["num_classes"],
+            "image_shape": resolved["image_shape"],
+            "test_time_augmentation": train_config.get("test_time_augmentation", "none"),
+            **{key: train_config[key] for key in SPEC_FIELDS_IN_TRAIN_CONFIG},
+        }
+    unknown = set(block) - {field_.name for field_ in fields(ModelSpec)}
+    if unknown:
+        raise ValueError(f"model_spec: unknown field(s) {sorted(unknown)} (written by a newer version?)")
+    return ModelSpec(**{**block, "image_shape": tuple(block["image_shape"])})
 
 
 def _batch_norm(spec: ModelSpec, name: str):
@@ -301,10 +333,10 @@ MODEL_BUILDERS: dict[str, Callable[[ModelSpec], keras.Model]] = {
 }
 
 
-def build_model(name: str, spec: ModelSpec) -> keras.Model:
-    if name not in MODEL_BUILDERS:
-        raise ValueError(f"model: {name!r} is not one of {sorted(MODEL_BUILDERS)}")
-    return MODEL_BUILDERS[name](spec)
+def build_model(spec: ModelSpec) -> keras.Model:
+    if spec.family not in MODEL_BUILDERS:
+        raise ValueError(f"model: {spec.family!r} is not one of {sorted(MODEL_BUILDERS)}")
+    return MODEL_BUILDERS[spec.family](spec)
 
 
 def variable_name(variable) -> str:
