@@ -9,7 +9,9 @@ python -m pipeline.pipeline run --host $KFP_HOST --source s3://bucket/cifar-10-p
 python -m pipeline.pipeline schedule --host $KFP_HOST --cron "0 0 3 * * *" ...
 """
 
+import inspect
 import sys
+from collections.abc import Callable
 
 from kfp import dsl, kubernetes
 
@@ -90,18 +92,15 @@ def evaluate_and_promote(
         with_pod_settings(promotion, object_store_secret, image_pull_secret)
 
 
-TRAINING = ("dataset", "model_dir", "preset", "workers", "depth", "batch_size", "train_steps", "epochs")
-TRAINING += ("learning_rate",)
-TRAINING += ("warm_start", "options")  # the train component's parameters that the sub-pipelines pass on
+# The train step's named parameters, one list: the train component's own (KFP needs its signature spelled out);
+# the sub-pipelines below and the pipeline pass exactly these on. A test pins the pipeline's parameters to it.
+TRAIN_SIGNATURE = inspect.signature(train_component.python_func).parameters
+TRAINING = tuple(name for name in TRAIN_SIGNATURE if name not in ("model", "mlpipeline_ui_metadata", "run_id"))
 TRAIN_RETRIES = {"num_retries": 2, "backoff_duration": "120s", "backoff_factor": 2.0}
 
 
-def _arguments(scope: dict, names: tuple[str, ...]) -> dict:
-    return {name: scope[name] for name in names}
-
-
 def _train_in_pod(training: dict, cpus, memory, object_store_secret, image_pull_secret) -> dsl.PipelineTask:
-    task = train_component(**training).set_display_name("train")
+    task = train_component(**training, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER).set_display_name("train")
     # Training must run every time (a schedule retrains on new data), so it never comes from the cache; a retry
     # resumes from the last checkpoint in the run's model directory, e.g. after a preemption (exit 143).
     task.set_caching_options(False).set_retry(**TRAIN_RETRIES)
@@ -110,67 +109,46 @@ def _train_in_pod(training: dict, cpus, memory, object_store_secret, image_pull_
     return with_pod_settings(task, object_store_secret, image_pull_secret)
 
 
-# Resource settings that come from pipeline parameters live in these small sub-pipelines, whose own inputs they
-# are: inside a dsl.If branch the KFP compiler does not pass such parameters down to the branch.
-@dsl.pipeline(name="train-on-gpus")
-def train_on_gpus(
-    dataset: dsl.Input[dsl.Dataset],
-    model_dir: str,
-    preset: str,
-    workers: int,
-    depth: int,
-    batch_size: int,
-    train_steps: int,
-    epochs: float,
-    learning_rate: float,
-    warm_start: str,
-    options: dict,
-    cpus: str,
-    memory: str,
-    gpus: int,
-    object_store_secret: str,
-    image_pull_secret: str,
-) -> dsl.Model:
-    """Train in the step's own pod with `gpus` GPUs (the pod tolerates nvidia.com/gpu taints)."""
-    task = _train_in_pod(
-        {**_arguments(locals(), TRAINING), "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER},
-        cpus,
-        memory,
-        object_store_secret,
-        image_pull_secret,
+def _training_sub_pipeline(name: str, place: Callable[..., None], **settings: type):
+    """A sub-pipeline that trains in its own pod: the train component's parameters (TRAINING), then `settings`
+    (the pod's resources and secrets, which must be the sub-pipeline's own inputs: inside a dsl.If branch the KFP
+    compiler does not pass pipeline parameters down to the branch), `place` setting the pod's resources."""
+    annotations = {**{key: value.annotation for key, value in TRAIN_SIGNATURE.items() if key in TRAINING}, **settings}
+    names = list(annotations)
+
+    def sub_pipeline(*values):  # KFP calls a pipeline function with its inputs in the order of its signature
+        arguments = dict(zip(names, values, strict=True))
+        pod_settings = (arguments["object_store_secret"], arguments["image_pull_secret"])
+        task = _train_in_pod({key: arguments[key] for key in TRAINING}, arguments["cpus"], arguments["memory"],
+                             *pod_settings)  # fmt: skip
+        place(task, **{key: arguments[key] for key in settings if key not in ("cpus", "memory")})
+        return task.outputs["model"]
+
+    parameter = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    sub_pipeline.__signature__ = inspect.Signature(
+        [inspect.Parameter(key, parameter, annotation=annotation) for key, annotation in annotations.items()],
+        return_annotation=dsl.Model,
     )
+    sub_pipeline.__name__ = sub_pipeline.__qualname__ = name.replace("-", "_")
+    sub_pipeline.__doc__ = place.__doc__
+    return dsl.pipeline(name=name)(sub_pipeline)
+
+
+POD_SETTINGS = {"object_store_secret": str, "image_pull_secret": str}
+
+
+def _on_gpus(task: dsl.PipelineTask, gpus, **_secrets) -> None:
+    """Train in the step's own pod with `gpus` GPUs (the pod tolerates nvidia.com/gpu taints)."""
     task.set_accelerator_type(GPU).set_accelerator_limit(gpus)
     kubernetes.add_toleration(task, key=GPU, operator="Exists", effect="NoSchedule")
-    return task.outputs["model"]
 
 
-@dsl.pipeline(name="train-on-cpus")
-def train_on_cpus(
-    dataset: dsl.Input[dsl.Dataset],
-    model_dir: str,
-    preset: str,
-    workers: int,
-    depth: int,
-    batch_size: int,
-    train_steps: int,
-    epochs: float,
-    learning_rate: float,
-    warm_start: str,
-    options: dict,
-    cpus: str,
-    memory: str,
-    object_store_secret: str,
-    image_pull_secret: str,
-) -> dsl.Model:
+def _on_cpus(task: dsl.PipelineTask, **_secrets) -> None:
     """Train in the step's own pod on CPUs (no GPU request, no GPU toleration)."""
-    task = _train_in_pod(
-        {**_arguments(locals(), TRAINING), "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER},
-        cpus,
-        memory,
-        object_store_secret,
-        image_pull_secret,
-    )
-    return task.outputs["model"]
+
+
+train_on_gpus = _training_sub_pipeline("train-on-gpus", _on_gpus, cpus=str, memory=str, gpus=int, **POD_SETTINGS)
+train_on_cpus = _training_sub_pipeline("train-on-cpus", _on_cpus, cpus=str, memory=str, **POD_SETTINGS)
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="CIFAR-10: prepare, train (multi-worker), evaluate, promote.")
@@ -250,6 +228,7 @@ def cifar10_pipeline(
         object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
         synthetic_train_per_class: source=synthetic: training images per class.
     """
+    parameters = dict(locals())
     cleanup = delete_training_job_component(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     cleanup.set_display_name("clean up the training job").set_caching_options(False)
     kubernetes.set_image_pull_secrets(cleanup, [image_pull_secret])
@@ -277,19 +256,9 @@ def cifar10_pipeline(
         start.set_caching_options(False)
         with_pod_settings(start, object_store_secret, image_pull_secret)
 
-        training = {
-            "dataset": dataset,
-            "model_dir": model_dir,
-            "preset": preset,
-            "workers": workers,
-            "depth": depth,
-            "batch_size": batch_size,
-            "train_steps": train_steps,
-            "epochs": epochs,
-            "learning_rate": learning_rate,
-            "warm_start": start.output,
-            "options": train_options,
-        }
+        # The train step's parameters are the pipeline's of the same name, but for these three.
+        named = {"dataset": dataset, "warm_start": start.output, "options": train_options}
+        training = {name: named[name] if name in named else parameters[name] for name in TRAINING}
         gate = {
             "dataset": dataset,
             "accuracy_threshold": accuracy_threshold,

@@ -132,10 +132,13 @@ def read_records(files: list[str], compression: str = "NONE") -> dict[str, tuple
 
     from components.common import records
 
+    strings, integers = tf.io.FixedLenFeature([], tf.string), tf.io.FixedLenFeature([], tf.int64)
+    feature_spec = {records.FEATURE_IMAGE: strings, records.FEATURE_ID: strings, records.FEATURE_LABEL: integers}
+    feature_spec |= {key: integers for key in (records.FEATURE_HEIGHT, records.FEATURE_WIDTH, records.FEATURE_CHANNELS)}
     dataset = tf.data.TFRecordDataset(files, compression_type="" if compression == "NONE" else compression)
     result = {}
     for serialized in dataset:
-        parsed = tf.io.parse_single_example(serialized, records.feature_spec())
+        parsed = tf.io.parse_single_example(serialized, feature_spec)
         shape = [int(parsed[key]) for key in (records.FEATURE_HEIGHT, records.FEATURE_WIDTH, records.FEATURE_CHANNELS)]
         image = tf.io.decode_raw(parsed[records.FEATURE_IMAGE], tf.uint8).numpy().reshape(shape)
         result[parsed[records.FEATURE_ID].numpy().decode()] = (image, int(parsed[records.FEATURE_LABEL]))

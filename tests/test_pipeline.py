@@ -313,6 +313,33 @@ def test_component_and_pipeline_defaults_are_the_configs_defaults():
     assert {"depth", "train_steps", "epochs", "warm_start", "baseline"} <= set(checked)
 
 
+def test_the_train_steps_parameters_are_one_list():
+    """The train component's signature is the list: the job-launching component takes every one of them, each training
+    sub-pipeline declares exactly them (and its pod's settings) and passes them all to its train task, and the
+    pipeline has a parameter for each (`options` is its train_options; `warm_start` comes from its warm-start step)."""
+    import inspect
+
+    from components.train.component import launch_training_job_component
+    from pipeline.pipeline import TRAINING
+
+    assert {"dataset", "model_dir", "preset", "workers", "depth", "epochs", "options"} <= set(TRAINING)
+    assert set(TRAINING) <= set(inspect.signature(launch_training_job_component.python_func).parameters)
+    pipeline_parameters = set(inspect.signature(cifar10_pipeline.pipeline_func).parameters)
+    assert set(TRAINING) - {"dataset", "options"} <= pipeline_parameters and "train_options" in pipeline_parameters
+    spec, _platform = compiled()
+    for sub_pipeline in ("comp-train-on-cpus", "comp-train-on-gpus"):
+        component = spec["components"][sub_pipeline]
+        definitions = component["inputDefinitions"]
+        declared = set(definitions["parameters"]) | set(definitions["artifacts"])
+        assert declared - set(TRAINING) <= {"cpus", "memory", "gpus", "object_store_secret", "image_pull_secret"}
+        (task,) = [task for task in component["dag"]["tasks"].values() if task["componentRef"]["name"].startswith(
+            "comp-train-component")]  # fmt: skip
+        passed = set(task["inputs"]["parameters"]) | set(task["inputs"]["artifacts"])
+        resources = {"cpu_request", "memory_request", "memory_limit", "accelerator_count"}
+        resources |= {f"pipelinechannel--{name}" for name in ("cpus", "memory", "gpus")}
+        assert passed - resources == set(TRAINING) | {"run_id"}, sub_pipeline
+
+
 def _closed_port() -> int:
     import socket
 

@@ -4,7 +4,7 @@ KFP's minio://), their clients, and one-line explanations of their connection an
 The publishing rules are those of `components.common.storage`, which this module implements for the two remote
 back ends; nothing else imports it directly but tests (for the clients).
 
-Over 300 lines: two back ends, each with its own preconditions, clients and error explanations.
+It owns the two back ends, each with its preconditions, its client and the explanation of its errors.
 """
 
 from __future__ import annotations

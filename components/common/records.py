@@ -15,8 +15,8 @@ Records are encoded by hand (the protobuf wire format of `tf.train.Example` is s
 framed in the TFRecord format with CRC32C, so that converting 60,000 images is a byte-join per image
 rather than a protobuf object per image, and the bytes are identical on every run.
 
-Over 300 lines: the schema, its encoder and two decoders (TensorFlow's and a wire-format label reader) must agree
-byte for byte, so they stay side by side.
+It owns the schema, its encoder and its two decoders (TensorFlow's and a wire-format label reader), which agree
+byte for byte.
 """
 
 from __future__ import annotations
@@ -363,19 +363,6 @@ class RecordChecker:
                 held = values[:3] if kind == "int64" else kind
                 raise ValueError(f"its {key} is {held}, the manifest's image_shape says {expected}")
         return features[FEATURE_LABEL][1][0]
-
-
-def feature_spec():
-    import tensorflow as tf
-
-    return {
-        FEATURE_IMAGE: tf.io.FixedLenFeature([], tf.string),
-        FEATURE_LABEL: tf.io.FixedLenFeature([], tf.int64),
-        FEATURE_HEIGHT: tf.io.FixedLenFeature([], tf.int64),
-        FEATURE_WIDTH: tf.io.FixedLenFeature([], tf.int64),
-        FEATURE_CHANNELS: tf.io.FixedLenFeature([], tf.int64),
-        FEATURE_ID: tf.io.FixedLenFeature([], tf.string),
-    }
 
 
 def parse_batch(serialized, image_shape: Sequence[int]):

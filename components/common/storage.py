@@ -19,8 +19,8 @@ Publishing rules, the same for every back end:
 One protocol with one implementation per store, rather than a generic file-system layer such as fsspec:
 the compare-and-swap needs each store's own preconditions, which generic layers do not expose.
 
-Over 300 lines: URIs, local atomic writes, temporaries and scratch folders, and the local publisher; the remote back
-ends are in object_stores.py.
+It owns URIs, local atomic writes, temporaries and scratch folders, and the local publisher; the remote back ends
+are in object_stores.py.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Any error (missing checkpoint, another architecture or number of classes, NaN weights or metrics, an
 empty or mismatched dataset) raises with a clear message: an evaluation that failed is never blessed.
 
-Over 300 lines: one Evaluator with its three modes and the report's assembly; the pure parts live in metrics.py,
-gate.py, report.py and promote.py.
+It owns the Evaluator (its three modes) and the report's assembly; the metrics, the gate, the report's parts and
+promotion are in metrics.py, gate.py, report.py and promote.py.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Nothing is read without a bound: a source may unpack to at most `max_bytes` (and
 thousandfold), sparse members (holes that would be filled with zeros) are refused, every file is read with the
 largest size its format allows, and pickles are scanned before they are loaded.
 
-Over 300 lines: every bound on hostile input (sizes, decompression ratio, archive members, pickles, image headers)
-in one audited place.
+It owns every bound on hostile input (sizes, decompression ratio, archive members, pickles, image headers), in one
+place.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Every reader returns a `RawDataset`: uint8 HWC images, int64 labels, stable ids,
 the source's own hold-out (data batch 5, or a `validation/` folder) as a mask over the training pool.
 Anything malformed raises SourceError naming the file and the problem.
 
-Over 300 lines: every source layout (official python and binary archives, image folders) behind one reader, each
-bounded in what it reads.
+It owns every source layout (official python and binary archives, image folders) behind one reader, each bounded
+in what it reads.
 """
 
 from __future__ import annotations

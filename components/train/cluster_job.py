@@ -235,6 +235,13 @@ def signals_cancel():
             signal.signal(number, handler)
 
 
+def suspended(job: dict[str, Any]) -> str | None:
+    """Why a job of either kind waits although it exists: its Suspended condition (Kueue holds it), else None."""
+    conditions = (job.get("status") or {}).get("conditions") or []
+    held = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in conditions)
+    return "suspended (waiting to be admitted, e.g. by Kueue)" if held else None
+
+
 class ClusterJobLauncher:
     """Runs one job of `kind` through the `kubernetes` client (real in tests too, against a strict stand-in)."""
 

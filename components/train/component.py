@@ -40,27 +40,12 @@ def train_component(
     TrainConfig.preset); train_steps -1 and epochs -1 mean the stage's (or the preset's) length; `options` sets any
     other field of TrainConfig (e.g. {"optimizer": "adamw", "ema_decay": 0.999}). `run_id` (the pipeline run's ID)
     keeps the model directory the same for every attempt of the step, so a retry resumes from its checkpoints."""
+    parameters = dict(locals())  # every parameter above, passed on by name
     from components.common.cli import component_errors
     from components.train.kfp_run import EXPECTED_ERRORS, run_train
 
     with component_errors("train", EXPECTED_ERRORS):
-        run_train(
-            dataset,
-            model,
-            mlpipeline_ui_metadata,
-            launcher="pod",
-            model_dir=model_dir,
-            preset=preset,
-            workers=workers,
-            depth=depth,
-            batch_size=batch_size,
-            train_steps=train_steps,
-            epochs=epochs,
-            learning_rate=learning_rate,
-            warm_start=warm_start,
-            options=options,
-            run_id=run_id,
-        )
+        run_train(launcher="pod", **parameters)
 
 
 @dsl.component(base_image=image("launcher"), install_kfp_package=False)
@@ -95,34 +80,12 @@ def launch_training_job_component(
     default store or a gs:// / s3:// pipeline root). `run_id` names the job, so a retried step follows the job its
     earlier attempt started instead of starting another. worker_image "" is the train image of this release; the
     pipeline passes the one it was compiled with. `image_pull_secret` and `queue_name` (Kueue) are optional."""
+    parameters = dict(locals())  # every parameter above, passed on by name
     from components.common.cli import component_errors
     from components.train.kfp_run import EXPECTED_ERRORS, run_train
 
     with component_errors("train", EXPECTED_ERRORS):
-        run_train(
-            dataset,
-            model,
-            mlpipeline_ui_metadata,
-            launcher=launcher,
-            model_dir=model_dir,
-            preset=preset,
-            workers=workers,
-            gpus_per_worker=gpus_per_worker,
-            worker_cpu=worker_cpu,
-            worker_memory=worker_memory,
-            worker_image=worker_image,
-            object_store_secret=object_store_secret,
-            image_pull_secret=image_pull_secret,
-            queue_name=queue_name,
-            depth=depth,
-            batch_size=batch_size,
-            train_steps=train_steps,
-            epochs=epochs,
-            learning_rate=learning_rate,
-            warm_start=warm_start,
-            options=options,
-            run_id=run_id,
-        )
+        run_train(**parameters)
 
 
 @dsl.component(base_image=image("launcher"), install_kfp_package=False)

@@ -1,6 +1,6 @@
 """Configuration of the train stage.
 
-Over 300 lines: every training option with its help text and its check, in one dataclass; the named recipes are in
+It owns every training option with its help text and its check, in one dataclass; the named recipes are in
 presets.py.
 """
 

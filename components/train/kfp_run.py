@@ -78,7 +78,7 @@ def training_configs(dataset: Any, model: Any, launcher: str, **parameters: Any)
     return train, launch
 
 
-def run_train(dataset: Any, model: Any, ui_metadata: Any, launcher: str, **parameters: Any) -> dict:
+def run_train(dataset: Any, model: Any, mlpipeline_ui_metadata: Any, launcher: str, **parameters: Any) -> dict:
     train, launch = training_configs(dataset, model, launcher, **parameters)
     from components.train.launcher import run
 
@@ -98,7 +98,7 @@ def run_train(dataset: Any, model: Any, ui_metadata: Any, launcher: str, **param
             "workers": train.workers,
         }
     )
-    write_tensorboard_metadata(ui_metadata, train.model_dir)
+    write_tensorboard_metadata(mlpipeline_ui_metadata, train.model_dir)
     logger.info("model directory: %s", train.model_dir)
     return summary
 

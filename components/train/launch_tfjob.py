@@ -24,6 +24,7 @@ from components.train.cluster_job import (
     job_labels,
     object_store_environment,
     status_of,
+    suspended,
     worker_arguments,
     worker_image,
     worker_resources,
@@ -78,9 +79,7 @@ class TFJobKind:
         return None
 
     def waiting(self, job: dict[str, Any]) -> str | None:
-        conditions = (job.get("status") or {}).get("conditions") or []
-        suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in conditions)
-        return "suspended (waiting to be admitted, e.g. by Kueue)" if suspended else None
+        return suspended(job)
 
     def worker0(self, core, name: str, namespace: str) -> Worker0 | None:
         """(pod, container, phase, restart count) of `<job>-worker-0`, or None while it does not exist."""

@@ -32,6 +32,7 @@ from components.train.cluster_job import (
     job_labels,
     object_store_environment,
     status_of,
+    suspended,
     worker_arguments,
     worker_image,
     worker_resources,
@@ -118,9 +119,7 @@ class TrainJobKind:
         return None
 
     def waiting(self, job: dict[str, Any]) -> str | None:
-        conditions = (job.get("status") or {}).get("conditions") or []
-        suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in conditions)
-        return "suspended (waiting to be admitted, e.g. by Kueue)" if suspended else None
+        return suspended(job)
 
     def worker0(self, core, name: str, namespace: str) -> Worker0 | None:
         """The newest pod of completion index 0 among the job's pods (a JobSet restart makes new pods)."""
