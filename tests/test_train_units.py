@@ -212,11 +212,11 @@ def test_the_step_alone_fits_a_batch_and_reports_the_workers_flags():
     step, _model, batches = _step_on_one_batch(train_steps=30)
     losses = []
     for _ in range(30):
-        outputs, _batch = step(batches, tf.constant([0, 1]))
+        outputs, _batch = step(batches, save_due=True)
         losses.append(float(outputs["loss"]))
     assert int(step.step.numpy()) == 30
     assert losses[-1] < 0.8 * losses[0], losses  # it learns the batch
-    assert bool(outputs["state_finite"]) and outputs["flags"].numpy().tolist() == [0.0, 1.0]
+    assert bool(outputs["state_finite"]) and not outputs["stop_agreed"] and outputs["save_agreed"]
 
 
 def correlated_images(count: int, seed: int = 0) -> np.ndarray:
@@ -285,7 +285,7 @@ def test_lookahead_moves_the_weights_to_a_slow_average_of_themselves():
     head, shadow = model.get_layer("head").kernel, step.lookahead["head/kernel"]
     weights, shadows = {}, {}
     for number in range(1, 10):
-        step(batches, tf.constant([0, 0]))
+        step(batches)
         weights[number], shadows[number] = head.numpy(), shadow.numpy()
         if number == 1:
             assert not bool(step.lookahead_started)  # before lookahead_start_epochs

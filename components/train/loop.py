@@ -338,13 +338,13 @@ class Trainer:
                 and time.monotonic() - last_save_time >= config.checkpoint_every_seconds
             )
             summaries.maybe_profile(step)
-            outputs, batch = step_function(iterator, tf.constant([int(termination.requested), int(due_by_time)]))
+            outputs, batch = step_function(iterator, stop_requested=termination.requested, save_due=due_by_time)
             host = {key: value.numpy() for key, value in outputs.items()}
             _check_numerics(host, step + 1, config.precision)
             step += 1
             if step == start_step + 1:
                 summaries.images(batch, self.strategy, config.image_summaries, step)
-            stop_agreed, save_agreed = host["flags"][0] > 0, host["flags"][1] > 0
+            stop_agreed, save_agreed = bool(host["stop_agreed"]), bool(host["save_agreed"])
             now = time.monotonic()
             if every(step, cadence.log, last=self.total_steps) or now - window_start >= LOG_SECONDS:
                 host["examples_per_second"] = (step - window_step) * config.batch_size / max(now - window_start, 1e-9)

@@ -92,9 +92,10 @@ class TrainStep:
         self._compute = tf.function(self._forward_backward, jit_compile=True) if config.xla else self._forward_backward
         self._function = tf.function(self._step_function)
 
-    def __call__(self, iterator, local_flags):
-        """One step on the next batch: (metrics, batch). `local_flags` [stop, save] are summed over workers."""
-        return self._function(iterator, local_flags)
+    def __call__(self, iterator, stop_requested: bool = False, save_due: bool = False):
+        """One step on the next batch: (metrics, batch). This worker's wishes to stop (a signal) and to save (its
+        clock) are shared with every worker: `stop_agreed` and `save_agreed` are true on all when any wished it."""
+        return self._function(iterator, tf.constant([float(stop_requested), float(save_due)]))
 
     def _forward_backward(self, images, labels):
         """Loss, cross-entropy sum, correct count and gradients of this replica (XLA-compiled on request)."""
@@ -147,7 +148,8 @@ class TrainStep:
             "learning_rate": rate,
             "loss_finite": loss_finite,
             "gradients_finite": gradients_finite,
-            "flags": flags,
+            "stop_agreed": flags[0] > 0,
+            "save_agreed": flags[1] > 0,
             "loss_scale": self.loss_scale.read_value() * 1.0,
         }
 
@@ -166,54 +168,63 @@ class TrainStep:
         return decayed, loss + decay * tf.add_n([tf.nn.l2_loss(value) for value in values])
 
     def _apply(self, strategy, gradients, rate, apply, gradients_finite, statistics):
-        """Cross-replica: apply the (identical) processed gradients to each replica's copy of the variables."""
-        config = self.config
+        """Cross-replica: the update, on each replica's copy of the variables (every replica gets the same)."""
+        skip_allowed = self.config.precision == "mixed_float16"  # an fp16 overflow skips the step, lowers the scale
+        self._set_moving_statistics(strategy, statistics)
+        self._update_weights(strategy, gradients, rate, apply if skip_allowed else None)
+        self.optimizer.iterations.assign_add(1)
+        self.step.assign_add(1)
+        if skip_allowed:
+            self._adjust_loss_scale(gradients_finite)
+        if self.lookahead:
+            self._lookahead(strategy)
+        if self.ema:
+            self._moving_average(strategy)
+
+    def _set_moving_statistics(self, strategy, statistics) -> None:
+        """Batch norm's moving statistics become their average over the replicas."""
         for variable, value in zip(self.moving_statistics, statistics, strict=True):
             strategy.extended.update(
                 variable.value, lambda held, new: held.assign(tf.cast(new, held.dtype)), args=(value,), group=False
             )
-        skip_allowed = config.precision == "mixed_float16"  # an fp16 overflow skips the step and lowers the scale
+
+    def _update_weights(self, strategy, gradients, rate, allowed) -> None:
+        """Each trained variable moved by its optimizer (Muon for the convolution kernels under muon), at its rate;
+        not at all where `allowed` is false (an fp16 overflow) or the variable's training has ended."""
+        decoupled = self.config.optimizer == "adamw" and bool(self.config.weight_decay)
 
         def update(variable, gradient, decoupled_decay, name):
             variable_rate, active = self._rate_of(name, rate)
-            allowed = apply if skip_allowed else None
-            if active is not None:  # the whitening bias after its epochs: no update at all, as a frozen variable
-                allowed = active if allowed is None else allowed & active
-            if allowed is None:
-                return self._update_variable(variable, gradient, variable_rate, decoupled_decay)
-            return tf.cond(
-                allowed,
-                lambda: self._update_variable(variable, gradient, variable_rate, decoupled_decay),
-                lambda: tf.constant(True),
-            )
+            condition = allowed if active is None else active if allowed is None else allowed & active
+            move = lambda: self._update_variable(variable, gradient, variable_rate, decoupled_decay)  # noqa: E731
+            return move() if condition is None else tf.cond(condition, move, lambda: tf.constant(True))
 
-        decoupled = config.optimizer == "adamw" and bool(config.weight_decay)
         for gradient, variable in zip(gradients, self.trained, strict=True):
-            if variable_name(variable) in self.muon:
-                self._muon_update(strategy, variable, gradient, rate, apply if skip_allowed else None)
+            name = variable_name(variable)
+            if name in self.muon:
+                self._muon_update(strategy, variable, gradient, rate, allowed)
             else:
-                arguments = (gradient, decoupled and is_kernel(variable), variable_name(variable))
+                arguments = (gradient, decoupled and is_kernel(variable), name)
                 strategy.extended.update(variable.value, update, args=arguments, group=False)
-        self.optimizer.iterations.assign_add(1)
-        self.step.assign_add(1)
-        if skip_allowed:  # dynamic loss scaling: halve on overflow, double after a run of finite steps
-            zero = tf.zeros([], tf.int64)
-            streak = tf.where(gradients_finite, self.finite_steps + 1, zero)
-            grow = streak >= LOSS_SCALE_GROWTH_STEPS
-            shrunk = tf.maximum(self.loss_scale / 2.0, 1.0)
-            self.loss_scale.assign(
-                tf.where(gradients_finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale), shrunk)
-            )
-            self.finite_steps.assign(tf.where(grow, zero, streak))
-        if self.lookahead:
-            self._lookahead(strategy)
-        if self.ema:
-            decay = config.ema_decay
-            for variable in self.trained:
-                shadow = self.ema[variable_name(variable)]
-                strategy.extended.update(
-                    shadow, lambda s, v: s.assign(decay * s + (1.0 - decay) * v), args=(variable.value,), group=False
-                )
+
+    def _adjust_loss_scale(self, gradients_finite) -> None:
+        """Dynamic loss scaling: halve on an overflow, double after a run of finite steps."""
+        zero = tf.zeros([], tf.int64)
+        streak = tf.where(gradients_finite, self.finite_steps + 1, zero)
+        grow = streak >= LOSS_SCALE_GROWTH_STEPS
+        kept_or_grown = tf.where(grow, self.loss_scale * 2.0, self.loss_scale)
+        self.loss_scale.assign(tf.where(gradients_finite, kept_or_grown, tf.maximum(self.loss_scale / 2.0, 1.0)))
+        self.finite_steps.assign(tf.where(grow, zero, streak))
+
+    def _moving_average(self, strategy) -> None:
+        """The exponential moving average of the trained weights (ema_decay)."""
+        decay = self.config.ema_decay
+        for variable in self.trained:
+            shadow = self.ema[variable_name(variable)]
+            strategy.extended.update(
+                shadow, lambda held, value: held.assign(decay * held + (1.0 - decay) * value), args=(variable.value,),
+                group=False,
+            )  # fmt: skip
 
     @staticmethod
     def _slot(variable, purpose: str) -> tf.Variable:
