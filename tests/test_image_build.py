@@ -38,7 +38,7 @@ def test_the_tag_changes_with_what_goes_into_the_images_and_only_with_it(tmp_pat
     (repository / "components" / ".model.py.swp").write_bytes(b"editor")
     assert images.content_tag.__wrapped__(repository) == tag, "hidden files are not part of the images"
 
-    model = repository / "components" / "train" / "model.py"
+    model = repository / "components" / "common" / "model.py"
     model.write_text(model.read_text() + "\n# a change\n")
     changed = images.content_tag.__wrapped__(repository)
     assert changed != tag
