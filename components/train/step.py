@@ -95,7 +95,7 @@ class TrainStep:
     def __call__(self, iterator, stop_requested: bool = False, save_due: bool = False):
         """One step on the next batch: (metrics, batch). This worker's wishes to stop (a signal) and to save (its
         clock) are shared with every worker: `stop_agreed` and `save_agreed` are true on all when any wished it."""
-        return self._function(iterator, tf.constant([float(stop_requested), float(save_due)]))
+        return self._function(iterator, tf.constant([int(stop_requested), int(save_due)]))  # cast on each replica
 
     def _forward_backward(self, images, labels):
         """Loss, cross-entropy sum, correct count and gradients of this replica (XLA-compiled on request)."""
