@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -315,3 +316,23 @@ def test_local_run_help_describes_its_options_and_the_default_make_local_run_use
     makefile = (REPOSITORY / "Makefile").read_text()
     make_default = re.search(r"^SOURCE \?= (\S+)", makefile, re.MULTILINE).group(1)
     assert re.search(rf'--source STRING .*?\(default: "{make_default}"\)', help_text)
+
+
+def test_progress_says_nothing_of_work_too_short_to_need_it(caplog):
+    """A person sees progress of long work (interim lines, then the end), not of a sub-second evaluation."""
+    from components.common.progress import Progress
+
+    now = [0.0]
+    logger = logging.getLogger("progress-test")
+    caplog.set_level(logging.INFO, logger="progress-test")
+    quick = Progress("quick", 10, logger=logger, clock=lambda: now[0], quiet_below_seconds=2.0)
+    for _ in range(10):
+        now[0] += 0.01
+        quick.advance()
+    assert caplog.messages == []
+    slow = Progress("slow", 10, logger=logger, interval_seconds=5.0, clock=lambda: now[0], quiet_below_seconds=2.0)
+    for _ in range(10):
+        now[0] += 1.0
+        slow.advance()
+    assert [message.split(":")[0] for message in caplog.messages] == ["slow", "slow"]  # at 5 s and at the end
+    assert caplog.messages[-1].startswith("slow: 10/10 items (100%)")

@@ -14,7 +14,8 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """Logs `what: done/total (percent), rate unit/s, ETA` at most every `interval_seconds`."""
+    """Logs `what: done/total (percent), rate unit/s, ETA` at most every `interval_seconds`, and when done, unless
+    the work took less than `quiet_below_seconds` (too short for progress to tell anyone anything)."""
 
     def __init__(
         self,
@@ -24,6 +25,7 @@ class Progress:
         logger: logging.Logger | None = None,
         interval_seconds: float = 10.0,
         clock=time.monotonic,
+        quiet_below_seconds: float = 0.0,
     ):
         self.what = what
         self.total = total
@@ -34,6 +36,7 @@ class Progress:
         self.start = clock()
         self.last_report = self.start
         self.done = 0
+        self.quiet_below_seconds = quiet_below_seconds
 
     def rate(self) -> float:
         elapsed = self.clock() - self.start
@@ -51,6 +54,8 @@ class Progress:
     def advance(self, count: int = 1) -> None:
         self.done += count
         now = self.clock()
-        if now - self.last_report >= self.interval_seconds or self.done >= self.total:
+        due = now - self.last_report >= self.interval_seconds
+        finished = self.done >= self.total and now - self.start >= self.quiet_below_seconds
+        if due or finished:
             self.last_report = now
             self.logger.info(self.message())

@@ -162,7 +162,7 @@ class Evaluator:
 
     def probabilities(self) -> np.ndarray:
         batches = []
-        progress = Progress("evaluate", len(self.labels), unit="images", logger=logger)
+        progress = Progress("evaluate", len(self.labels), unit="images", logger=logger, quiet_below_seconds=2.0)
         for start in range(0, len(self.labels), self.config.batch_size):
             batch = self.images[start : start + self.config.batch_size]
             batches.append(self.predict(tf.constant(batch)).numpy())
