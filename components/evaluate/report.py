@@ -125,6 +125,7 @@ STYLE = """
 body{font-family:sans-serif;margin:2em;max-width:1100px}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
 .confusion td{min-width:2.5em;text-align:center}
+.confusion tr:first-child th{max-width:6em;overflow-wrap:anywhere;font-size:12px;text-align:center}
 .blessed{background:#e6f4ea;border:1px solid #34a853;padding:1em}
 .rejected{background:#fce8e6;border:1px solid #ea4335;padding:1em}
 .grid{display:flex;flex-wrap:wrap;gap:8px}figure{margin:0;width:120px;font-size:11px}
