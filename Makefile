@@ -14,7 +14,7 @@ TRAIN_STEPS ?=
 EPOCHS ?=
 THRESHOLD ?= 0.5
 TRAIN_OPTIONS ?=
-# PRESET: fast (airbench94's recipe) or estimator (the CIFAR-10 estimator example's ResNet recipe)
+# PRESET: fast (for now airbench94), airbench94, airbench94_muon or estimator (the CIFAR-10 estimator example's ResNet recipe)
 PRESET ?=
 EXTRA ?=
 # make local-run: RESUME=<run folder or name, or last> continues that run's training; VERBOSE=1 shows every line
@@ -117,7 +117,7 @@ bench:  ## run every benchmark (needs ../shared/data)
 	$(BIN)/python bench/train.py
 	$(BIN)/python bench/evaluate.py
 
-bench-accuracy:  ## what each preset buys on real CIFAR-10: 2 runs each of 10 epochs (about 80 minutes on 2 cores)
+bench-accuracy:  ## airbench94 against airbench94_muon on real CIFAR-10: 2 runs each at their own lengths (hours on 2 cores)
 	$(BIN)/python bench/accuracy.py
 
 serving-ops:  ## op definitions of a TensorFlow Serving release, from its own package: make serving-ops VERSION=2.6.2

@@ -79,10 +79,11 @@ def train_and_evaluate(
     run([sys.executable, "-m", "components.evaluate", "--data", data, "--model-dir", str(model_dir)])
     evaluation = json.loads((model_dir / "eval_metrics.json").read_text())
     config = json.loads((model_dir / "config.json").read_text())
+    resolved = config["resolved"]
     return {
         "preset": " ".join([preset, *train_arguments]),
         "seed": seed,
-        "epochs": round(config["resolved"]["train_steps"] * config["batch_size"] / 50_000, 2),
+        "epochs": round(resolved["total_steps"] * config["batch_size"] / resolved["train_examples"], 2),
         "forward_flops": model_forward_flops(config),
         "accuracy": evaluation["metrics"]["accuracy"],
         "train_seconds": round(seconds),
