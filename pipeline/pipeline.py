@@ -109,19 +109,22 @@ def _train_in_pod(training: dict, cpus, memory, object_store_secret, image_pull_
     return with_pod_settings(task, object_store_secret, image_pull_secret)
 
 
-def _training_sub_pipeline(name: str, place: Callable[..., None], **settings: type):
-    """A sub-pipeline that trains in its own pod: the train component's parameters (TRAINING), then `settings`
-    (the pod's resources and secrets, which must be the sub-pipeline's own inputs: inside a dsl.If branch the KFP
-    compiler does not pass pipeline parameters down to the branch), `place` setting the pod's resources."""
-    annotations = {**{key: value.annotation for key, value in TRAIN_SIGNATURE.items() if key in TRAINING}, **settings}
+# The training pod's settings: the sub-pipelines' own inputs, since inside a dsl.If branch the KFP compiler does
+# not pass pipeline parameters down to the branch.
+POD_SETTINGS = {"cpus": str, "memory": str, "object_store_secret": str, "image_pull_secret": str}
+
+
+def _training_sub_pipeline(name: str, place: Callable[..., None], **placement: type):
+    """A sub-pipeline that trains in its own pod: its inputs are the train component's parameters (TRAINING), the
+    pod's settings (POD_SETTINGS) and `placement`, which `place(task, **placement)` applies (GPUs, tolerations)."""
+    annotations = {key: value.annotation for key, value in TRAIN_SIGNATURE.items() if key in TRAINING}
+    annotations |= POD_SETTINGS | placement
     names = list(annotations)
 
     def sub_pipeline(*values):  # KFP calls a pipeline function with its inputs in the order of its signature
         arguments = dict(zip(names, values, strict=True))
-        pod_settings = (arguments["object_store_secret"], arguments["image_pull_secret"])
-        task = _train_in_pod({key: arguments[key] for key in TRAINING}, arguments["cpus"], arguments["memory"],
-                             *pod_settings)  # fmt: skip
-        place(task, **{key: arguments[key] for key in settings if key not in ("cpus", "memory")})
+        task = _train_in_pod({key: arguments[key] for key in TRAINING}, *(arguments[key] for key in POD_SETTINGS))
+        place(task, **{key: arguments[key] for key in placement})
         return task.outputs["model"]
 
     parameter = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -134,21 +137,18 @@ def _training_sub_pipeline(name: str, place: Callable[..., None], **settings: ty
     return dsl.pipeline(name=name)(sub_pipeline)
 
 
-POD_SETTINGS = {"object_store_secret": str, "image_pull_secret": str}
-
-
-def _on_gpus(task: dsl.PipelineTask, gpus, **_secrets) -> None:
+def _on_gpus(task: dsl.PipelineTask, gpus) -> None:
     """Train in the step's own pod with `gpus` GPUs (the pod tolerates nvidia.com/gpu taints)."""
     task.set_accelerator_type(GPU).set_accelerator_limit(gpus)
     kubernetes.add_toleration(task, key=GPU, operator="Exists", effect="NoSchedule")
 
 
-def _on_cpus(task: dsl.PipelineTask, **_secrets) -> None:
+def _on_cpus(task: dsl.PipelineTask) -> None:
     """Train in the step's own pod on CPUs (no GPU request, no GPU toleration)."""
 
 
-train_on_gpus = _training_sub_pipeline("train-on-gpus", _on_gpus, cpus=str, memory=str, gpus=int, **POD_SETTINGS)
-train_on_cpus = _training_sub_pipeline("train-on-cpus", _on_cpus, cpus=str, memory=str, **POD_SETTINGS)
+train_on_gpus = _training_sub_pipeline("train-on-gpus", _on_gpus, gpus=int)
+train_on_cpus = _training_sub_pipeline("train-on-cpus", _on_cpus)
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="CIFAR-10: prepare, train (multi-worker), evaluate, promote.")

@@ -9,6 +9,8 @@
   fitted to training images (`PatchWhitening.adapt`), then three groups of conv, max-pool, batch norm, GELU, conv,
   batch norm, GELU (widths 64, 256, 256), max-pool and a bias-free linear head scaled by 1/9. Batch norm has no
   learned scale; convolutions start as identities (dirac) in their first input-many filters.
+- `airbench_muon`: the same network with airbench94_muon's head: initialised to unit standard deviation, its logits
+  scaled by 1/width instead of 1/9.
 
 Every layer has an explicit name (`stage2_block1_conv1/kernel`, `head/kernel`), the names checkpoints and warm
 starts use.

@@ -26,6 +26,7 @@ from components.common.model_directory import (
     VALUE_SUFFIX,
     CheckpointError,
     checkpoint_name,
+    checkpoint_step_of_file,
     checkpoint_steps,
     list_checkpoints,
     unescape_object_name,
@@ -162,7 +163,7 @@ def local_checkpoint(source: str, cache_dir: str | Path | None = None) -> str:
         return source
     source = storage.normalize_uri(source).rstrip("/")
     folder, name = storage.parent_and_name(source)
-    if checkpoint_steps([f"{name}.index"]) == []:  # a folder: take its newest checkpoint
+    if checkpoint_step_of_file(f"{name}.index") is None:  # a folder: take its newest checkpoint
         steps = checkpoint_steps(storage.publisher_for(source).list())
         if not steps:
             raise CheckpointError(f"warm start: {source} holds no checkpoint")

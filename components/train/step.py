@@ -34,6 +34,11 @@ def cross_entropy(labels: tf.Tensor, logits: tf.Tensor, num_classes: int, label_
     return tf.nn.softmax_cross_entropy_with_logits(targets, tf.cast(logits, tf.float32))
 
 
+def _when(condition, update):
+    """Run `update` (which returns True) unconditionally when `condition` is None, else only where it holds."""
+    return update() if condition is None else tf.cond(condition, update, lambda: tf.constant(True))
+
+
 class TrainStep:
     def __init__(
         self, config: TrainConfig, strategy, model, num_classes: int, steps_per_epoch: float, total_steps: int
@@ -45,7 +50,7 @@ class TrainStep:
             )
             muon = config.optimizer == "muon"
             self.muon = {  # each kernel's momentum under Muon
-                variable_name(variable): self._slot(variable, "muon")
+                variable_name(variable): self._slot(variable, "muon", tf.zeros_like(variable.value))
                 for variable in self.trained
                 if muon and optimization.is_muon_variable(variable)
             }
@@ -69,15 +74,11 @@ class TrainStep:
             )
             if config.lookahead_every_steps:
                 for variable in self.lookahead_variables(model, self.trained):
-                    self.lookahead[variable_name(variable)] = tf.Variable(
-                        variable.value, trainable=False, name=f"lookahead_{variable_name(variable).replace('/', '_')}"
-                    )
+                    self.lookahead[variable_name(variable)] = self._slot(variable, "lookahead", variable.value)
             self.ema = {}
             if config.ema_decay:
                 for variable in self.trained:
-                    self.ema[variable_name(variable)] = tf.Variable(
-                        variable.value, trainable=False, name=f"ema_{variable_name(variable).replace('/', '_')}"
-                    )
+                    self.ema[variable_name(variable)] = self._slot(variable, "ema", variable.value)
         self.decayed = {
             variable_name(variable)
             for variable in self.trained
@@ -196,8 +197,7 @@ class TrainStep:
         def update(variable, gradient, decoupled_decay, name):
             variable_rate, active = self._rate_of(name, rate)
             condition = allowed if active is None else active if allowed is None else allowed & active
-            move = lambda: self._update_variable(variable, gradient, variable_rate, decoupled_decay)  # noqa: E731
-            return move() if condition is None else tf.cond(condition, move, lambda: tf.constant(True))
+            return _when(condition, lambda: self._update_variable(variable, gradient, variable_rate, decoupled_decay))
 
         for gradient, variable in zip(gradients, self.trained, strict=True):
             name = variable_name(variable)
@@ -227,13 +227,10 @@ class TrainStep:
             )  # fmt: skip
 
     @staticmethod
-    def _slot(variable, purpose: str) -> tf.Variable:
-        """A zero variable beside `variable` for state the optimizer keeps (checkpointed with it)."""
-        return tf.Variable(
-            tf.zeros_like(variable.value),
-            trainable=False,
-            name=f"{purpose}_{variable_name(variable)}".replace("/", "_"),
-        )
+    def _slot(variable, purpose: str, initial) -> tf.Variable:
+        """A variable beside `variable`, starting at `initial`, for state the update keeps (Muon's momentum, the
+        lookahead and moving-average shadows; checkpointed with it)."""
+        return tf.Variable(initial, trainable=False, name=f"{purpose}_{variable_name(variable)}".replace("/", "_"))
 
     def _rate_of(self, name: str, rate):
         """(the rate of variable `name`, and whether it still trains): the scheduled rate, but for the whitening bias
@@ -260,9 +257,7 @@ class TrainStep:
             return tf.constant(True)
 
         def guarded(kernel, held, new_gradient):
-            if apply is None:
-                return step(kernel, held, new_gradient)
-            return tf.cond(apply, lambda: step(kernel, held, new_gradient), lambda: tf.constant(True))
+            return _when(apply, lambda: step(kernel, held, new_gradient))
 
         strategy.extended.update(variable.value, guarded, args=(buffer, gradient), group=False)
 
