@@ -14,7 +14,10 @@
         [--speed-rounds 4]
         [--train-args "--width-multiplier 1.5"]
 
-`--runs 0` measures only the speed; `--speed-rounds 0` only the accuracy.
+`--runs 0` measures only the speed; `--speed-rounds 0` only the accuracy. Runs alternate between the presets
+(seed 1 of each, then seed 2 of each, ...), so an interrupted benchmark still compares them side by side. Each
+finished run is appended to a results file (printed at the start); `--results FILE` continues an interrupted
+benchmark: runs already in FILE (same preset, options and seed) are read back instead of trained again.
 
 The real images come from ../shared/data through bench/prepare_data.py's archive (bench/work/).
 """
@@ -91,6 +94,18 @@ def train_and_evaluate(
     }
 
 
+def run_key(preset: str, epochs: float | None, seed: int, train_arguments: list[str]) -> dict:
+    """What identifies a run in a results file: the preset with its extra options, the length asked for, the seed."""
+    return {"preset": " ".join([preset, *train_arguments]), "epochs_asked": epochs, "seed": seed}
+
+
+def finished_runs(results_file: Path) -> list[dict]:
+    """The runs a results file holds (one JSON object per line), in the order they finished."""
+    if not results_file.exists():
+        return []
+    return [json.loads(line) for line in results_file.read_text().splitlines() if line.strip()]
+
+
 def model_forward_flops(train_config: dict) -> int:
     """Forward FLOPs per image of the network a model directory's config.json describes."""
     from components.common.model import build_model, model_spec_of
@@ -124,6 +139,10 @@ def speed_round(data: str, round_number: int, window_steps: int, windows: int) -
 def print_accuracy_table(results: list[dict], peak_flops: float) -> None:
     print(f"\nAll 50,000 training images, tested on the 10,000 test images, {os.cpu_count()} cores; float32 "
           f"matrix-multiply peak {peak_flops / 1e9:.0f} GFLOP/s (measured in this run)")  # fmt: skip
+    finished = sorted(result["finished"] for result in results if "finished" in result)
+    if finished and finished[0][:10] != finished[-1][:10]:
+        print(f"Runs finished from {finished[0]} to {finished[-1]}: minutes of different days compare only as far "
+              f"as the machine stayed the same")  # fmt: skip
     print("| preset | epochs | runs | test accuracy (mean +- std) | train time (mean) | training images/s "
           "| training GFLOP/s (of peak) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
@@ -157,6 +176,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=None, help="default: each preset's own length")
     parser.add_argument("--presets", nargs="+", default=["airbench94", "airbench94_muon"], choices=list(PRESETS))
     parser.add_argument("--train-args", default="", help='more train options for every run: "--width-multiplier 1.5"')
+    parser.add_argument("--results", type=Path, help="a results file of an interrupted benchmark to continue")
     parser.add_argument("--speed-rounds", type=int, default=4, help="0 skips the speed comparison")
     parser.add_argument("--speed-window-steps", type=int, default=5, help="steps per timed window")
     parser.add_argument("--speed-windows", type=int, default=4, help="timed windows per side and round")
@@ -165,13 +185,24 @@ def main() -> None:
     data = full_training_set()
     peak_flops = flops.matmul_peak_flops()
 
+    results_file = arguments.results or WORK / time.strftime("accuracy-%Y%m%d-%H%M%S.jsonl")
+    print(f"results of finished runs: {results_file} (continue an interrupted benchmark with --results)", flush=True)
+    earlier = finished_runs(results_file)
+    train_arguments = shlex.split(arguments.train_args)
     results = []
-    for preset in arguments.presets:
-        for seed in range(1, arguments.runs + 1):
+    for seed in range(1, arguments.runs + 1):
+        for preset in arguments.presets:
+            key = run_key(preset, arguments.epochs, seed, train_arguments)
+            done = [result for result in earlier if all(result.get(name) == key[name] for name in key)]
+            if done:
+                results.append(done[-1])
+                print(f"read back: {json.dumps(done[-1])}", flush=True)
+                continue
             with tempfile.TemporaryDirectory(dir=WORK) as model_dir:
-                results.append(train_and_evaluate(
-                    data, preset, arguments.epochs, seed, Path(model_dir), shlex.split(arguments.train_args)
-                ))  # fmt: skip
+                result = train_and_evaluate(data, preset, arguments.epochs, seed, Path(model_dir), train_arguments)
+            results.append({**result, **key, "finished": time.strftime("%Y-%m-%d %H:%M")})
+            with results_file.open("a") as stream:
+                stream.write(json.dumps(results[-1]) + "\n")
             print(json.dumps(results[-1]), flush=True)
     if results:
         peak_flops = max(peak_flops, flops.matmul_peak_flops())  # before and after: the better of two measurements
