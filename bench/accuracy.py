@@ -6,7 +6,9 @@
    for). Reports every run, the mean and spread of the accuracy, the training minutes and images/s, and the training
    FLOP/s (3 x the network's forward FLOPs per image x images/s) against this CPU's float32 matrix-multiply peak,
    measured in the same run (bench/flops.py).
-2. Speed: images/s of the fast preset's training loop (one worker, steady state: the median of its own progress
+2. Side by side: each preset's training loop timed in turns in this process, and the minutes its whole length
+   takes at that rate (the wall-time comparison that holds when the runs of 1. finished on different days).
+3. Speed: images/s of the fast preset's training loop (one worker, steady state: the median of its own progress
    windows after the first) against a bare `tf.function` step of the same network, batch and optimizer on a fixed
    batch, timed in windows of the same length (target ratio >= 0.95); rounds alternate which side goes first.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shlex
 import statistics
@@ -40,6 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 WORK = REPOSITORY / "bench" / "work"
+TRAIN_EXAMPLES = 50_000
 
 from bench import flops, timing  # noqa: E402
 from bench.prepare_data import official_archive  # noqa: E402
@@ -159,6 +163,47 @@ def print_accuracy_table(results: list[dict], peak_flops: float) -> None:
               f"({achieved / peak_flops:.0%}) |")  # fmt: skip
 
 
+def preset_config(data: str, preset: str, epochs: float | None, train_arguments: list[str]):
+    """The TrainConfig a run of `preset` (with the benchmark's length and extra options) trains with."""
+    from components.common.config import parse_configs
+    from components.train.config import TrainConfig
+    from components.train.launch_config import LaunchConfig
+
+    length = ["--epochs", str(epochs)] if epochs else []
+    argv = ["--data", data, "--model-dir", "unused", "--preset", preset, *length, *train_arguments]
+    (config, _), _ = parse_configs((TrainConfig, LaunchConfig), argv, "benchmark")
+    return config
+
+
+def run_epochs(config) -> float:
+    """The epochs a TrainConfig's run of all the training images trains for."""
+    return config.epochs if config.epochs else config.train_steps * config.batch_size / TRAIN_EXAMPLES
+
+
+def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_steps: int, windows: int) -> None:
+    """Each preset's training loop timed in the same process, in turns (the order alternates by round), and the
+    minutes its whole length takes at that rate: the wall-time comparison that holds even when the accuracy runs
+    finished on different days."""
+    rates: dict[str, list[float]] = {preset: [] for preset in configs}
+    for round_number in range(1, rounds + 1):
+        order = list(configs) if round_number % 2 else list(reversed(configs))
+        for preset in order:
+            config = configs[preset]
+            run_steps = math.ceil(run_epochs(config) * TRAIN_EXAMPLES / config.batch_size)
+            seconds = statistics.median(timing.loop_window_seconds(config, window_steps, windows, run_steps))
+            rates[preset].append(config.batch_size / seconds)
+            print(f"round {round_number}: {preset} loop {rates[preset][-1]:.0f} images/s", flush=True)
+    print(f"\nSide by side in this run ({rounds} rounds, each the median of {windows} windows of {window_steps} "
+          f"steps):")  # fmt: skip
+    print("| preset | batch | epochs | training images/s | minutes for its length at that rate |")
+    print("|---|---|---|---|---|")
+    for preset, config in configs.items():
+        rate = statistics.median(rates[preset])
+        epochs = run_epochs(config)
+        print(f"| {preset} | {config.batch_size} | {epochs:g} | {rate:.0f} | "
+              f"{epochs * TRAIN_EXAMPLES / rate / 60:.1f} |")  # fmt: skip
+
+
 def print_speed_ratio(data: str, rounds: int, window_steps: int, windows: int) -> None:
     ratios = []
     for round_number in range(1, rounds + 1):
@@ -177,6 +222,9 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["airbench94", "airbench94_muon"], choices=list(PRESETS))
     parser.add_argument("--train-args", default="", help='more train options for every run: "--width-multiplier 1.5"')
     parser.add_argument("--results", type=Path, help="a results file of an interrupted benchmark to continue")
+    parser.add_argument("--side-by-side-rounds", type=int, default=2, help="0 skips timing the presets' loops in turns")
+    parser.add_argument("--side-by-side-window-steps", type=int, default=3, help="steps per timed window")
+    parser.add_argument("--side-by-side-windows", type=int, default=2, help="timed windows per preset and round")
     parser.add_argument("--speed-rounds", type=int, default=4, help="0 skips the speed comparison")
     parser.add_argument("--speed-window-steps", type=int, default=5, help="steps per timed window")
     parser.add_argument("--speed-windows", type=int, default=4, help="timed windows per side and round")
@@ -207,6 +255,15 @@ def main() -> None:
     if results:
         peak_flops = max(peak_flops, flops.matmul_peak_flops())  # before and after: the better of two measurements
         print_accuracy_table(results, peak_flops)
+    if arguments.side_by_side_rounds and len(arguments.presets) > 1:
+        configs = {
+            " ".join([preset, *train_arguments]): preset_config(data, preset, arguments.epochs, train_arguments)
+            for preset in arguments.presets
+        }
+        print_presets_side_by_side(
+            configs, arguments.side_by_side_rounds, arguments.side_by_side_window_steps,
+            arguments.side_by_side_windows
+        )  # fmt: skip
     if arguments.speed_rounds:
         print_speed_ratio(data, arguments.speed_rounds, arguments.speed_window_steps, arguments.speed_windows)
 

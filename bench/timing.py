@@ -42,10 +42,15 @@ def bare_window_seconds(model, optimizer, batch: int, window_steps: int, windows
     return [timed(window_steps) / window_steps for _ in range(windows)]
 
 
-def loop_window_seconds(config, window_steps: int, windows: int) -> list[float]:
+def loop_window_seconds(config, window_steps: int, windows: int, run_steps: int | None = None) -> list[float]:
     """Seconds per step of the whole training loop, in-process, for `config` (a TrainConfig; its model directory
-    and length are replaced) in each of `windows` progress windows after the first, from its progress lines."""
+    and length are replaced) in each of `windows` progress windows after the first, from its progress lines.
+    `run_steps`: the length of the run the windows stand for, whose cadence of summaries, histograms, checkpoints
+    and validation they keep (default: the cadence of the windows' own short run)."""
+    from components.train import cadence
     from components.train.loop import Trainer
+
+    kept = cadence.resolve(config, run_steps) if run_steps else None
 
     rates: list[float] = []
 
@@ -68,6 +73,14 @@ def loop_window_seconds(config, window_steps: int, windows: int) -> list[float]:
             log_every_steps=window_steps,
             checkpoint_every_seconds=3600,
         )
+        if kept:
+            config = dataclasses.replace(
+                config,
+                summary_every_steps=kept.summary,
+                histogram_every_steps=kept.histogram,
+                checkpoint_every_steps=kept.checkpoint,
+                validation_every_steps=kept.validation,
+            )
         trainer = Trainer(config)
         try:
             trainer.run()
