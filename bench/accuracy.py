@@ -4,10 +4,11 @@
    own length (or `--epochs`) on all 50,000 training images (prepared once with no validation hold-out), each
    evaluated on the 10,000 test images by the evaluate stage (with the test-time augmentation the model was trained
    for). Reports every run, the mean and spread of the accuracy, the training minutes and images/s, and the training
-   FLOP/s (3 x the network's forward FLOPs per image x images/s) against this CPU's float32 matrix-multiply peak,
-   measured in the same run (bench/flops.py).
+   FLOP/s (3 x the network's forward FLOPs per image x images/s).
 2. Side by side: each preset's training loop timed in turns in this process, and the minutes its whole length
-   takes at that rate (the wall-time comparison that holds when the runs of 1. finished on different days).
+   takes at that rate (the wall-time comparison that holds when the runs of 1. finished on different days), with
+   its training FLOP/s against this CPU's float32 matrix-multiply peak, measured between the timed windows
+   (bench/flops.py).
 3. Speed: images/s of the fast preset's training loop (one worker, steady state: the median of its own progress
    windows after the first) against a bare `tf.function` step of the same network, batch and optimizer on a fixed
    batch, timed in windows of the same length (target ratio >= 0.95); rounds alternate which side goes first.
@@ -27,6 +28,7 @@ The real images come from ../shared/data through bench/prepare_data.py's archive
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -140,15 +142,14 @@ def speed_round(data: str, round_number: int, window_steps: int, windows: int) -
     return config.batch_size / bare_seconds, config.batch_size / loop_seconds
 
 
-def print_accuracy_table(results: list[dict], peak_flops: float) -> None:
-    print(f"\nAll 50,000 training images, tested on the 10,000 test images, {os.cpu_count()} cores; float32 "
-          f"matrix-multiply peak {peak_flops / 1e9:.0f} GFLOP/s (measured in this run)")  # fmt: skip
+def print_accuracy_table(results: list[dict]) -> None:
+    print(f"\nAll 50,000 training images, tested on the 10,000 test images, {os.cpu_count()} cores")
     finished = sorted(result["finished"] for result in results if "finished" in result)
     if finished and finished[0][:10] != finished[-1][:10]:
         print(f"Runs finished from {finished[0]} to {finished[-1]}: minutes of different days compare only as far "
               f"as the machine stayed the same")  # fmt: skip
     print("| preset | epochs | runs | test accuracy (mean +- std) | train time (mean) | training images/s "
-          "| training GFLOP/s (of peak) |")  # fmt: skip
+          "| training GFLOP/s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for preset in dict.fromkeys(result["preset"] for result in results):
         mine = [result for result in results if result["preset"] == preset]
@@ -159,8 +160,7 @@ def print_accuracy_table(results: list[dict], peak_flops: float) -> None:
         rate = statistics.median(rates) if rates else 0
         achieved = 3 * mine[0]["forward_flops"] * rate
         print(f"| {preset} | {mine[0]['epochs']:g} | {len(mine)} | {100 * statistics.mean(accuracies):.2f}% "
-              f"+- {100 * spread:.2f} | {seconds / 60:.1f} min | {rate:.0f} | {achieved / 1e9:.0f} "
-              f"({achieved / peak_flops:.0%}) |")  # fmt: skip
+              f"+- {100 * spread:.2f} | {seconds / 60:.1f} min | {rate:.0f} | {achieved / 1e9:.0f} |")  # fmt: skip
 
 
 def preset_config(data: str, preset: str, epochs: float | None, train_arguments: list[str]):
@@ -175,6 +175,12 @@ def preset_config(data: str, preset: str, epochs: float | None, train_arguments:
     return config
 
 
+def config_forward_flops(config) -> int:
+    """Forward FLOPs per image of the network a TrainConfig trains on CIFAR-10's 32x32x3 images."""
+    resolved = {"num_classes": 10, "image_shape": [32, 32, 3]}
+    return model_forward_flops({**dataclasses.asdict(config), "resolved": resolved})
+
+
 def run_epochs(config) -> float:
     """The epochs a TrainConfig's run of all the training images trains for."""
     return config.epochs if config.epochs else config.train_steps * config.batch_size / TRAIN_EXAMPLES
@@ -183,8 +189,10 @@ def run_epochs(config) -> float:
 def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_steps: int, windows: int) -> None:
     """Each preset's training loop timed in the same process, in turns (the order alternates by round), and the
     minutes its whole length takes at that rate: the wall-time comparison that holds even when the accuracy runs
-    finished on different days."""
+    finished on different days. The matrix-multiply peak is measured after every preset's windows, so the
+    fraction of it the loop reaches compares two measurements minutes apart on a machine whose speed drifts."""
     rates: dict[str, list[float]] = {preset: [] for preset in configs}
+    peaks: list[float] = []
     for round_number in range(1, rounds + 1):
         order = list(configs) if round_number % 2 else list(reversed(configs))
         for preset in order:
@@ -192,16 +200,23 @@ def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_s
             run_steps = math.ceil(run_epochs(config) * TRAIN_EXAMPLES / config.batch_size)
             seconds = statistics.median(timing.loop_window_seconds(config, window_steps, windows, run_steps))
             rates[preset].append(config.batch_size / seconds)
-            print(f"round {round_number}: {preset} loop {rates[preset][-1]:.0f} images/s", flush=True)
+            peaks.append(flops.matmul_peak_flops())
+            print(f"round {round_number}: {preset} loop {rates[preset][-1]:.0f} images/s, matrix-multiply peak "
+                  f"{peaks[-1] / 1e9:.0f} GFLOP/s", flush=True)  # fmt: skip
+    peak = max(peaks)
     print(f"\nSide by side in this run ({rounds} rounds, each the median of {windows} windows of {window_steps} "
-          f"steps):")  # fmt: skip
-    print("| preset | batch | epochs | training images/s | minutes for its length at that rate |")
-    print("|---|---|---|---|---|")
+          f"steps; float32 matrix-multiply peak {peak / 1e9:.0f} GFLOP/s, the best of its {len(peaks)} "
+          f"measurements between the windows):")  # fmt: skip
+    print("| preset | batch | epochs | training images/s | minutes for its length at that rate "
+          "| training GFLOP/s (of peak) |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for preset, config in configs.items():
         rate = statistics.median(rates[preset])
         epochs = run_epochs(config)
-        print(f"| {preset} | {config.batch_size} | {epochs:g} | {rate:.0f} | "
-              f"{epochs * TRAIN_EXAMPLES / rate / 60:.1f} |")  # fmt: skip
+        minutes = epochs * TRAIN_EXAMPLES / rate / 60
+        achieved = 3 * config_forward_flops(config) * rate
+        print(f"| {preset} | {config.batch_size} | {epochs:g} | {rate:.0f} | {minutes:.1f} | {achieved / 1e9:.0f} "
+              f"({achieved / peak:.0%}) |")  # fmt: skip
 
 
 def print_speed_ratio(data: str, rounds: int, window_steps: int, windows: int) -> None:
@@ -231,7 +246,6 @@ def main() -> None:
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     data = full_training_set()
-    peak_flops = flops.matmul_peak_flops()
 
     results_file = arguments.results or WORK / time.strftime("accuracy-%Y%m%d-%H%M%S.jsonl")
     print(f"results of finished runs: {results_file} (continue an interrupted benchmark with --results)", flush=True)
@@ -253,8 +267,7 @@ def main() -> None:
                 stream.write(json.dumps(results[-1]) + "\n")
             print(json.dumps(results[-1]), flush=True)
     if results:
-        peak_flops = max(peak_flops, flops.matmul_peak_flops())  # before and after: the better of two measurements
-        print_accuracy_table(results, peak_flops)
+        print_accuracy_table(results)
     if arguments.side_by_side_rounds and len(arguments.presets) > 1:
         configs = {
             " ".join([preset, *train_arguments]): preset_config(data, preset, arguments.epochs, train_arguments)
