@@ -380,9 +380,12 @@ def test_local_run_mistakes_fail_in_seconds_with_one_line_and_run_nothing(tmp_pa
 def test_ctrl_c_keeps_the_checkpoint_says_how_to_resume_and_resuming_continues_it(tmp_path):
     endless = {**SMALL, "workers": 1, "train_steps": 100_000}
     endless["train_options"] = {**SMALL["train_options"], "log_every_steps": 5}
+    # A terminal's foreground job takes Ctrl-C with the default action, also when this suite runs as a background
+    # job (nohup, `make test &`), whose children start with SIGINT ignored and rightly keep ignoring it.
     run = subprocess.Popen(
         [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(tmp_path), *as_options(endless)],
         cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     lines = []
     for line in run.stdout:
