@@ -176,8 +176,11 @@ def preset_config(data: str, preset: str, epochs: float | None, train_arguments:
 
 
 def config_forward_flops(config) -> int:
-    """Forward FLOPs per image of the network a TrainConfig trains on CIFAR-10's 32x32x3 images."""
-    resolved = {"num_classes": 10, "image_shape": [32, 32, 3]}
+    """Forward FLOPs per image of the network a TrainConfig trains on its dataset's images."""
+    from components.common.dataset import read_manifest
+
+    manifest, _ = read_manifest(config.data)
+    resolved = {"num_classes": manifest.num_classes, "image_shape": list(manifest.image_shape)}
     return model_forward_flops({**dataclasses.asdict(config), "resolved": resolved})
 
 
