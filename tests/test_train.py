@@ -66,23 +66,23 @@ def test_resume_continues_at_the_saved_step(synthetic_data, tmp_path, caplog):
     assert steps == list(range(1, 10)), "no step trained twice, none skipped"
 
 
-def test_the_fast_preset_resumed_after_a_crash_ends_where_the_uninterrupted_run_ends(synthetic_data, tmp_path, caplog):
+def test_airbench94_resumed_after_a_crash_ends_where_the_uninterrupted_run_ends(synthetic_data, tmp_path, caplog):
     """airbench's state survives a restart: the whitening is restored, not refitted; lookahead's slow weights and
     its started flag come back; the input stream continues mid-epoch; so the weights at the end are the same, bit
     for bit."""
     import shutil
 
-    def fast(model_dir):
-        return tiny_train_config(synthetic_data, model_dir, preset="fast", width_multiplier=0.125, batch_size=48,
+    def airbench94(model_dir):
+        return tiny_train_config(synthetic_data, model_dir, preset="airbench94", width_multiplier=0.125, batch_size=48,
                                  learning_rate_batch_size=48, lookahead_start_epochs=0.0, lookahead_every_steps=3,
                                  train_steps=8, checkpoint_every_steps=5)  # fmt: skip
 
-    loop.train(fast(tmp_path / "uninterrupted"))
+    loop.train(airbench94(tmp_path / "uninterrupted"))
     shutil.copytree(tmp_path / "uninterrupted", tmp_path / "crashed")
     for path in (tmp_path / "crashed").glob("ckpt-8.*"):
         path.unlink()  # the run died after step 5's checkpoint
     with caplog.at_level("INFO"):
-        result = loop.train(fast(tmp_path / "crashed"))
+        result = loop.train(airbench94(tmp_path / "crashed"))
 
     assert "at step 5" in caplog.text and "patch whitening fitted" not in caplog.text
     assert result.step == 8

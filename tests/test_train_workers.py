@@ -131,13 +131,13 @@ def test_two_local_workers_hold_identical_weights_and_match_one_worker(synthetic
     assert np.linalg.norm(change_two - change_one) / np.linalg.norm(change_one) < 0.25
 
 
-def test_two_workers_train_the_fast_preset_to_identical_weights(synthetic_data, tmp_path):
-    """The fast preset (airbench94) on two workers, shrunk to a few steps: the patch whitening is fitted from the
+def test_two_workers_train_the_airbench94_preset_to_identical_weights(synthetic_data, tmp_path):
+    """The airbench94 preset on two workers, shrunk to a few steps: the patch whitening is fitted from the
     chief's training images and broadcast, alternating flips and lookahead run, and both workers end identical."""
     config = tiny_train_config(
         synthetic_data,
         tmp_path / "airbench",
-        preset="fast",
+        preset="airbench94",
         width_multiplier=0.125,
         batch_size=32,
         learning_rate_batch_size=32,
