@@ -14,7 +14,7 @@ TRAIN_STEPS ?=
 EPOCHS ?=
 THRESHOLD ?= 0.5
 TRAIN_OPTIONS ?=
-# PRESET: fast (for now airbench94), airbench94, airbench94_muon or estimator (the CIFAR-10 estimator example's ResNet recipe)
+# PRESET: fast (airbench94_muon), airbench94, airbench94_muon or estimator (the CIFAR-10 estimator example's ResNet recipe)
 PRESET ?=
 EXTRA ?=
 # make local-run: RESUME=<run folder or name, or last> continues that run's training; VERBOSE=1 shows every line
