@@ -9,9 +9,10 @@
    takes at that rate (the wall-time comparison that holds when the runs of 1. finished on different days), with
    its training FLOP/s against this CPU's float32 matrix-multiply peak, measured between the timed windows
    (bench/flops.py).
-3. Speed: images/s of the airbench94 preset's training loop (one worker, steady state: the median of its own progress
-   windows after the first) against a bare `tf.function` step of the same network, batch and optimizer on a fixed
-   batch, timed in windows of the same length (target ratio >= 0.95); rounds alternate which side goes first.
+3. Speed: images/s of a preset's training loop (`--speed-preset`, default fast; one worker, steady state: the
+   median of its own progress windows after the first) against a bare `tf.function` step of the same network,
+   batch and optimizer (Muon on the kernels for a Muon recipe) on a fixed batch, timed in windows of the same
+   length (target ratio >= 0.95); rounds alternate which side goes first.
 
     .venv/bin/python bench/accuracy.py [--runs 2] [--epochs 10] [--presets airbench94 airbench94_muon]
         [--speed-rounds 4]
@@ -120,21 +121,30 @@ def model_forward_flops(train_config: dict) -> int:
     return flops.forward_flops(build_model(spec), spec.image_shape)
 
 
-def speed_round(data: str, round_number: int, window_steps: int, windows: int) -> tuple[float, float]:
-    """Images/s of the bare step and of the airbench94 preset's loop (one worker, as the bare step runs), each the
-    median of its windows; odd rounds start with the bare step, even ones with the loop."""
+def speed_round(data: str, preset: str, round_number: int, window_steps: int, windows: int) -> tuple[float, float]:
+    """Images/s of the bare step and of `preset`'s loop (one worker, as the bare step runs), each the median of its
+    windows; odd rounds start with the bare step, even ones with the loop. The bare step has the preset's network,
+    batch and optimizer (Muon on the kernels for a Muon recipe), without the loop's features."""
     import keras
 
     from components.common.config import config_from_mapping
     from components.common.model import ModelSpec, build_model
     from components.train.config import TrainConfig
 
-    settings = {"data": data, "model_dir": "unused", "preset": "airbench94"}
+    settings = {"data": data, "model_dir": "unused", "preset": preset}
     config = config_from_mapping(TrainConfig, settings, "benchmark")
+    if config.optimizer not in ("sgd", "muon"):
+        raise ValueError(f"--speed-preset: {preset!r} trains with {config.optimizer}; the bare step has sgd or muon")
 
     def bare() -> list[float]:
-        model = build_model(ModelSpec("airbench", batch_norm_decay=0.6, batch_norm_epsilon=1e-12))
-        optimizer = keras.optimizers.SGD(0.1, momentum=0.85, nesterov=True)
+        spec = ModelSpec(config.model, batch_norm_decay=config.batch_norm_decay,
+                         batch_norm_epsilon=config.batch_norm_epsilon)  # fmt: skip
+        model = build_model(spec)
+        if config.optimizer == "muon":
+            optimizer = timing.BareMuon(model.trainable_variables, 0.1, config.momentum, config.muon_learning_rate,
+                                        config.muon_momentum, config.newton_schulz_steps)  # fmt: skip
+        else:
+            optimizer = keras.optimizers.SGD(0.1, momentum=config.momentum, nesterov=config.nesterov)
         return timing.bare_window_seconds(model, optimizer, config.batch_size, window_steps, windows)
 
     bare_seconds, loop_seconds = timing.paired_round(
@@ -223,14 +233,14 @@ def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_s
               f"({achieved / peak:.0%}) |")  # fmt: skip
 
 
-def print_speed_ratio(data: str, rounds: int, window_steps: int, windows: int) -> None:
+def print_speed_ratio(data: str, preset: str, rounds: int, window_steps: int, windows: int) -> None:
     ratios = []
     for round_number in range(1, rounds + 1):
-        bare, loop = speed_round(data, round_number, window_steps, windows)
+        bare, loop = speed_round(data, preset, round_number, window_steps, windows)
         ratios.append(loop / bare)
-        print(f"round {round_number}: bare step {bare:.0f} images/s, the airbench94 loop {loop:.0f} images/s, "
+        print(f"round {round_number}: bare step {bare:.0f} images/s, the {preset} loop {loop:.0f} images/s, "
               f"ratio {ratios[-1]:.2f}", flush=True)  # fmt: skip
-    print(f"ratio airbench94 loop / bare step: {statistics.median(ratios):.2f} (median of {rounds} rounds, each the "
+    print(f"ratio {preset} loop / bare step: {statistics.median(ratios):.2f} (median of {rounds} rounds, each the "
           f"median of {windows} windows of {window_steps} steps a side; target >= 0.95)")  # fmt: skip
 
 
@@ -247,6 +257,7 @@ def main() -> None:
     parser.add_argument("--speed-rounds", type=int, default=4, help="0 skips the speed comparison")
     parser.add_argument("--speed-window-steps", type=int, default=5, help="steps per timed window")
     parser.add_argument("--speed-windows", type=int, default=4, help="timed windows per side and round")
+    parser.add_argument("--speed-preset", default="fast", choices=list(PRESETS), help="whose loop the speed times")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     data = full_training_set()
@@ -282,7 +293,8 @@ def main() -> None:
             arguments.side_by_side_windows
         )  # fmt: skip
     if arguments.speed_rounds:
-        print_speed_ratio(data, arguments.speed_rounds, arguments.speed_window_steps, arguments.speed_windows)
+        print_speed_ratio(data, arguments.speed_preset, arguments.speed_rounds, arguments.speed_window_steps,
+                          arguments.speed_windows)  # fmt: skip
 
 
 if __name__ == "__main__":

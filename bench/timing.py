@@ -42,6 +42,43 @@ def bare_window_seconds(model, optimizer, batch: int, window_steps: int, windows
     return [timed(window_steps) / window_steps for _ in range(windows)]
 
 
+class BareMuon:
+    """The bare step's optimizer for a Muon recipe (`apply_gradients` as Keras's): Muon on the convolution kernels
+    (Nesterov momentum, the kernel renormalised, the update orthogonalised), Nesterov SGD on the rest; fixed rates."""
+
+    def __init__(self, variables, learning_rate: float, momentum: float, muon_learning_rate: float,
+                 muon_momentum: float, newton_schulz_steps: int):  # fmt: skip
+        import keras
+        import tensorflow as tf
+
+        from components.train import optimization
+
+        self.is_kernel = optimization.is_muon_variable
+        self.sgd = keras.optimizers.SGD(learning_rate, momentum=momentum, nesterov=True)
+        self.sgd.build([variable for variable in variables if not self.is_kernel(variable)])
+        self.buffers = {id(variable): tf.Variable(tf.zeros_like(variable)) for variable in variables
+                        if self.is_kernel(variable)}  # fmt: skip
+        self.muon_learning_rate, self.muon_momentum = muon_learning_rate, muon_momentum
+        self.newton_schulz_steps = newton_schulz_steps
+
+    def apply_gradients(self, pairs) -> None:
+        from components.train import optimization
+
+        others = []
+        for gradient, variable in pairs:
+            if not self.is_kernel(variable):
+                others.append((gradient, variable))
+                continue
+            buffer = self.buffers[id(variable)]
+            buffer.assign(self.muon_momentum * buffer + gradient)
+            direction = gradient + self.muon_momentum * buffer
+            variable.assign(optimization.renormalized(variable))
+            variable.assign_sub(
+                self.muon_learning_rate * optimization.muon_direction(direction, self.newton_schulz_steps)
+            )
+        self.sgd.apply_gradients(others)
+
+
 def loop_window_seconds(config, window_steps: int, windows: int, run_steps: int | None = None) -> list[float]:
     """Seconds per step of the whole training loop, in-process, for `config` (a TrainConfig; its model directory
     and length are replaced) in each of `windows` progress windows after the first, from its progress lines.
