@@ -128,7 +128,7 @@ def speed_round(data: str, preset: str, round_number: int, window_steps: int, wi
     import keras
 
     from components.common.config import config_from_mapping
-    from components.common.model import ModelSpec, build_model
+    from components.common.model import build_model
     from components.train.config import TrainConfig
 
     settings = {"data": data, "model_dir": "unused", "preset": preset}
@@ -137,12 +137,9 @@ def speed_round(data: str, preset: str, round_number: int, window_steps: int, wi
         raise ValueError(f"--speed-preset: {preset!r} trains with {config.optimizer}; the bare step has sgd or muon")
 
     def bare() -> list[float]:
-        spec = ModelSpec(config.model, batch_norm_decay=config.batch_norm_decay,
-                         batch_norm_epsilon=config.batch_norm_epsilon)  # fmt: skip
-        model = build_model(spec)
+        model = build_model(config_model_spec(config))
         if config.optimizer == "muon":
-            optimizer = timing.BareMuon(model.trainable_variables, 0.1, config.momentum, config.muon_learning_rate,
-                                        config.muon_momentum, config.newton_schulz_steps)  # fmt: skip
+            optimizer = timing.BareMuon(model.trainable_variables, config, learning_rate=0.1)
         else:
             optimizer = keras.optimizers.SGD(0.1, momentum=config.momentum, nesterov=config.nesterov)
         return timing.bare_window_seconds(model, optimizer, config.batch_size, window_steps, windows)
@@ -186,13 +183,22 @@ def preset_config(data: str, preset: str, epochs: float | None, train_arguments:
     return config
 
 
-def config_forward_flops(config) -> int:
-    """Forward FLOPs per image of the network a TrainConfig trains on its dataset's images."""
+def config_model_spec(config):
+    """The network a TrainConfig trains on its dataset's images."""
     from components.common.dataset import read_manifest
+    from components.common.model import model_spec_of
 
     manifest, _ = read_manifest(config.data)
     resolved = {"num_classes": manifest.num_classes, "image_shape": list(manifest.image_shape)}
-    return model_forward_flops({**dataclasses.asdict(config), "resolved": resolved})
+    return model_spec_of({**dataclasses.asdict(config), "resolved": resolved})
+
+
+def config_forward_flops(config) -> int:
+    """Forward FLOPs per image of the network a TrainConfig trains on its dataset's images."""
+    from components.common.model import build_model
+
+    spec = config_model_spec(config)
+    return flops.forward_flops(build_model(spec), spec.image_shape)
 
 
 def run_epochs(config) -> float:

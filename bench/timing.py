@@ -43,39 +43,32 @@ def bare_window_seconds(model, optimizer, batch: int, window_steps: int, windows
 
 
 class BareMuon:
-    """The bare step's optimizer for a Muon recipe (`apply_gradients` as Keras's): Muon on the convolution kernels
-    (Nesterov momentum, the kernel renormalised, the update orthogonalised), Nesterov SGD on the rest; fixed rates."""
+    """The bare step's optimizer for a Muon recipe (`apply_gradients` as Keras's): the loop's Muon step on the
+    convolution kernels, SGD on the rest; fixed rates."""
 
-    def __init__(self, variables, learning_rate: float, momentum: float, muon_learning_rate: float,
-                 muon_momentum: float, newton_schulz_steps: int):  # fmt: skip
+    def __init__(self, variables, config, learning_rate: float):
         import keras
         import tensorflow as tf
 
         from components.train import optimization
 
+        self.config = config
         self.is_kernel = optimization.is_muon_variable
-        self.sgd = keras.optimizers.SGD(learning_rate, momentum=momentum, nesterov=True)
+        self.sgd = keras.optimizers.SGD(learning_rate, momentum=config.momentum, nesterov=config.nesterov)
         self.sgd.build([variable for variable in variables if not self.is_kernel(variable)])
         self.buffers = {id(variable): tf.Variable(tf.zeros_like(variable)) for variable in variables
                         if self.is_kernel(variable)}  # fmt: skip
-        self.muon_learning_rate, self.muon_momentum = muon_learning_rate, muon_momentum
-        self.newton_schulz_steps = newton_schulz_steps
 
     def apply_gradients(self, pairs) -> None:
         from components.train import optimization
 
-        others = []
+        config, others = self.config, []
         for gradient, variable in pairs:
-            if not self.is_kernel(variable):
+            if self.is_kernel(variable):
+                optimization.apply_muon(variable, self.buffers[id(variable)], gradient, config.muon_learning_rate,
+                                        config.muon_momentum, config.nesterov, config.newton_schulz_steps)  # fmt: skip
+            else:
                 others.append((gradient, variable))
-                continue
-            buffer = self.buffers[id(variable)]
-            buffer.assign(self.muon_momentum * buffer + gradient)
-            direction = gradient + self.muon_momentum * buffer
-            variable.assign(optimization.renormalized(variable))
-            variable.assign_sub(
-                self.muon_learning_rate * optimization.muon_direction(direction, self.newton_schulz_steps)
-            )
         self.sgd.apply_gradients(others)
 
 

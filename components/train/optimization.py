@@ -136,6 +136,16 @@ def renormalized(kernel: tf.Tensor) -> tf.Tensor:
     return kernel * (outputs**0.5 / tf.norm(kernel))
 
 
+def apply_muon(kernel, momentum_buffer, gradient, rate, momentum: float, nesterov: bool, steps: int) -> None:
+    """Muon's step on one convolution kernel: momentum on the gradient, then the kernel renormalised and moved by
+    the orthogonalised (Nesterov) momentum at `rate`."""
+    gradient = tf.cast(gradient, momentum_buffer.dtype)
+    momentum_buffer.assign(momentum * momentum_buffer + gradient)
+    direction = gradient + momentum * momentum_buffer if nesterov else momentum_buffer
+    kernel.assign(renormalized(kernel))
+    kernel.assign_sub(tf.cast(rate, kernel.dtype) * muon_direction(direction, steps))
+
+
 # -- which variables train ----------------------------------------------------------------------------------
 
 

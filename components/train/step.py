@@ -249,11 +249,8 @@ class TrainStep:
         buffer = self.muon[variable_name(variable)]
 
         def step(kernel, held, new_gradient):
-            held.assign(momentum * held + tf.cast(new_gradient, held.dtype))
-            direction = tf.cast(new_gradient, held.dtype) + momentum * held if config.nesterov else held
-            kernel.assign(optimization.renormalized(kernel))
-            kernel.assign_sub(tf.cast(muon_rate, kernel.dtype) * optimization.muon_direction(direction,
-                              config.newton_schulz_steps))  # fmt: skip
+            optimization.apply_muon(kernel, held, new_gradient, muon_rate, momentum, config.nesterov,
+                                    config.newton_schulz_steps)  # fmt: skip
             return tf.constant(True)
 
         def guarded(kernel, held, new_gradient):
