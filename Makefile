@@ -21,6 +21,11 @@ EXTRA ?=
 RESUME ?=
 VERBOSE ?=
 KFP_HOST ?=
+# make run / schedule on a multi-user Kubeflow: NAMESPACE (or KFP_NAMESPACE) is your profile's; credentials come from
+# KF_PIPELINES_SA_TOKEN_PATH (a token file), KFP_TOKEN or KFP_COOKIE; KFP_CA_BUNDLE for a private TLS endpoint.
+NAMESPACE ?=
+# make run WAIT=1: follow the run to its end; the exit code says how it ended.
+WAIT ?=
 EXPERIMENT ?= cifar10
 CRON ?= 0 0 3 * * *
 PROMOTION_ROOT ?=
@@ -90,12 +95,13 @@ clean-runs:  ## remove local runs' folders, keep the promoted models (OUTPUT/mod
 compile:  ## write pipeline/pipeline.yaml
 	$(PIPELINE) compile
 
-run:  ## compile and submit a run to $$KFP_HOST: make run KFP_HOST=... SOURCE=gs://... EXTRA='--launcher tfjob'
-	$(PIPELINE) run --host "$(KFP_HOST)" --experiment $(EXPERIMENT) $(RUN_PARAMETERS) \
-	  $(if $(PROMOTION_ROOT),--promotion-root $(PROMOTION_ROOT)) $(EXTRA)
+run:  ## compile and submit a run to $$KFP_HOST: make run KFP_HOST=... NAMESPACE=... SOURCE=s3://... [WAIT=1]
+	$(PIPELINE) run --host "$(KFP_HOST)" --experiment $(EXPERIMENT) $(if $(NAMESPACE),--namespace $(NAMESPACE)) \
+	  $(if $(WAIT),--wait) $(RUN_PARAMETERS) $(if $(PROMOTION_ROOT),--promotion-root $(PROMOTION_ROOT)) $(EXTRA)
 
 schedule:  ## recurring retraining: make schedule KFP_HOST=... CRON='0 0 3 * * *' PROMOTION_ROOT=gs://...
-	$(PIPELINE) schedule --host "$(KFP_HOST)" --cron "$(CRON)" --experiment $(EXPERIMENT) $(RUN_PARAMETERS) \
+	$(PIPELINE) schedule --host "$(KFP_HOST)" --cron "$(CRON)" --experiment $(EXPERIMENT) \
+	  $(if $(NAMESPACE),--namespace $(NAMESPACE)) $(RUN_PARAMETERS) \
 	  --promotion-root "$(PROMOTION_ROOT)" $(EXTRA)
 
 tensorboard:  ## TensorBoard on a run's logs: make tensorboard LOGDIR=outputs/cifar10-pipeline-.../... (or gs://..., s3://...)

@@ -135,29 +135,40 @@ def compile_pipeline(pipeline, output: Path = COMPILED) -> Path:
 # -- local-run --------------------------------------------------------------------------------------------------
 
 
-# -- a KFP endpoint ---------------------------------------------------------------------------------------------
+# -- a KFP endpoint (pipeline/kfp_endpoint.py owns the client, the credentials and the namespace) ----------------
 
 
-def client(host: str):
-    import kfp
+def submit(
+    pipeline,
+    parameters: dict[str, Any],
+    endpoint_config,
+    experiment: str,
+    run_name: str | None,
+    wait: bool = False,
+    wait_timeout_seconds: float = 7 * 24 * 3600,
+    poll_seconds: float = 10.0,
+) -> str:
+    from pipeline import kfp_endpoint
 
-    if not host:
-        raise CommandError("no KFP endpoint: set KFP_HOST (e.g. https://kubeflow.example.com/pipeline)")
-    return kfp.Client(host=host)
-
-
-def submit(pipeline, parameters: dict[str, Any], host: str, experiment: str, run_name: str | None) -> str:
     check_parameters(pipeline, parameters)
+    endpoint = kfp_endpoint.connect(endpoint_config)
     package = compile_pipeline(pipeline)
     name = run_name or f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    result = client(host).create_run_from_pipeline_package(
-        str(package),
-        arguments=parameters,
-        run_name=name,
-        experiment_name=experiment,
-        enable_caching=None,  # None keeps every task's own caching option; True or False would overwrite them all
+    result = endpoint.call(
+        f"submitting run {name}",
+        lambda: endpoint.client.create_run_from_pipeline_package(
+            str(package),
+            arguments=parameters,
+            run_name=name,
+            experiment_name=experiment,
+            namespace=endpoint.namespace,
+            enable_caching=None,  # None keeps every task's own caching option; True or False would overwrite them all
+        ),
+        identifier="run_id",
     )
-    logger.info("submitted run %s (%s) to %s", name, result.run_id, host)
+    logger.info("submitted run %s (%s): %s", name, result.run_id, kfp_endpoint.run_address(endpoint, result.run_id))
+    if wait:
+        kfp_endpoint.follow_run(endpoint, result.run_id, wait_timeout_seconds, poll_seconds)
     return result.run_id
 
 
@@ -172,32 +183,65 @@ def check_cron(expression: str) -> str:
 
 
 def schedule(
-    pipeline, parameters: dict[str, Any], host: str, experiment: str, name: str, cron: str, max_concurrency: int = 1
+    pipeline,
+    parameters: dict[str, Any],
+    endpoint_config,
+    experiment: str,
+    name: str,
+    cron: str,
+    max_concurrency: int = 1,
 ) -> str:
     """A recurring run that retrains, warm-starting from the model promoted at the time of each run."""
+    from pipeline import kfp_endpoint
+
     check_cron(cron)
     if not parameters.get("promotion_root"):
         raise CommandError("a schedule needs --promotion-root (a gs:// folder) to warm-start from and to promote to")
     parameters = {"warm_start_from_promoted": True, **parameters}
     check_parameters(pipeline, parameters)
+    endpoint = kfp_endpoint.connect(endpoint_config)
     package = compile_pipeline(pipeline)
-    kfp_client = client(host)
-    experiment_id = kfp_client.create_experiment(experiment).experiment_id
-    job = kfp_client.create_recurring_run(
-        experiment_id=experiment_id,
-        job_name=name,
-        cron_expression=cron,
-        max_concurrency=max_concurrency,
-        no_catchup=True,
-        params=parameters,
-        pipeline_package_path=str(package),
-        enable_caching=None,  # as in submit(): each task keeps its own caching option
+    experiment_id = endpoint.call(
+        f"creating experiment {experiment}",
+        lambda: endpoint.client.create_experiment(experiment, namespace=endpoint.namespace),
+        identifier="experiment_id",
+    ).experiment_id
+    job = endpoint.call(
+        f"scheduling {name}",
+        lambda: endpoint.client.create_recurring_run(
+            experiment_id=experiment_id,
+            job_name=name,
+            cron_expression=cron,
+            max_concurrency=max_concurrency,
+            no_catchup=True,
+            params=parameters,
+            pipeline_package_path=str(package),
+            enable_caching=None,  # as in submit(): each task keeps its own caching option
+        ),
+        identifier="recurring_run_id",
     )
     logger.info("scheduled %s (%s): cron %r in experiment %s", name, job.recurring_run_id, cron, experiment)
     return job.recurring_run_id
 
 
 # -- the command line -------------------------------------------------------------------------------------------
+
+
+def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", required=True, help="the KFP endpoint (Kubeflow: https://<kubeflow>/pipeline)")
+    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
+    parser.add_argument(
+        "--namespace",
+        help="the profile namespace of a multi-user Kubeflow (default: $KFP_NAMESPACE, then kfp's context, then the "
+        "pod's namespace)",
+    )
+    parser.add_argument("--ca-bundle", help="CA certificates of a private TLS endpoint (default: $KFP_CA_BUNDLE)")
+
+
+def endpoint_config(arguments: argparse.Namespace):
+    from pipeline.kfp_endpoint import EndpointConfig
+
+    return EndpointConfig(host=arguments.host, namespace=arguments.namespace, ca_bundle=arguments.ca_bundle)
 
 
 def build_parser(pipeline) -> argparse.ArgumentParser:
@@ -235,14 +279,19 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     cleaner.add_argument("--output-root", type=Path, default=Path("outputs"), help="(default: outputs)")
     cleaner.add_argument("--keep", type=int, default=0, help="keep the newest KEEP runs (default: 0)")
     run = commands.add_parser("run", help="compile and submit a run to the KFP endpoint", allow_abbrev=False)
-    run.add_argument("--host", required=True)
-    run.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
+    add_endpoint_options(run)
     run.add_argument("--run-name")
+    run.add_argument(
+        "--wait", action="store_true", help="follow the run to its end; the exit code says how it ended (0: succeeded)"
+    )
+    run.add_argument(
+        "--wait-timeout", type=float, default=7 * 24 * 3600.0, metavar="SECONDS", help="(default: 604800, 7 days)"
+    )
+    run.add_argument("--poll-seconds", type=float, default=10.0, help="how often --wait reads the run (default: 10)")
     add_parameter_options(run, pipeline)
     recurring = commands.add_parser("schedule", help="create a recurring retraining run", allow_abbrev=False)
-    recurring.add_argument("--host", required=True)
+    add_endpoint_options(recurring)
     recurring.add_argument("--cron", required=True, help="six fields, seconds first: '0 0 3 * * *'")
-    recurring.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
     recurring.add_argument("--name", default=f"{pipeline.name}-retraining")
     recurring.add_argument("--max-concurrency", type=int, default=1)
     add_parameter_options(recurring, pipeline)
@@ -277,15 +326,18 @@ def main(pipeline, argv: list[str] | None = None) -> int:
             submit(
                 pipeline,
                 chosen_parameters(arguments, pipeline),
-                arguments.host,
+                endpoint_config(arguments),
                 arguments.experiment,
                 arguments.run_name,
+                arguments.wait,
+                arguments.wait_timeout,
+                arguments.poll_seconds,
             )
         elif arguments.command == "schedule":
             schedule(
                 pipeline,
                 chosen_parameters(arguments, pipeline),
-                arguments.host,
+                endpoint_config(arguments),
                 arguments.experiment,
                 arguments.name,
                 arguments.cron,
@@ -299,6 +351,14 @@ def main(pipeline, argv: list[str] | None = None) -> int:
         logger.error("%s", error)
         return exit_codes.BAD_INPUT
     except RuntimeError as error:
+        from pipeline.kfp_endpoint import EndpointError, RunOutcomeError
+
+        if isinstance(error, EndpointError):
+            logger.error("%s", error)
+            return exit_codes.BAD_INPUT
+        if isinstance(error, RunOutcomeError):
+            logger.error("%s", error)
+            return error.exit_code
         from pipeline.local_run import RunFailedError, RunInterruptedError
 
         if isinstance(error, RunInterruptedError):

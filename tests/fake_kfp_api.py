@@ -8,7 +8,15 @@ anything else with the status the backend uses:
 - runtime parameters against the pipeline's root input definitions (unknown names and wrong types fail);
 - a recurring run's trigger: six-field cron (seconds first) and `max_concurrency` between 1 and 10.
 
-It records every accepted request body in `requests` as (method, path, body).
+`multi_user=True` plays a Kubeflow installed from its manifests: the API under `prefix` (Kubeflow serves it under
+/pipeline), every request without a known bearer token or session cookie redirected (302) to an HTML login page, an
+unknown bearer token refused (401), the health check saying `multi_user`, and experiments, runs, recurring runs
+and pipeline uploads refused without a namespace (400) or in a namespace the caller may not use (403), as the
+multi-user API server's SubjectAccessReview does. A run's state changes as it is read (PENDING, RUNNING, then
+`run_outcome`), with the failed task's error on a failure.
+
+It records every accepted request body in `requests` as (method, path, body), and every request's headers in
+`headers_seen`.
 """
 
 from __future__ import annotations
@@ -45,6 +53,18 @@ class RefusedError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+
+class RedirectedError(Exception):
+    """What oauth2-proxy answers to a request without a session or a bearer token."""
+
+    def __init__(self, location: str):
+        super().__init__(location)
+        self.location = location
+
+
+LOGIN_PATH = "/oauth2/start"
+LOGIN_PAGE = b"<!DOCTYPE html><html><head><title>Log in to Kubeflow</title></head><body><form>...</form></body></html>"
 
 
 def check_model(value: Any, type_name: str, where: str) -> None:
@@ -120,10 +140,25 @@ def check_parameters(pipeline: dict, parameters: dict) -> None:
 
 
 class FakeKfpApi:
-    def __init__(self, multi_user: bool = False, port: int = 0):
+    def __init__(
+        self,
+        multi_user: bool = False,
+        port: int = 0,
+        prefix: str = "",
+        tokens: dict[str, set[str]] | None = None,
+        cookies: dict[str, set[str]] | None = None,
+        run_outcome: str = "SUCCEEDED",
+    ):
         self.multi_user = multi_user
+        self.prefix = prefix
+        self.tokens = tokens or {}  # bearer token -> the namespaces its identity may use
+        self.cookies = cookies or {}  # session cookie (NAME=VALUE) -> the namespaces
+        self.run_outcome = run_outcome
         self.requests: list[tuple[str, str, Any]] = []
+        self.headers_seen: list[dict[str, str]] = []
         self.experiments: dict[str, dict] = {}
+        self.runs: dict[str, dict] = {}
+        self._reads: dict[str, int] = {}
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -144,37 +179,109 @@ class FakeKfpApi:
 
     # -- the endpoints the kfp client uses ---------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, query: dict, body: Any) -> Any:
+    def allowed_namespaces(self, headers: dict[str, str], url: str) -> set[str] | None:
+        """The namespaces the caller may use; None on a single-user endpoint. Raises what the gateway answers."""
+        if not self.multi_user:
+            return None
+        authorization = headers.get("Authorization", "")
+        if authorization.startswith("Bearer "):
+            token = authorization[len("Bearer ") :]
+            if token not in self.tokens:
+                raise RefusedError(401, "Unauthorized: the bearer token is not valid")
+            return self.tokens[token]
+        for cookie in headers.get("Cookie", "").split(";"):
+            if cookie.strip() in self.cookies:
+                return self.cookies[cookie.strip()]
+        raise RedirectedError(f"{LOGIN_PATH}?rd={url}")
+
+    def _namespace_of(self, namespace: str | None, allowed: set[str] | None, where: str) -> None:
+        if allowed is None:
+            return
+        if not namespace:
+            raise RefusedError(400, f"Invalid input error: {where}: namespace is empty; multi-user mode requires one")
+        if namespace not in allowed:
+            raise RefusedError(403, f"PermissionDenied: the caller may not use namespace {namespace!r} ({where})")
+
+    def handle(self, method: str, path: str, query: dict, body: Any, allowed: set[str] | None = None) -> Any:
+        if not path.startswith(self.prefix + API):
+            raise RefusedError(404, f"{method} {path} is not under {self.prefix + API}")
+        path = path[len(self.prefix) :]
         if method == "GET" and path == f"{API}/healthz":
             return {"multi_user": self.multi_user}
         if method == "GET" and path == f"{API}/experiments":
+            self._namespace_of((query.get("namespace") or [None])[0], allowed, "experiments")
             predicates = json.loads(query["filter"][0])["predicates"]
             names = [p.get("stringValue", p.get("string_value")) for p in predicates if p["key"] == "display_name"]
-            found = [e for e in self.experiments.values() if e["display_name"] in names]
+            namespace = (query.get("namespace") or [None])[0]
+            found = [
+                e
+                for e in self.experiments.values()
+                if e["display_name"] in names and (allowed is None or e.get("namespace") == namespace)
+            ]
             return {"experiments": found, "total_size": len(found)}
         if method == "POST" and path == f"{API}/experiments":
             check_model(body, "V2beta1Experiment", "experiment")
             if not body.get("display_name"):
                 raise RefusedError(400, "experiment.display_name is required")
+            self._namespace_of(body.get("namespace"), allowed, "experiment")
             experiment = {**body, "experiment_id": str(uuid.uuid4()), "storage_state": "AVAILABLE"}
             self.experiments[experiment["experiment_id"]] = experiment
             return experiment
         if method == "POST" and path == f"{API}/runs":
             check_model(body, "V2beta1Run", "run")
-            self._check_submission(body, "run")
-            return {**body, "run_id": str(uuid.uuid4()), "state": "PENDING", "created_at": _now()}
+            self._check_submission(body, "run", allowed)
+            run = {**body, "run_id": str(uuid.uuid4()), "state": "PENDING", "created_at": _now()}
+            self.runs[run["run_id"]] = run
+            return run
+        if method == "GET" and path.startswith(f"{API}/runs/"):
+            return self._read_run(path.rsplit("/", 1)[1], allowed)
         if method == "POST" and path == f"{API}/recurringruns":
             check_model(body, "V2beta1RecurringRun", "recurring_run")
-            self._check_submission(body, "recurring_run")
+            self._check_submission(body, "recurring_run", allowed)
             self._check_trigger(body)
             return {**body, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED", "created_at": _now()}
+        if method == "POST" and path == f"{API}/pipelines/upload":
+            self._namespace_of((query.get("namespace") or [None])[0], allowed, "pipeline upload")
+            name = (query.get("name") or ["pipeline"])[0]
+            return {"pipeline_id": str(uuid.uuid4()), "display_name": name, "created_at": _now()}
         raise RefusedError(404, f"{method} {path} is not an endpoint of this stand-in")
 
-    def _check_submission(self, body: dict, where: str) -> None:
+    def _read_run(self, run_id: str, allowed: set[str] | None) -> dict:
+        """A run advances a state each time it is read: PENDING, RUNNING, then the stand-in's `run_outcome`."""
+        if run_id not in self.runs:
+            raise RefusedError(404, f"run {run_id} not found")
+        run = self.runs[run_id]
+        self._namespace_of(self.experiments[run["experiment_id"]].get("namespace"), allowed, "run")
+        reads = self._reads[run_id] = self._reads.get(run_id, 0) + 1
+        state = ("PENDING", "RUNNING")[reads - 1] if reads <= 2 else self.run_outcome
+        run = {**run, "state": state}
+        if state == "FAILED":
+            error = {"code": 2, "message": "train: the workers' step failed: loss is NaN at step 12"}
+            root = {"task_id": "t-root", "display_name": "cifar10-pipeline", "state": "FAILED", "error": error}
+            failed = {
+                "task_id": "t-train",
+                "parent_task_id": "t-root",
+                "display_name": "launch-training-job-component",
+                "state": "FAILED",
+                "error": error,
+                "end_time": _now(),
+            }
+            done = {"task_id": "t-prepare", "parent_task_id": "t-root", "display_name": "prepare-data-component"}
+            run["run_details"] = {"task_details": [root, {**done, "state": "SUCCEEDED"}, failed]}
+            run["error"] = {"code": 2, "message": "the run failed"}
+        if state in ("SUCCEEDED", "FAILED", "CANCELED"):
+            run["finished_at"] = _now()
+        check_model(run, "V2beta1Run", "run (as answered)")
+        return run
+
+    def _check_submission(self, body: dict, where: str, allowed: set[str] | None = None) -> None:
         if not body.get("display_name"):
             raise RefusedError(400, f"{where}.display_name is required")
         if body.get("experiment_id") and body["experiment_id"] not in self.experiments:
             raise RefusedError(404, f"{where}.experiment_id {body['experiment_id']!r} does not exist")
+        if allowed is not None:
+            experiment = self.experiments.get(body.get("experiment_id") or "")
+            self._namespace_of(experiment and experiment.get("namespace"), allowed, where)
         if ("pipeline_spec" in body) == ("pipeline_version_reference" in body):
             raise RefusedError(400, f"{where}: give exactly one of pipeline_spec and pipeline_version_reference")
         pipeline = check_pipeline_spec(body["pipeline_spec"])
@@ -200,15 +307,30 @@ class FakeKfpApi:
             def _serve(self, method: str) -> None:
                 url = urlparse(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
+                raw = self.rfile.read(length) if length else b""
+                headers = {name.title(): value for name, value in self.headers.items()}  # HTTP names: any case
+                api.headers_seen.append(headers)
+                if url.path == LOGIN_PATH:
+                    return self._send(200, LOGIN_PAGE, "text/html")
                 try:
-                    response, status = api.handle(method, url.path, parse_qs(url.query), body), 200
-                    api.requests.append((method, url.path, body))
+                    allowed = api.allowed_namespaces(headers, self.path)
+                    is_json = raw and "json" in (self.headers.get("Content-Type") or "application/json")
+                    body = json.loads(raw) if is_json else None
+                    response, status = api.handle(method, url.path, parse_qs(url.query), body, allowed), 200
+                    api.requests.append((method, url.path[len(api.prefix) :], body))
+                except RedirectedError as redirect:
+                    self.send_response(302)
+                    self.send_header("Location", redirect.location)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
                 except RefusedError as error:
                     response, status = {"error": str(error), "code": 3, "message": str(error)}, error.status
-                content = json.dumps(response).encode()
+                return self._send(status, json.dumps(response).encode(), "application/json")
+
+            def _send(self, status: int, content: bytes, content_type: str) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(content)))
                 self.end_headers()
                 self.wfile.write(content)
