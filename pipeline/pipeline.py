@@ -95,7 +95,8 @@ def evaluate_and_promote(
 # The train step's named parameters, one list: the train component's own (KFP needs its signature spelled out);
 # the sub-pipelines below and the pipeline pass exactly these on. A test pins the pipeline's parameters to it.
 TRAIN_SIGNATURE = inspect.signature(train_component.python_func).parameters
-TRAINING = tuple(name for name in TRAIN_SIGNATURE if name not in ("model", "mlpipeline_ui_metadata", "run_id"))
+TRAIN_OUTPUTS = ("model", "mlpipeline_ui_metadata", "tensorboard")
+TRAINING = tuple(name for name in TRAIN_SIGNATURE if name not in (*TRAIN_OUTPUTS, "run_id"))
 TRAIN_RETRIES = {"num_retries": 2, "backoff_duration": "120s", "backoff_factor": 2.0}
 
 

@@ -3,6 +3,7 @@ clear one-line errors when an object store cannot be reached."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -128,11 +129,33 @@ def test_unusable_cloud_storage_credentials_are_one_clear_line(tmp_path, monkeyp
 
 def test_the_tensorboard_button_only_where_kfps_viewer_can_read_the_logs(monkeypatch):
     """KFP's viewer pod (TensorFlow 2.2.2, no S3 settings) shows an empty board for s3:// logs."""
-    from components.train.kfp_run import VIEWER_READS_S3, tensorboard_outputs
+    from components.train.kfp_run import VIEWER_READS_S3, tensorboard_note, tensorboard_outputs
 
     monkeypatch.delenv(VIEWER_READS_S3, raising=False)
     assert tensorboard_outputs("gs://bucket/run/model") == [{"type": "tensorboard", "source": "gs://bucket/run/model"}]
-    (s3,) = tensorboard_outputs("s3://mlpipeline/private-artifacts/team-a/run/model")
-    assert s3["type"] == "markdown" and "kubectl port-forward svc/cifar10-pipeline-tensorboard" in s3["source"]
+    assert tensorboard_outputs("s3://mlpipeline/private-artifacts/team-a/run/model") == []
+    note = tensorboard_note("s3://mlpipeline/private-artifacts/team-a/run/model")  # the step's Markdown output
+    assert "kubectl port-forward svc/cifar10-pipeline-tensorboard" in note and "Start TensorBoard" not in note
+    assert "make tensorboard LOGDIR=s3://mlpipeline/private-artifacts/team-a/run/model" in note
     monkeypatch.setenv(VIEWER_READS_S3, "true")  # the admin gave the viewer the store's settings
     assert tensorboard_outputs("s3://mlpipeline/x")[0]["type"] == "tensorboard"
+    assert "Start TensorBoard" in tensorboard_note("s3://mlpipeline/x")
+
+
+def test_the_model_artifact_holds_the_trainings_metrics_and_config_when_the_model_directory_is_in_a_store(
+    gcs_bucket, tmp_path
+):
+    """On a cluster the model directory stays in the run's folder of the store; the artifact KFP uploads (its
+    lineage and download) gets the metrics, the config and where the directory is."""
+    from components.train.kfp_run import write_model_artifact
+
+    model_dir = f"gs://{gcs_bucket}/pipeline/run-1/model-directory"
+    store = storage.publisher_for(model_dir)
+    store.publish("train_metrics.json", b'{"step": 4}')
+    store.publish("config.json", b'{"depth": 8}')
+    artifact = SimpleNamespace(path=str(tmp_path / "outputs" / "model"))
+    write_model_artifact(artifact, model_dir)
+    folder = Path(artifact.path)
+    assert json.loads((folder / "train_metrics.json").read_text()) == {"step": 4}
+    assert json.loads((folder / "config.json").read_text()) == {"depth": 8}
+    assert (folder / "model_directory.txt").read_text().strip() == model_dir

@@ -29,4 +29,7 @@ def test_component_trains_and_describes_the_model(tmp_path):
     assert Path(model.metadata["checkpoint"] + ".index").exists()
     assert len(model.metadata["dataset_manifest_sha256"]) == 64
     assert set(model.metadata["metrics"]) >= {"loss", "accuracy", "learning_rate"}
+    import tensorflow as tf
+
+    assert model.metadata["framework"] == "tensorflow" and model.metadata["framework_version"] == tf.__version__
     assert (Path(model.path) / "config.json").exists() and (Path(model.path) / "train").is_dir()

@@ -10,7 +10,9 @@ Defaults are literals, because KFP runs a lightweight component's source alone, 
 they are the TrainConfig defaults (`components.common.kfp_parameters`: -1 and "" mean not given), which a test checks.
 
 Both write into a model directory that outlives the pod (see `components.common.model_directory`), record it in
-their `model` artifact, and output `mlpipeline_ui_metadata`, which gives the run page a TensorBoard button.
+their `model` artifact (with the training's metrics and config), output `mlpipeline_ui_metadata`, which gives the
+run page a TensorBoard button where KFP's viewer can read the logs, and `tensorboard`, a Markdown note of how to open
+them.
 """
 
 from kfp import dsl
@@ -23,6 +25,7 @@ def train_component(
     dataset: dsl.Input[dsl.Dataset],
     model: dsl.Output[dsl.Model],
     mlpipeline_ui_metadata: dsl.Output[dsl.Artifact],
+    tensorboard: dsl.Output[dsl.Markdown],
     model_dir: str = "",
     preset: str = "",
     workers: int = 1,
@@ -54,6 +57,7 @@ def launch_training_job_component(
     dataset: dsl.Input[dsl.Dataset],
     model: dsl.Output[dsl.Model],
     mlpipeline_ui_metadata: dsl.Output[dsl.Artifact],
+    tensorboard: dsl.Output[dsl.Markdown],
     launcher: str = "auto",
     model_dir: str = "",
     preset: str = "",

@@ -14,6 +14,7 @@ from typing import Any
 from components.common import exit_codes, storage
 from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import (
+    RESOLVED_CONFIG,
     TRAIN_METRICS,
     CheckpointError,
     artifact_location,
@@ -78,7 +79,9 @@ def training_configs(dataset: Any, model: Any, launcher: str, **parameters: Any)
     return train, launch
 
 
-def run_train(dataset: Any, model: Any, mlpipeline_ui_metadata: Any, launcher: str, **parameters: Any) -> dict:
+def run_train(
+    dataset: Any, model: Any, mlpipeline_ui_metadata: Any, tensorboard: Any, launcher: str, **parameters: Any
+) -> dict:
     train, launch = training_configs(dataset, model, launcher, **parameters)
     from components.train.launcher import run
 
@@ -86,8 +89,11 @@ def run_train(dataset: Any, model: Any, mlpipeline_ui_metadata: Any, launcher: s
     if code != exit_codes.SUCCESS:  # the reason was logged; 143 and 144 are retryable: a retry resumes
         sys.exit(code)
     summary = json.loads(storage.read_bytes(storage.join(train.model_dir, TRAIN_METRICS)))
+    write_model_artifact(model, train.model_dir)
     model.metadata.update(
         {
+            "framework": summary.get("framework", "tensorflow"),
+            "framework_version": summary.get("framework_version", ""),
             "model_dir": train.model_dir,
             "checkpoint": summary["checkpoint"],
             "step": summary["step"],
@@ -98,9 +104,26 @@ def run_train(dataset: Any, model: Any, mlpipeline_ui_metadata: Any, launcher: s
             "workers": train.workers,
         }
     )
-    write_tensorboard_metadata(mlpipeline_ui_metadata, train.model_dir)
+    write_tensorboard_metadata(mlpipeline_ui_metadata, tensorboard, train.model_dir)
     logger.info("model directory: %s", train.model_dir)
     return summary
+
+
+MODEL_ARTIFACT_FILES = (TRAIN_METRICS, RESOLVED_CONFIG)
+MODEL_DIRECTORY_NOTE = "model_directory.txt"
+
+
+def write_model_artifact(model: Any, model_dir: str) -> None:
+    """What the KFP UI's lineage and download show of the train step's `model`: the training's metrics and resolved
+    config, and where the model directory (checkpoints, summaries) is. Locally the model directory is the artifact's
+    own folder and holds them already; on a cluster it stays in the run's folder of the store, which every attempt
+    of the step shares, and the artifact gets copies."""
+    artifact = os.path.abspath(model.path)
+    if storage.is_remote(model_dir) or os.path.abspath(model_dir) != artifact:
+        os.makedirs(artifact, exist_ok=True)
+        for name in MODEL_ARTIFACT_FILES:
+            storage.atomic_write_bytes(os.path.join(artifact, name), storage.read_bytes(storage.join(model_dir, name)))
+        storage.atomic_write_bytes(os.path.join(artifact, MODEL_DIRECTORY_NOTE), f"{model_dir}\n".encode())
 
 
 # Set in the object-store ConfigMap once the admin gave KFP's TensorBoard viewer the store's settings.
@@ -108,28 +131,37 @@ VIEWER_READS_S3 = "CIFAR10_PIPELINE_VIEWER_READS_S3"
 
 
 def tensorboard_outputs(log_dir: str) -> list[dict]:
-    """What the run page shows for the training logs. KFP's "Start TensorBoard" button starts a viewer pod
-    (tensorflow/tensorflow:2.2.2) with no S3 settings, so on an S3 store it shows an empty board
+    """The run page's TensorBoard button, where KFP's viewer can read the logs. Its "Start TensorBoard" button
+    starts a viewer pod (tensorflow/tensorflow:2.2.2) with no S3 settings, so on an S3 store it shows an empty board
     (kubeflow/pipelines#5426): the button only for gs:// (or s3:// once the admin gave the viewer the store's
-    settings), else how to open the logs with the project's own TensorBoard."""
+    settings); `tensorboard_note` says how to open the logs otherwise."""
     viewer_reads_s3 = os.environ.get(VIEWER_READS_S3, "").strip().lower() in ("1", "true", "yes")
     if storage.is_gcs_uri(log_dir) or (storage.is_s3_uri(log_dir) and viewer_reads_s3):
         return [{"type": "tensorboard", "source": log_dir}]
+    return []
+
+
+def tensorboard_note(log_dir: str) -> str:
+    """How to open the training logs, as Markdown (the train step's `tensorboard` output)."""
+    lines = ["# TensorBoard", "", f"The training's logs: `{log_dir}`", ""]
+    if tensorboard_outputs(log_dir):
+        lines.append("- on the run's page: **Start TensorBoard** (the step's visualization)")
     if storage.is_s3_uri(log_dir):
-        how = (
-            "TensorBoard for these logs: the project's TensorBoard (manifests/tensorboard.yaml) reads the store with "
-            "your profile's keys: `kubectl port-forward svc/cifar10-pipeline-tensorboard 6006:80`, or on your own "
-            f"machine `make tensorboard LOGDIR={log_dir}`"
+        lines.append(
+            "- in the cluster: the project's TensorBoard (manifests/tensorboard.yaml) reads the store with your "
+            "profile's keys: `kubectl port-forward svc/cifar10-pipeline-tensorboard 6006:80`, then http://localhost:6006"
         )
-    else:
-        how = f"TensorBoard for these logs: `make tensorboard LOGDIR={log_dir}`"
-    return [{"type": "markdown", "storage": "inline", "source": how}]
+    lines.append(f"- on your own machine: `make tensorboard LOGDIR={log_dir}`")
+    return "\n".join(lines) + "\n"
 
 
-def write_tensorboard_metadata(artifact: Any, log_dir: str) -> None:
-    """The KFP UI reads an output artifact named mlpipeline-ui-metadata (a TensorBoard button, or markdown)."""
-    with open(artifact.path, "w") as handle:
+def write_tensorboard_metadata(ui_metadata: Any, note: Any, log_dir: str) -> None:
+    """The KFP UI reads an output artifact named mlpipeline-ui-metadata (the TensorBoard button) and shows a
+    Markdown artifact as it is."""
+    with open(ui_metadata.path, "w") as handle:
         json.dump({"outputs": tensorboard_outputs(log_dir)}, handle)
+    with open(note.path, "w", encoding="utf-8") as handle:
+        handle.write(tensorboard_note(log_dir))
 
 
 def delete_run_jobs(run_id: str) -> list[str]:

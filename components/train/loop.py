@@ -66,6 +66,8 @@ class TrainResult:
     weights_sha256: str
     preempted: bool = False
     chief: bool = True
+    framework: str = "tensorflow"
+    framework_version: str = tf.__version__
 
 
 def _check_numerics(host: dict, step: int, precision: str) -> None:
