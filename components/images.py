@@ -26,6 +26,17 @@ VERSION = "0.1.0"
 IMAGE_OF_STAGE = {"prepare_data": "cpu", "evaluate": "cpu", "launcher": "cpu", "train": "gpu"}
 KINDS = ("cpu", "gpu")
 REPOSITORY = Path(__file__).resolve().parents[1]
+# Each stage's components compiled to YAML for other pipelines (`make compile`; pipeline.PUBLISHED_COMPONENTS): derived
+# from the code and naming the image tag, so neither a build input nor part of the tag.
+PUBLISHED_COMPONENT_FILES = (
+    "prepare_data/component.yaml",
+    "prepare_data/source_fingerprint.yaml",
+    "train/component.yaml",
+    "train/launch_training_job.yaml",
+    "evaluate/component.yaml",
+    "evaluate/promote.yaml",
+    "evaluate/warm_start.yaml",
+)
 BUILD_FILES = (
     "images/Dockerfile",
     "requirements.txt",
@@ -49,6 +60,8 @@ def build_inputs(repository: Path = REPOSITORY) -> list[Path]:
 def _left_out(relative: Path) -> bool:
     """Byte-code and hidden files or directories (tool caches such as .ruff_cache, editor files): .dockerignore
     keeps them out of the build context, so they are no part of an image or its tag."""
+    if relative.as_posix() in {f"components/{name}" for name in PUBLISHED_COMPONENT_FILES}:
+        return True
     return relative.suffix == ".pyc" or any(part == "__pycache__" or part.startswith(".") for part in relative.parts)
 
 

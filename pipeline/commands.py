@@ -132,6 +132,25 @@ def compile_pipeline(pipeline, output: Path = COMPILED) -> Path:
     return output
 
 
+COMPONENTS_ROOT = Path(str(resources.files("components")))
+
+
+def compile_components(root: Path = COMPONENTS_ROOT) -> list[Path]:
+    """Each stage's published component YAML (pipeline.PUBLISHED_COMPONENTS), under `root`/<stage>/."""
+    from kfp import compiler
+
+    from pipeline.pipeline import PUBLISHED_COMPONENTS
+
+    written = []
+    for relative, component in PUBLISHED_COMPONENTS.items():
+        output = root / relative
+        output.parent.mkdir(parents=True, exist_ok=True)
+        compiler.Compiler().compile(component, str(output))
+        written.append(output)
+    logger.info("compiled %d component files under %s", len(written), root)
+    return written
+
+
 # -- local-run --------------------------------------------------------------------------------------------------
 
 
@@ -251,6 +270,12 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     compile_parser = commands.add_parser("compile", help="write pipeline/pipeline.yaml", allow_abbrev=False)
     compile_parser.add_argument("--output", type=Path, default=COMPILED)
+    compile_parser.add_argument(
+        "--components-root",
+        type=Path,
+        default=COMPONENTS_ROOT,
+        help="where each stage's component YAML goes (<root>/<stage>/component.yaml) (default: components/)",
+    )
     local = commands.add_parser("local-run", help="the whole pipeline on this machine (kfp.local)", allow_abbrev=False)
     local.add_argument(
         "--runner",
@@ -311,6 +336,8 @@ def main(pipeline, argv: list[str] | None = None) -> int:
     try:
         if arguments.command == "compile":
             compile_pipeline(pipeline, arguments.output)
+            if arguments.components_root is not None:
+                compile_components(arguments.components_root)
         elif arguments.command == "local-run":
             from pipeline.local_run import local_run
 

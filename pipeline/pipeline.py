@@ -18,7 +18,7 @@ from kfp import dsl, kubernetes
 from components.common.kfp_parameters import parameter_defaults
 from components.evaluate.component import evaluate_component, promote_component, warm_start_component
 from components.evaluate.config import EvaluateConfig
-from components.images import image
+from components.images import PUBLISHED_COMPONENT_FILES, image
 from components.prepare_data.component import prepare_data_component, source_fingerprint_component
 from components.prepare_data.config import PrepareDataConfig
 from components.train.component import delete_training_job_component, launch_training_job_component, train_component
@@ -302,6 +302,26 @@ def cifar10_pipeline(
             ).set_display_name("train on CPUs")
             on_cpus.set_caching_options(False)
             evaluate_and_promote(model=on_cpus.output, **gate).set_caching_options(False)
+
+
+# Each stage's components, published as component YAML (compiled by `make compile` from these definitions, kept
+# current by a test) for other pipelines to load with kfp.components.load_component_from_file. Their file names are
+# components.images.PUBLISHED_COMPONENT_FILES, in this order.
+PUBLISHED_COMPONENTS = dict(
+    zip(
+        PUBLISHED_COMPONENT_FILES,
+        (
+            prepare_data_component,
+            source_fingerprint_component,
+            train_component,
+            launch_training_job_component,
+            evaluate_component,
+            promote_component,
+            warm_start_component,
+        ),
+        strict=True,
+    )
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components import images
 from components.common.dataset import open_dataset
 from components.images import image
 from components.train.launch_config import LaunchConfig
@@ -120,6 +121,26 @@ def test_compiled_yaml_is_current(tmp_path):
     assert compiled_without_version(fresh) == compiled_without_version(commands.COMPILED), (
         "pipeline/pipeline.yaml is stale: run make compile"
     )
+
+
+def test_each_stages_published_component_yaml_is_current(tmp_path):
+    written = commands.compile_components(tmp_path)
+    assert [path.relative_to(tmp_path).as_posix() for path in written] == list(images.PUBLISHED_COMPONENT_FILES)
+    for fresh in written:
+        published = commands.COMPONENTS_ROOT / fresh.relative_to(tmp_path)
+        assert published.is_file() and compiled_without_version(fresh) == compiled_without_version(published), (
+            f"{published} is stale: run make compile"
+        )
+
+
+def test_another_pipeline_reuses_a_published_stage_from_its_yaml(tmp_path):
+    """What docs/development.md shows: load a stage's component.yaml into one's own pipeline (run by kfp.local)."""
+    from kfp import local
+
+    from tests.another_pipeline import my_pipeline
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    assert my_pipeline().output == 30
 
 
 def compiled() -> tuple[dict, dict]:
