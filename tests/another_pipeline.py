@@ -23,3 +23,15 @@ def my_pipeline() -> int:
         source="synthetic", synthetic_train_per_class=3, synthetic_eval_per_class=1, validation_fraction=0.0
     )
     return count_training_images(data=prepared.outputs["dataset"]).output
+
+
+@dsl.pipeline
+def prepared_only() -> dsl.Dataset:
+    return prepare(source="synthetic", synthetic_train_per_class=2, validation_fraction=0.0).outputs["dataset"]
+
+
+@dsl.pipeline
+def from_a_prepared_dataset(dataset_uri: str) -> int:
+    """An existing prepared dataset passed in as an artifact: no prepare step runs."""
+    imported = dsl.importer(artifact_uri=dataset_uri, artifact_class=dsl.Dataset, reimport=False)
+    return count_training_images(data=imported.output).output

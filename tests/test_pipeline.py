@@ -137,10 +137,12 @@ def test_another_pipeline_reuses_a_published_stage_from_its_yaml(tmp_path):
     """What docs/development.md shows: load a stage's component.yaml into one's own pipeline (run by kfp.local)."""
     from kfp import local
 
-    from tests.another_pipeline import my_pipeline
+    from tests.another_pipeline import from_a_prepared_dataset, my_pipeline, prepared_only
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
     assert my_pipeline().output == 30
+    dataset = prepared_only().output  # an existing prepared dataset, imported (dsl.importer) instead of prepared
+    assert from_a_prepared_dataset(dataset_uri=dataset.uri).output == 20
 
 
 def compiled() -> tuple[dict, dict]:
