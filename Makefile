@@ -77,9 +77,10 @@ test:  ## run the whole test suite (but the container images': make test-images)
 test-images:  ## build the images and run the pipeline in them (podman or Docker; about 25 minutes, see docs/containers.md)
 	$(BIN)/python -m pytest -q -s -m images -p no:cacheprovider tests/test_images.py
 
-lint:  ## ruff check and format check
+lint:  ## ruff check and format check; deptry: every module the code imports is a declared dependency
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/deptry .
 
 format:  ## apply ruff fixes and formatting
 	$(BIN)/ruff check --fix .
