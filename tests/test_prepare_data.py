@@ -310,11 +310,12 @@ def test_clean_up_never_removes_shards_another_run_is_about_to_publish(tmp_path,
         if name == "manifest.json" and threading.current_thread().name == "run-b":
             b_wrote_its_shards.set()
             a_cleaned_up.wait(timeout=60)  # B publishes its manifest only after A's clean-up ran
-        original_publish(self, name, data, expected_version)
+        version = original_publish(self, name, data, expected_version)
         if name == "manifest.json" and threading.current_thread().name == "run-a":
             threads.append(threading.Thread(target=run, args=("b", second_archive, 20), name="run-b"))
             threads[-1].start()  # B starts from A's published manifest
             b_wrote_its_shards.wait(timeout=60)  # A cleans up while B's shards are written but not yet published
+        return version
 
     monkeypatch.setattr(storage.LocalPublisher, "publish", publish)
     run_a = threading.Thread(target=run, args=("a", first_archive, 40), name="run-a")

@@ -72,3 +72,31 @@ def test_a_writer_whose_lease_was_taken_stops_at_its_next_push(object_store, tmp
             writer.push()
     finally:
         writer.release_writer()
+
+
+def test_publish_answers_the_version_it_wrote_and_the_lease_never_reads_its_own_back(
+    object_store, tmp_path, monkeypatch
+):
+    """The lease's next compare-and-swap uses the version the store answered to its own write: read back instead,
+    another writer's version written in between would be taken for its own."""
+    store = storage.publisher_for(f"{object_store}/versions")
+    written = store.publish("record.json", b"one", expected_version=storage.ABSENT)
+    assert written == store.read_versioned("record.json")[1]
+    replaced = store.publish("record.json", b"two", expected_version=written)
+    assert replaced != written and replaced == store.read_versioned("record.json")[1]
+    assert store.publish("record.json", b"two") == replaced  # the same bytes again: nothing written, same version
+
+    def no_read_back(self, name):
+        raise AssertionError(f"the writer lease read {name}'s version back instead of using its write's answer")
+
+    monkeypatch.setattr(type(store), "version", no_read_back)
+    model_dir = f"{object_store}/models/run"
+    holder = machine(model_dir, tmp_path, "a")
+    holder.claim_writer()
+    try:
+        time.sleep(2.5)  # two renewals, each a compare-and-swap on the version of the one before
+        content = json.loads(storage.publisher_for(model_dir).read(writer_lease.WRITER_LEASE))
+        assert time.time() - content["renewed_at"] < 2.0, "the renewals went through"
+        holder.check_writer()  # the lease is still its own
+    finally:
+        holder.release_writer()

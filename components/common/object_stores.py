@@ -178,27 +178,29 @@ class GcsPublisher:
         except exceptions.NotFound as error:
             raise FileNotFoundError(f"{self.uri(name)} does not exist") from error
 
-    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
-        """Upload `data`; with `expected_version` only over that generation (ABSENT: only if nothing is there)."""
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> str:
+        """Upload `data`; with `expected_version` only over that generation (ABSENT: only if nothing is there).
+        Returns the generation the upload's answer names."""
         from google.api_core import exceptions
 
         wanted = (len(data), crc32c_base64(data))
         if expected_version is None:
             blob = self._get(name)
             if blob is not None and (blob.size, blob.crc32c) == wanted:
-                return
+                return str(blob.generation)
             generation = blob.generation if blob is not None else 0
         else:
             generation = 0 if expected_version == ABSENT else int(expected_version)
+        blob = self._bucket().blob(self._object_name(name))
         try:
             with _gcs_errors(self.uri(name)):
-                self._bucket().blob(self._object_name(name)).upload_from_string(
-                    data, if_generation_match=generation, checksum="crc32c"
-                )
+                blob.upload_from_string(data, if_generation_match=generation, checksum="crc32c")
         except exceptions.PreconditionFailed:
-            if self.checksum(name) == wanted:
-                return  # another writer published the same bytes
+            current = self._get(name)
+            if current is not None and (current.size, current.crc32c) == wanted:
+                return str(current.generation)  # another writer published the same bytes
             raise conflict_error(self.uri(name)) from None
+        return str(blob.generation)  # set from the upload's answer
 
     def withdraw(self, name: str) -> None:
         from google.api_core import exceptions
@@ -284,19 +286,20 @@ class S3Publisher:
                     raise FileNotFoundError(f"{self.uri(name)} does not exist") from error
                 raise
 
-    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
-        """Upload `data`; with `expected_version` only over that ETag (ABSENT: only if nothing is there)."""
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> str:
+        """Upload `data`; with `expected_version` only over that ETag (ABSENT: only if nothing is there). Returns
+        the ETag the PUT's answer names."""
         wanted = (len(data), crc32c_base64(data))
         if expected_version is None:
             head = self._head(name)
             if head is not None and (head["ContentLength"], head.get("Metadata", {}).get(CRC32C_METADATA)) == wanted:
-                return
+                return head["ETag"]
             expected_version = ABSENT if head is None else head["ETag"]
         condition = {"IfNoneMatch": "*"} if expected_version == ABSENT else {"IfMatch": expected_version}
         check_conditional_writes(self)
         with _s3_errors(self.uri(name)):
             try:
-                s3_client().put_object(
+                answer = s3_client().put_object(
                     Bucket=self.bucket_name,
                     Key=self._key(name),
                     Body=data,
@@ -307,9 +310,14 @@ class S3Publisher:
                 # 412: the precondition failed; 409: a concurrent conditional write to the same key won.
                 if _s3_status(error) not in (409, 412):
                     raise
-                if self.checksum(name) == wanted:
-                    return  # another writer published the same bytes
+                head = self._head(name)
+                if (
+                    head is not None
+                    and (head["ContentLength"], head.get("Metadata", {}).get(CRC32C_METADATA)) == wanted
+                ):
+                    return head["ETag"]  # another writer published the same bytes
                 raise conflict_error(self.uri(name)) from None
+        return answer["ETag"]
 
     def withdraw(self, name: str) -> None:
         head = self._head(name)

@@ -327,7 +327,12 @@ class Publisher(Protocol):
     def version(self, name: str) -> str: ...
     def checksum(self, name: str) -> tuple[int, str] | None: ...
     def download(self, name: str, destination: Path) -> None: ...
-    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None: ...
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> str:
+        """Write `name` (with `expected_version`: only over that version, ABSENT: only if absent); returns the
+        version the store answered for what was written, so a caller never reads it back (another writer's
+        version could be read in between)."""
+        ...
+
     def withdraw(self, name: str) -> None: ...
     def copy(self, source: str, destination: str) -> None: ...
     def list(self, prefix: str = "") -> list[str]: ...
@@ -374,19 +379,20 @@ class LocalPublisher:
             raise FileNotFoundError(f"{self.uri(name)} does not exist")
         Path(destination).write_bytes(data)
 
-    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> None:
+    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> str:
         if expected_version is None:
             atomic_write_bytes(Path(self.root, name), data)  # renaming over identical bytes changes nothing
-            return
+            return content_version(data)
         Path(self.root).mkdir(parents=True, exist_ok=True)
         with open(Path(self.root, ".publish.lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             current, version = self.read_versioned(name)
             if current == data:
-                return
+                return version
             if version != expected_version:
                 raise conflict_error(self.uri(name))
             atomic_write_bytes(Path(self.root, name), data)
+            return content_version(data)
 
     def withdraw(self, name: str) -> None:
         """Remove an object, and the folders it leaves empty below the root (an object store has no folders)."""

@@ -201,10 +201,9 @@ class WriterLease:
                     continue
                 logger.warning("taking over the writer lease of %s (not renewed for %.0f s)", lease.get("holder"), age)
             try:
-                self._publisher.publish(WRITER_LEASE, self._record(), expected_version=version)
+                self._version = self._publisher.publish(WRITER_LEASE, self._record(), expected_version=version)
             except storage.PublishConflictError:
                 continue  # another writer moved first: look again
-            self._version = self._publisher.version(WRITER_LEASE)
             break
         self._renewer = threading.Thread(target=self._renew, name="writer-lease", daemon=True)
         self._renewer.start()
@@ -212,8 +211,7 @@ class WriterLease:
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_SECONDS):
             try:
-                self._publisher.publish(WRITER_LEASE, self._record(), expected_version=self._version)
-                self._version = self._publisher.version(WRITER_LEASE)
+                self._version = self._publisher.publish(WRITER_LEASE, self._record(), expected_version=self._version)
             except storage.PublishConflictError:
                 self.lost = True
                 logger.error("%s: another writer took over this model directory's lease", self.uri)

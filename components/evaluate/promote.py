@@ -297,11 +297,10 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
         claim = {**ready, "promoting": {"version": version, "holder": f"pid {os.getpid()} on {socket.gethostname()}",
                                         "claimed_at": clock(), "checkpoint": mine, "staging": token}}  # fmt: skip
         try:
-            publisher.publish(POINTER, _encode(claim), expected_version=seen)
+            claimed = publisher.publish(POINTER, _encode(claim), expected_version=seen)  # the store's answer
         except storage.PublishConflictError:
             attempts += 1
             continue  # another promotion moved first: read it again (and decide again)
-        claimed = publisher.version(POINTER)
         logger.info("claimed version %d under %s", version, root)
         clean_up(root, pointer, listed, token, clock)
         try:
