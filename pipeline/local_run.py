@@ -24,6 +24,7 @@ from typing import Any
 
 from pipeline import terminal
 from pipeline.commands import CommandError, check_parameters
+from pipeline.step_user import StepUser, engine_is_podman, engine_is_rootless, step_user_for
 
 logger = logging.getLogger("pipeline")
 
@@ -165,8 +166,10 @@ def local_run(
             )
         check_paths_are_mounted(parameters, output_root)
         check_images_are_built()
-        chosen_runner = docker_runner(output_root)
+        user = docker_step_user()
+        chosen_runner = docker_runner(user)
     elif runner == "subprocess":
+        user = StepUser(os.getuid(), os.getgid())
         chosen_runner = local.SubprocessRunner(use_venv=False)
     else:
         raise CommandError(f"runner {runner!r} is not subprocess or docker")
@@ -175,6 +178,7 @@ def local_run(
 
     run_name = executor_input_utils.get_local_pipeline_resource_name(pipeline.name)
     run_folder = output_root / run_name
+    prepare_step_folders(user, output_root, run_folder, parameters)
     log_path = run_folder / RUN_LOG
     logger.info("running %s locally (%s runner); everything is logged in %s", pipeline.name, runner, log_path)
     started = time.monotonic()
@@ -187,7 +191,8 @@ def local_run(
         except RuntimeError as error:
             if "finished with status" not in str(error):
                 raise
-            failed = re.findall(r"'([^']+)'", terminal._ANSI.sub("", str(error)))
+            inner = re.findall(r"Inner task failed: '([^']+)'", terminal._ANSI.sub("", str(error)))
+            failed = view.failed_steps or inner
             step = terminal.step_name(failed[0]) if failed else "a step"
             raise RunFailedError(
                 f"the run failed at {step}; the lines above say why, {log_path} has everything"
@@ -300,9 +305,31 @@ def docker_engine_problem() -> str | None:
     return None
 
 
-# The container user of RUNNER=docker: the host user's own IDs, so outputs belong to whoever ran make (as root,
-# the images' non-root user; the run folder is then made writable for it).
-CONTAINER_USER = "10001"
+def docker_step_user() -> StepUser:
+    """Who the steps run as with the engine that answers (pipeline/step_user.py)."""
+    import docker
+
+    client = docker.from_env(timeout=60)
+    return step_user_for(engine_is_rootless(client.info()), engine_is_podman(client.version()))
+
+
+def prepare_step_folders(user: StepUser, output_root: Path, run_folder: Path, parameters: dict[str, Any]) -> None:
+    """Every host folder a step writes into, made or taken over for the steps' user, here and only here: the output
+    root (steps make their folders in the run's folder, and the promotion root when it is new), the run's folder, a
+    local promotion root that exists, and a resumed run's model directory; then the steps' access to each, checked."""
+    given = [(output_root, False), (run_folder, False)]
+    for name in ("promotion_root", "model_dir"):
+        value = str(parameters.get(name) or "")
+        if value and "://" not in value and Path(value).exists():
+            given.append((Path(value).resolve(), True))
+    for folder, recursive in given:
+        user.give(folder, recursive)
+    problems = [problem for folder, recursive in given for problem in user.problems(folder, recursive)]
+    if problems:
+        raise CommandError(
+            f"{problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}: the steps could not "
+            "write there; run as the folder's owner, or give OUTPUT a folder of your own"
+        )
 
 
 def run_container_then_remove(client, image: str, command: list[str], volumes: dict, **run_arguments) -> int:
@@ -328,20 +355,16 @@ def run_container_then_remove(client, image: str, command: list[str], volumes: d
         container.remove(force=True)
 
 
-def docker_runner(output_root: Path):
-    """kfp.local's DockerRunner, running each step as KFP does on a cluster: a non-root user, a read-only root file
-    system, a writable /tmp; the pipeline root (OUTPUT) is mounted at its own path."""
+def docker_runner(user: StepUser):
+    """kfp.local's DockerRunner, running each step as KFP does on a cluster: a non-root user (pipeline/step_user.py),
+    a read-only root file system, a writable /tmp; the pipeline root (OUTPUT) is mounted at its own path."""
     from kfp import local
     from kfp.local import docker_task_handler
 
     docker_task_handler.run_docker_container = run_container_then_remove
-
-    if os.getuid() == 0:
-        user = CONTAINER_USER
-        output_root.chmod(0o1777)  # like /tmp: everyone may create, only owners may remove
-    else:
-        user = f"{os.getuid()}:{os.getgid()}"
-    return local.DockerRunner(user=user, read_only=True, tmpfs={"/tmp": "rw,exec,size=4g"}, network_mode="host")
+    return local.DockerRunner(
+        **user.run_arguments(), read_only=True, tmpfs={"/tmp": "rw,exec,size=4g"}, network_mode="host"
+    )
 
 
 def check_images_are_built() -> None:

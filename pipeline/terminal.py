@@ -63,6 +63,7 @@ class StepView(io.TextIOBase):
         self.verbose = verbose
         self.step = ""
         self.step_said_something = False
+        self.failed_steps: list[str] = []  # the tasks that failed, in the order they did
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._partial = ""
 
@@ -123,6 +124,7 @@ class StepView(io.TextIOBase):
         if "finished with status" in message and task:
             if "SUCCESS" in message:
                 return f"{time} {step_name(task['task'])}: done"
+            self.failed_steps.append(task["task"])
             said = "" if self.step_said_something else "\n".join(f"    {line}" for line in self.tail) + "\n"
             return f"{said}{time} {step_name(task['task'])}: FAILED (the full log has everything)"
         if "Retrying in" in message:

@@ -1,0 +1,136 @@
+"""RUNNER=docker without an engine: the steps' user may write into everything the host prepares for a step.
+
+`make local-run RUNNER=docker` runs each step in its image as another user than the host's when the host is root
+(the images' 10001). These tests play the engine: the first container start is intercepted, and the steps' user's
+access is checked, by permission bits, on the folders a step writes into: the run's folder (where each step makes
+its own), the promotion root, and a resumed run's model directory, also when earlier runs left them owned by the
+host's root. As a non-root user the steps run with the user's own IDs, so the same checks hold trivially.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline import local_run
+from pipeline.pipeline import cifar10_pipeline
+from pipeline.step_user import IMAGE_USER, StepUser, may_write, step_user_for
+
+PARAMETERS = {"source": "synthetic", "workers": 1, "train_steps": 4, "depth": 8, "synthetic_train_per_class": 4}
+
+
+class FakeEngine:
+    """What the Docker SDK is asked for, answered without an engine; the first container start is recorded and
+    fails, so the run ends there (everything the host prepares is prepared before the first step)."""
+
+    def __init__(self):
+        self.started: list[dict] = []
+
+    def from_env(self, *_arguments, **_keywords):
+        return self
+
+    def info(self):
+        return {"SecurityOptions": ["name=seccomp,profile=default"]}
+
+    def version(self):
+        return {"Components": [{"Name": "Engine"}]}
+
+    def close(self):
+        pass
+
+    def run_container(self, client, image, command, volumes, **run_arguments):
+        executor_input = json.loads(command[command.index("--executor_input") + 1])
+        self.started.append({"image": image, "volumes": volumes, "executor_input": executor_input, **run_arguments})
+        return 1
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    import docker
+
+    fake = FakeEngine()
+    monkeypatch.setattr(docker, "from_env", fake.from_env)
+    monkeypatch.setattr(local_run, "docker_engine_problem", lambda: None)
+    monkeypatch.setattr(local_run, "check_images_are_built", lambda: None)
+    monkeypatch.setattr(local_run, "run_container_then_remove", fake.run_container)
+    return fake
+
+
+def user_of(started: dict) -> StepUser:
+    uid, gid = (int(part) for part in started["user"].split(":"))
+    return StepUser(uid, gid)
+
+
+def nearest_existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def step_output_folders(started: dict) -> list[Path]:
+    """Where the step will write: its output file's and output artifacts' folders (made by the step itself)."""
+    outputs = started["executor_input"]["outputs"]
+    paths = [Path(outputs["outputFile"])]
+    for artifacts in outputs.get("artifacts", {}).values():
+        paths += [Path(artifact["uri"]) for artifact in artifacts["artifacts"]]
+    return paths
+
+
+def test_the_steps_user_is_the_images_user_as_root_and_ones_own_otherwise():
+    assert (
+        step_user_for(rootless=False, podman=False, host_uid=0, host_gid=0).docker_user == f"{IMAGE_USER}:{IMAGE_USER}"
+    )
+    assert step_user_for(rootless=False, podman=True, host_uid=1000, host_gid=100).docker_user == "1000:100"
+    rootless_podman = step_user_for(rootless=True, podman=True, host_uid=1000, host_gid=100)
+    assert rootless_podman.run_arguments() == {"user": "1000:100", "userns_mode": "keep-id"}
+    rootless_docker = step_user_for(rootless=True, podman=False, host_uid=1000, host_gid=100)
+    assert rootless_docker.docker_user == "0:0" and (rootless_docker.uid, rootless_docker.gid) == (1000, 100)
+
+
+def test_permission_bits_decide_the_steps_access():
+    folder = os.stat_result((0o40755, 0, 0, 0, 0, 0, 0, 0, 0, 0))  # root's, 755
+    assert not may_write(folder, IMAGE_USER, {IMAGE_USER}) and may_write(folder, 0, {0})
+    shared = os.stat_result((0o41777, 0, 0, 0, 0, 0, 0, 0, 0, 0))  # like /tmp
+    assert may_write(shared, IMAGE_USER, {IMAGE_USER})
+    own = os.stat_result((0o40700, 0, 0, 0, IMAGE_USER, IMAGE_USER, 0, 0, 0, 0))
+    assert may_write(own, IMAGE_USER, {IMAGE_USER}) and not may_write(own, 1000, {1000})
+
+
+def test_the_first_step_may_write_everything_the_host_prepared(tmp_path, engine):
+    output_root = tmp_path / "outputs"
+    with pytest.raises(local_run.RunFailedError, match="the run failed at fingerprint the source"):
+        local_run.local_run(cifar10_pipeline, dict(PARAMETERS), output_root, runner="docker")
+    assert len(engine.started) == 3  # the steps that need nothing of another (the fingerprint, the warm start, clean up)
+    (run_folder,) = local_run.run_folders(cifar10_pipeline.name, output_root)
+    for started in engine.started:
+        user = user_of(started)
+        expected = IMAGE_USER if os.getuid() == 0 else os.getuid()
+        assert user.uid == expected, "as root the steps run as the images' user, never root"
+        assert started["read_only"] is True
+        for path in step_output_folders(started):
+            folder = nearest_existing(path)
+            assert run_folder in path.parents
+            assert user.may_write(folder), f"the step cannot create {path}: {user.problems(folder, recursive=False)}"
+
+
+def test_a_resumed_run_and_a_promotion_root_left_by_root_are_handed_to_the_steps(tmp_path, engine):
+    """An earlier run (the subprocess runner, as the host's user) left its model directory and the promotion root;
+    a RUNNER=docker run resuming it must be able to write both."""
+    output_root = tmp_path / "outputs"
+    earlier = output_root / "cifar10-pipeline-2026-11-25-09-00-00-000000"
+    model_dir = earlier / "launch-training-job-component" / "model"
+    (model_dir / "train").mkdir(parents=True)
+    for name in ("ckpt-4.index", "ckpt-4.data-00000-of-00001", "checkpoint", "config.json"):
+        (model_dir / name).write_bytes(b"{}")
+    promoted = output_root / "models" / "1"
+    promoted.mkdir(parents=True)
+    for folder in (output_root, earlier, model_dir, model_dir / "train", promoted.parent, promoted):
+        folder.chmod(0o755)
+    with pytest.raises(local_run.RunFailedError):
+        local_run.local_run(cifar10_pipeline, dict(PARAMETERS), output_root, runner="docker", resume=str(earlier))
+    user = user_of(engine.started[0])
+    assert user.problems(model_dir) == [] and user.problems(output_root / "models") == []
+    assert all(user.may_write(nearest_existing(path)) for path in step_output_folders(engine.started[0]))
