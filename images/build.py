@@ -30,6 +30,7 @@ logger = logging.getLogger("images")
 DOCKERFILE = REPOSITORY / "images" / "Dockerfile"
 STAND_IN_BASE = "localhost/cifar10-pipeline-base:bookworm"
 STAND_IN_PACKAGES = "python3,python3-venv,ca-certificates,passwd"
+SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
 class BuildError(Exception):
@@ -47,19 +48,35 @@ def engine_problem(engine: str) -> str | None:
     if completed.returncode != 0:
         reason = (completed.stderr or completed.stdout).strip().splitlines()
         return f"`{engine} info` failed: {reason[-1] if reason else 'no engine'}"
+    if engine == "docker" and not _docker_builds():
+        # The Dockerfile's build secret needs BuildKit; Docker's CLI has it only with its buildx component (a Docker
+        # CLI pointed at podman's Docker API by DOCKER_HOST answers `info` but cannot build without it).
+        return "docker answers but cannot build: its buildx component (BuildKit) is missing (install docker-buildx)"
     return None
 
 
+def _docker_builds() -> bool:
+    try:
+        completed = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return completed.returncode == 0
+
+
 def find_engine(preferred: str | None = None) -> str:
-    """`preferred`, or the first of docker and podman that answers."""
+    """`preferred`, or the first of docker and podman that can build; the error names each one's problem and the
+    ENGINE= to use."""
     candidates = [preferred] if preferred else ["docker", "podman"]
     problems = {}
     for engine in candidates:
         problem = engine_problem(engine)
         if problem is None:
+            if preferred is None and problems:
+                logger.info("building with %s (%s)", engine, "; ".join(problems.values()))
             return engine
         problems[engine] = problem
-    raise BuildError("no container engine answers: " + "; ".join(problems.values()))
+    hint = "" if preferred else " (make images ENGINE=docker or ENGINE=podman picks one; docs/containers.md)"
+    raise BuildError("no container engine can build here: " + "; ".join(problems.values()) + hint)
 
 
 def default_base_image() -> str:
@@ -166,7 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", choices=("docker", "podman"), help="default: the first of docker, podman that answers"
     )
     parser.add_argument("--base-image", help="default: the Dockerfile's digest-pinned python image")
-    parser.add_argument("--ca-bundle", type=Path, help="a CA bundle for pip, passed as a build secret")
+    parser.add_argument(
+        "--ca-bundle",
+        type=Path,
+        default=SYSTEM_CA_BUNDLE if SYSTEM_CA_BUNDLE.is_file() else None,
+        help="a CA bundle for pip, passed as a build secret, stored in no layer (default: this machine's, "
+        f"{SYSTEM_CA_BUNDLE}, which also holds a network's TLS re-signing authority when one is installed)",
+    )
     parser.add_argument("--stand-in-base", action="store_true", help="build on a base made from Debian packages")
     parser.add_argument("--push", action="store_true", help="push each image after building it")
     parser.add_argument("--print-references", action="store_true", help="print the image references and exit")

@@ -88,7 +88,32 @@ def test_without_an_engine_make_images_says_so_in_one_line(monkeypatch, capsys, 
     monkeypatch.setenv("PATH", str(tmp_path))  # neither docker nor podman can be found
     assert images_build.main(["--kinds", "cpu"]) == 2
     error = capsys.readouterr().err.strip()
-    assert error == "make images: no container engine answers: docker is not installed; podman is not installed"
+    assert error == (
+        "make images: no container engine can build here: docker is not installed; podman is not installed (make "
+        "images ENGINE=docker or ENGINE=podman picks one; docs/containers.md)"
+    )
+
+
+def fake_engine(folder: Path, name: str, buildx: bool = True) -> None:
+    """A stand-in CLI on PATH: `info` answers (as a Docker CLI pointed at podman's API by DOCKER_HOST does);
+    `buildx version` answers only when the buildx component is there."""
+    script = folder / name
+    answer = "echo v0.17; exit 0" if buildx else "echo unknown command buildx >&2; exit 1"
+    script.write_text(
+        f'#!/bin/sh\nif [ "$1" = info ]; then echo ok; exit 0; fi\nif [ "$1" = buildx ]; then {answer}; fi\nexit 3\n'
+    )
+    script.chmod(0o755)
+
+
+def test_make_images_picks_an_engine_that_can_build_or_names_the_engine_to_use(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    fake_engine(tmp_path, "docker", buildx=False)
+    with pytest.raises(images_build.BuildError, match=r"docker answers but cannot build: its buildx component"):
+        images_build.find_engine()
+    fake_engine(tmp_path, "podman")
+    assert images_build.find_engine() == "podman"  # not the Docker CLI that would fail on BuildKit
+    fake_engine(tmp_path, "docker", buildx=True)
+    assert images_build.find_engine() == "docker"
 
 
 def test_docker_runner_refuses_local_paths_it_cannot_mount(tmp_path):
