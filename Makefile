@@ -1,6 +1,8 @@
 # cifar10-pipeline: every command a user runs. `make help` lists them.
+# The repository's folder, so that `make -f path/to/Makefile` works from any folder (as `make -C path/to` does).
+ROOT := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
 PYTHON ?= python3
-VENV ?= .venv
+VENV ?= $(ROOT).venv
 BIN := $(VENV)/bin
 OUTPUT ?= outputs
 SOURCE ?= synthetic
@@ -43,6 +45,23 @@ STAND_IN_BASE ?=
 export CIFAR10_PIPELINE_REGISTRY := $(REGISTRY)
 export CIFAR10_PIPELINE_TAG := $(TAG)
 PIPELINE := $(BIN)/python -m pipeline.pipeline
+# clean-runs: KEEP; serving-ops: VERSION; tensorboard: PORT.
+KEEP ?=
+VERSION ?=
+PORT ?=
+
+# A variable given on the command line must be one of this Makefile's (a typo such as EPOCH=2 would otherwise be
+# ignored and the demo would run), or a setting the programs read from the environment.
+KNOWN_VARIABLES := ROOT PYTHON VENV BIN OUTPUT SOURCE RUNNER WORKERS DEPTH BATCH_SIZE TRAIN_STEPS EPOCHS THRESHOLD \
+	TRAIN_OPTIONS PRESET EXTRA RESUME VERBOSE KFP_HOST NAMESPACE WAIT EXPERIMENT CRON PROMOTION_ROOT LOGDIR REGISTRY \
+	TAG ENGINE BASE_IMAGE CA_BUNDLE STAND_IN_BASE KEEP VERSION PORT
+ENVIRONMENT_SETTINGS := KFP_% KF_% AWS_% GOOGLE_% CIFAR10_PIPELINE_% CONTAINERS_% BUILDAH_% DOCKER_% \
+	STORAGE_EMULATOR_HOST HOME TMPDIR XDG_%
+GIVEN_VARIABLES := $(foreach name,$(.VARIABLES),$(if $(filter command line,$(origin $(name))),$(name)))
+UNKNOWN_VARIABLES := $(filter-out $(KNOWN_VARIABLES) $(ENVIRONMENT_SETTINGS),$(GIVEN_VARIABLES))
+ifneq ($(UNKNOWN_VARIABLES),)
+$(error $(UNKNOWN_VARIABLES): not a variable of this Makefile (its variables: $(KNOWN_VARIABLES)))
+endif
 # Only what is given is passed on (PRESET, EPOCHS or TRAIN_STEPS, TRAIN_OPTIONS); EXTRA comes last and so wins.
 RUN_PARAMETERS = --source "$(SOURCE)" --workers $(WORKERS) $(if $(DEPTH),--depth $(DEPTH)) --batch-size $(BATCH_SIZE) \
 	--accuracy-threshold $(THRESHOLD) $(if $(PRESET),--preset $(PRESET)) \
@@ -63,28 +82,25 @@ help:  ## list the targets
 install:  ## create .venv and install the pinned dependencies and this project
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade "pip>=24"
-	$(BIN)/pip install --quiet -r requirements-dev.txt -c constraints.txt
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet -r $(ROOT)requirements-dev.txt -c $(ROOT)constraints.txt
+	$(BIN)/pip install --quiet --no-deps -e $(ROOT)
 
 constraints:  ## re-pin every installed package into constraints.txt (after changing requirements*.txt)
-	rm -rf .venv-pin && $(PYTHON) -m venv .venv-pin && .venv-pin/bin/pip install --quiet -r requirements-dev.txt
-	(echo "# Every package installed by 'make install', pinned (pip freeze of a clean .venv). Regenerate with 'make constraints'."; \
+	cd $(ROOT) && rm -rf .venv-pin && $(PYTHON) -m venv .venv-pin && .venv-pin/bin/pip install --quiet -r requirements-dev.txt
+	cd $(ROOT) && (echo "# Every package installed by 'make install', pinned (pip freeze of a clean .venv). Regenerate with 'make constraints'."; \
 	  .venv-pin/bin/pip freeze) > constraints.txt && rm -rf .venv-pin
 
 test:  ## run the whole test suite (but the container images': make test-images)
-	$(BIN)/python -m pytest -q
+	cd $(ROOT) && $(BIN)/python -m pytest -q
 
 test-images:  ## build the images and run the pipeline in them (podman or Docker; about 25 minutes, see docs/containers.md)
-	$(BIN)/python -m pytest -q -s -m images -p no:cacheprovider tests/test_images.py
+	cd $(ROOT) && $(BIN)/python -m pytest -q -s -m images -p no:cacheprovider tests/test_images.py
 
 lint:  ## ruff check and format check; deptry: every module the code imports is a declared dependency
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/deptry .
+	cd $(ROOT) && $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/deptry .
 
 format:  ## apply ruff fixes and formatting
-	$(BIN)/ruff check --fix .
-	$(BIN)/ruff format .
+	cd $(ROOT) && $(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
 local-run:  ## the whole pipeline on this machine: make local-run [SOURCE=... EPOCHS=... RESUME=last VERBOSE=1 RUNNER=docker]
 	$(PIPELINE) local-run --runner $(RUNNER) --output-root $(OUTPUT) $(RUN_PARAMETERS) $(DEMO) \
@@ -105,8 +121,8 @@ schedule:  ## recurring retraining: make schedule KFP_HOST=... CRON='0 0 3 * * *
 	  $(if $(NAMESPACE),--namespace $(NAMESPACE)) $(RUN_PARAMETERS) \
 	  --promotion-root "$(PROMOTION_ROOT)" $(EXTRA)
 
-tensorboard:  ## TensorBoard on a run's logs: make tensorboard LOGDIR=outputs/cifar10-pipeline-.../... (or gs://..., s3://...)
-	$(PIPELINE) tensorboard --logdir "$(LOGDIR)"
+tensorboard:  ## TensorBoard on a run's logs: make tensorboard LOGDIR=outputs/cifar10-pipeline-.../... [PORT=6006] (or gs://, s3://)
+	$(PIPELINE) tensorboard --logdir "$(LOGDIR)" $(if $(PORT),--port $(PORT))
 
 images:  ## build the cpu and gpu images with Docker or podman: make images [REGISTRY=... TAG=... CA_BUNDLE=...]
 	$(BIN)/python -m images.build $(if $(ENGINE),--engine $(ENGINE)) $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
@@ -120,12 +136,12 @@ prepare-data:  ## run the prepare_data stage alone: make prepare-data SOURCE=...
 	$(BIN)/python -m components.prepare_data --source $(SOURCE) --output $(OUTPUT)/dataset
 
 bench:  ## run every benchmark (needs ../shared/data)
-	$(BIN)/python bench/prepare_data.py
-	$(BIN)/python bench/train.py
-	$(BIN)/python bench/evaluate.py
+	$(BIN)/python $(ROOT)bench/prepare_data.py
+	$(BIN)/python $(ROOT)bench/train.py
+	$(BIN)/python $(ROOT)bench/evaluate.py
 
 bench-accuracy:  ## airbench94 against airbench94_muon on real CIFAR-10: 2 runs each at their own lengths (hours on 2 cores)
-	$(BIN)/python bench/accuracy.py
+	$(BIN)/python $(ROOT)bench/accuracy.py
 
 serving-ops:  ## op definitions of a TensorFlow Serving release, from its own package: make serving-ops VERSION=2.6.2
 	$(BIN)/python -m components.evaluate.serving_ops.generate $(VERSION)

@@ -42,6 +42,16 @@ def _descriptions(pipeline) -> dict[str, str]:
     return {name: spec.description or "" for name, spec in pipeline.component_spec.inputs.items()}
 
 
+def parse_json(text: str) -> Any:
+    """A JSON option's value; its error names the line and column."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(
+            f"not JSON: {error.msg} at line {error.lineno}, column {error.colno}: {text[:80]!r}"
+        ) from None
+
+
 def _converter(kfp_type: str):
     if kfp_type == "Boolean":
         from components.common.config import parse_bool
@@ -52,8 +62,31 @@ def _converter(kfp_type: str):
     if kfp_type == "Float":
         return float
     if kfp_type in ("Dict", "List"):
-        return json.loads
+        return parse_json
     return str
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a mistake said in one line (not the whole usage), and a misspelt option's nearest name."""
+
+    def error(self, message: str):
+        import difflib
+
+        if message.startswith("unrecognized arguments:"):
+            parsers = [self] + [
+                parser for action in self._actions if action.choices and isinstance(action.choices, dict)
+                for parser in action.choices.values()
+            ]  # fmt: skip
+            known = sorted(
+                {option for parser in parsers for action in parser._actions for option in action.option_strings}
+            )
+            for given in message.split(":", 1)[1].split():
+                if given.startswith("--"):
+                    close = difflib.get_close_matches(given.split("=", 1)[0], known, n=1, cutoff=0.6)
+                    if close:
+                        message += f" (did you mean {close[0]}?)"
+                        break
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
 
 
 def add_parameter_options(parser: argparse.ArgumentParser, pipeline, overrides: dict[str, Any] | None = None) -> None:
@@ -97,6 +130,12 @@ def check_parameters(pipeline, parameters: dict[str, Any]) -> None:
     from components.train.config import TrainConfig
     from components.train.launch_config import LaunchConfig
 
+    for name in ("epochs", "train_steps"):
+        if name in parameters and not parameters[name] > 0:
+            raise CommandError(
+                f"{name}: {parameters[name]} is not a length; give a positive number, or leave it out for the "
+                "recipe's own length"
+            )
     defaults = {name: default for name, (_kind, default) in _parameter_types(pipeline).items()}
     values = {**defaults, **parameters}
     if values["launcher"] not in LAUNCHERS:
@@ -264,9 +303,7 @@ def endpoint_config(arguments: argparse.Namespace):
 
 
 def build_parser(pipeline) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.pipeline", description=__doc__.splitlines()[0], allow_abbrev=False
-    )
+    parser = OneLineParser(prog="python -m pipeline.pipeline", description=__doc__.splitlines()[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     compile_parser = commands.add_parser("compile", help="write pipeline/pipeline.yaml", allow_abbrev=False)
     compile_parser.add_argument("--output", type=Path, default=COMPILED)

@@ -1,0 +1,72 @@
+"""A person's common mistakes on the command line and with make: each one line, exit 2, in seconds, saying what
+would be right; none runs the demo (or anything else) instead."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import commands
+from pipeline.pipeline import cifar10_pipeline
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def make(*arguments: str, folder: Path = REPOSITORY, makefile: Path | None = None) -> subprocess.CompletedProcess:
+    where = ["-f", str(makefile)] if makefile else ["-C", str(REPOSITORY)]
+    return subprocess.run(
+        ["make", "--no-print-directory", *where, *arguments, f"VENV={sys.prefix}"],
+        capture_output=True, text=True, timeout=120, cwd=folder,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("typo", ["EPOCH=2", "SOURC=/data/cifar", "TRAIN_OPTION={}"])
+def test_a_make_variable_the_makefile_does_not_know_is_refused_naming_it(typo):
+    ran = make("-n", "local-run", typo)
+    assert ran.returncode == 2 and ran.stdout == ""
+    (line,) = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert f"{typo.split('=')[0]}: not a variable of this Makefile" in line
+
+
+def test_settings_for_the_programs_pass_through_make():
+    ran = make("-n", "run", "KFP_HOST=http://127.0.0.1:1", "KF_PIPELINES_SA_TOKEN_PATH=/t", "NAMESPACE=alice", "WAIT=1")
+    assert ran.returncode == 0, ran.stderr
+    assert "--namespace alice" in ran.stdout and "--wait" in ran.stdout
+
+
+def test_the_makefile_works_from_any_folder(tmp_path):
+    ran = make("-n", "local-run", folder=tmp_path, makefile=REPOSITORY / "Makefile")
+    assert ran.returncode == 0, ran.stderr
+    assert f"{sys.prefix}/bin/python -m pipeline.pipeline local-run" in ran.stdout
+    tested = make("-n", "test", folder=tmp_path, makefile=REPOSITORY / "Makefile")
+    assert f"cd {REPOSITORY}/ && " in tested.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        (["--epoch", "2"], "unrecognized arguments: --epoch 2 (did you mean --epochs?)"),
+        (["--trian-steps", "3"], "(did you mean --train-steps?)"),
+        (
+            ["--train-options", '{"ema_decay": 0.999,}'],
+            "not JSON: Expecting property name enclosed in double quotes at line 1, column 21",
+        ),
+        (["--train-options", "{\n  'a': 1}"], "at line 2, column 3"),
+    ],
+)
+def test_option_mistakes_are_one_line_with_the_nearest_name_or_the_position(capsys, arguments, expected):
+    with pytest.raises(SystemExit) as ended:
+        commands.main(cifar10_pipeline, ["local-run", *arguments])
+    assert ended.value.code == 2
+    error = capsys.readouterr().err
+    assert len(error.strip().splitlines()) == 1 and expected in error, error
+
+
+@pytest.mark.parametrize("length", [["--epochs", "-1"], ["--epochs", "0"], ["--train-steps", "-1"]])
+def test_a_length_that_is_not_one_is_refused_before_anything_runs(capsys, tmp_path, length):
+    assert commands.main(cifar10_pipeline, ["local-run", "--output-root", str(tmp_path / "out"), *length]) == 2
+    assert "is not a length; give a positive number" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
