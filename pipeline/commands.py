@@ -122,7 +122,7 @@ LAUNCH_PARAMETERS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_i
 LAUNCH_PARAMETERS += ("object_store_secret",)
 
 
-def check_parameters(pipeline, parameters: dict[str, Any]) -> None:
+def check_parameters(pipeline, parameters: dict[str, Any]):
     """Refuse, in seconds and before any step runs, run parameters that the train step would refuse after the
     data was prepared: an unknown launcher, both epochs and train_steps, an option the train stage does not know
     or a value it refuses, a train option that repeats a named parameter, a bad worker setting."""
@@ -154,10 +154,23 @@ def check_parameters(pipeline, parameters: dict[str, Any]) -> None:
     secret = values.get("image_pull_secret") or ""
     launch["image_pull_secrets"] = (secret,) if secret else ()
     try:
-        config_from_parameters(TrainConfig, train, "pipeline parameters")
+        config = config_from_parameters(TrainConfig, train, "pipeline parameters")
         config_from_parameters(LaunchConfig, launch, "pipeline parameters")
     except ValueError as error:
         raise CommandError(str(error)) from error
+    return config
+
+
+def describe_length(config) -> str:
+    """How long training is, as a person reads it before a long run."""
+    recipe = f"the {config.preset} recipe" if config.preset else "no preset"
+    if config.train_steps is not None:
+        return f"{config.train_steps} steps of batch {config.batch_size} ({recipe})"
+    if config.epochs is not None:
+        return f"{config.epochs:g} epochs of batch {config.batch_size} ({recipe})"
+    return (
+        f"80000 steps of batch {config.batch_size}, the stage's default ({recipe}; --epochs or --train-steps to set it)"
+    )
 
 
 # -- compile ----------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import terminal
-from pipeline.commands import CommandError, check_parameters
+from pipeline.commands import CommandError, check_parameters, describe_length
 from pipeline.step_user import StepUser, engine_is_podman, engine_is_rootless, step_user_for
 
 logger = logging.getLogger("pipeline")
@@ -144,7 +144,7 @@ def local_run(
     from kfp import local
     from kfp.local import executor_input_utils, pipeline_orchestrator
 
-    check_parameters(pipeline, parameters)
+    train_config = check_parameters(pipeline, parameters)
     if parameters.get("launcher") in ("trainjob", "tfjob"):
         raise CommandError(
             f"launcher {parameters['launcher']} needs a Kubernetes cluster (make run); on this machine the workers are "
@@ -181,6 +181,8 @@ def local_run(
     prepare_step_folders(user, output_root, run_folder, parameters)
     log_path = run_folder / RUN_LOG
     logger.info("running %s locally (%s runner); everything is logged in %s", pipeline.name, runner, log_path)
+    logger.info("training: %s, on %s; promoting into %s", describe_length(train_config), parameters["source"],
+                parameters["promotion_root"])  # fmt: skip
     started = time.monotonic()
     with terminal.steps_shown(log_path, verbose) as view, _run_named(executor_input_utils, run_name):
         view.log.write(f"parameters: {json.dumps(parameters, sort_keys=True)}\n")

@@ -136,7 +136,8 @@ class StepView(io.TextIOBase):
 def steps_shown(log_path: Path, verbose: bool):
     """For the duration of a local run: kfp.local's output (and Python warnings) through a StepView."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+    # Line-buffered: every line is in the file as soon as it is written (a stopped run leaves its record).
+    with open(log_path, "a", encoding="utf-8", errors="replace", buffering=1) as log:
         view = StepView(log, sys.stdout, verbose)
         original_stdout, original_showwarning = sys.stdout, warnings.showwarning
 

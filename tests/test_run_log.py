@@ -1,0 +1,19 @@
+"""A local run's `local-run.log` is live: every line a step prints is in the file as soon as it is printed, so a run
+that is stopped, or watched with `tail -f`, leaves the record of what it did up to that moment."""
+
+from __future__ import annotations
+
+from pipeline import terminal
+
+
+def test_every_line_is_in_the_log_file_as_soon_as_it_is_printed(tmp_path, capsys):
+    log_path = tmp_path / "run" / "local-run.log"
+    with terminal.steps_shown(log_path, verbose=False):
+        print("12:00:00.000 - INFO - Executing task 'train-component'")  # kfp.local's line, as it prints it
+        print("[worker-0] 2026-11-25 12:00:01,000 INFO components.train.loop: step 15/300 loss 0.5000 accuracy 0.9")
+        print("[worker-1] 2026-11-25 12:00:01,000 INFO components.train.loop: step 15/300 loss 0.5000 accuracy 0.9")
+        written = log_path.read_text()  # while the step is still running
+        assert "[worker-0] 2026-11-25 12:00:01,000 INFO components.train.loop: step 15/300" in written
+        assert "[worker-1]" in written  # the log has every worker; the terminal only the chief
+    shown = capsys.readouterr().out
+    assert "train: step 15/300" in shown and "[worker-1]" not in shown
