@@ -440,7 +440,7 @@ def main(pipeline, argv: list[str] | None = None) -> int:
 
         if isinstance(error, RunInterruptedError):
             logger.warning("%s", error)
-            return exit_codes.INTERRUPTED
+            return error.exit_code
         if isinstance(error, RunFailedError):
             logger.error("%s", error)
             return exit_codes.FAILED

@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import time
 import urllib.parse
@@ -24,6 +26,7 @@ from typing import Any
 
 from pipeline import terminal
 from pipeline.commands import CommandError, check_parameters, describe_length
+from pipeline.step_processes import StepProcesses
 from pipeline.step_user import StepUser, engine_is_podman, engine_is_rootless, step_user_for
 
 logger = logging.getLogger("pipeline")
@@ -40,7 +43,12 @@ class RunFailedError(RuntimeError):
 
 
 class RunInterruptedError(RuntimeError):
-    """Ctrl-C: the run stopped; training saved a checkpoint when it had taken a step."""
+    """Ctrl-C or SIGTERM: the run stopped; training saved a checkpoint when it had taken a step. `exit_code` is
+    130 after SIGINT, 143 after SIGTERM (128 + the signal)."""
+
+    def __init__(self, message: str, signal_number: int = signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + int(signal_number)
 
 
 # -- checks that take seconds -------------------------------------------------------------------------------------
@@ -184,21 +192,28 @@ def local_run(
     logger.info("training: %s, on %s; promoting into %s", describe_length(train_config), parameters["source"],
                 parameters["promotion_root"])  # fmt: skip
     started = time.monotonic()
-    with terminal.steps_shown(log_path, verbose) as view, _run_named(executor_input_utils, run_name):
+    steps = StepProcesses()
+    supervised = steps.supervised() if runner == "subprocess" else contextlib.nullcontext(steps)
+    with terminal.steps_shown(log_path, verbose) as view, _run_named(executor_input_utils, run_name), supervised:
         view.log.write(f"parameters: {json.dumps(parameters, sort_keys=True)}\n")
+        view.stopping = lambda: steps.stopped_by is not None
         try:
             pipeline_orchestrator.run_local_pipeline(pipeline_spec=_without_retries(pipeline), arguments=parameters)
         except KeyboardInterrupt:
-            raise RunInterruptedError(_interrupted(run_folder)) from None
+            raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by or signal.SIGINT) from None
         except RuntimeError as error:
             if "finished with status" not in str(error):
                 raise
+            if steps.stopped_by is not None:  # decided now that the steps have ended, from what they left
+                raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by) from None
             inner = re.findall(r"Inner task failed: '([^']+)'", terminal._ANSI.sub("", str(error)))
             failed = view.failed_steps or inner
             step = terminal.step_name(failed[0]) if failed else "a step"
             raise RunFailedError(
                 f"the run failed at {step}; the lines above say why, {log_path} has everything"
             ) from None
+    if steps.stopped_by is not None:  # stopped after the last step had ended
+        raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by)
     logger.info("finished in %.0f s: %s", time.monotonic() - started, run_folder)
     for line in describe_run(run_folder, Path(parameters["promotion_root"]), log_path):
         logger.info("%s", line)
@@ -241,7 +256,7 @@ def _interrupted(run_folder: Path) -> str:
     if not steps:
         return "interrupted before training saved a checkpoint; nothing to resume (run again to start over)"
     return (
-        f"interrupted; training saved a checkpoint at step {steps[-1]}. Continue it with: make local-run "
+        f"interrupted at step {steps[-1]} (its checkpoint is saved); continue with: make local-run "
         f"RESUME={run_folder.name} (the same options), or python -m pipeline.pipeline local-run --resume {run_folder}"
     )
 

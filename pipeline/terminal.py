@@ -15,6 +15,7 @@ import logging
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -64,6 +65,7 @@ class StepView(io.TextIOBase):
         self.step = ""
         self.step_said_something = False
         self.failed_steps: list[str] = []  # the tasks that failed, in the order they did
+        self.stopping: Callable[[], bool] = lambda: False  # whether the run is being stopped
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._partial = ""
 
@@ -124,6 +126,8 @@ class StepView(io.TextIOBase):
         if "finished with status" in message and task:
             if "SUCCESS" in message:
                 return f"{time} {step_name(task['task'])}: done"
+            if self.stopping():  # ended because the run was stopped (Ctrl-C, SIGTERM), not by a failure of its own
+                return f"{time} {step_name(task['task'])}: stopped"
             self.failed_steps.append(task["task"])
             said = "" if self.step_said_something else "\n".join(f"    {line}" for line in self.tail) + "\n"
             return f"{said}{time} {step_name(task['task'])}: FAILED (the full log has everything)"

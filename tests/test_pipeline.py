@@ -401,6 +401,44 @@ def test_local_run_mistakes_fail_in_seconds_with_one_line_and_run_nothing(tmp_pa
     assert not list((tmp_path / "out").glob("cifar10-pipeline-*"))  # no step ran
 
 
+def processes_of(folder: Path) -> list[str]:
+    """The command lines of the processes that name `folder` (a run's steps, launchers and workers do)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if str(folder) in command and "zombie" not in state:
+            found.append(f"{entry.name}: {command[:200]}")
+    return found
+
+
+def test_a_killed_local_run_leaves_no_process_of_the_run_behind(tmp_path):
+    """kill -9 of local-run alone: its steps, the launcher and the workers stop (at a checkpoint), within a bound."""
+    endless = {**SMALL, "workers": 2, "train_steps": 100_000}
+    endless["train_options"] = {**SMALL["train_options"], "log_every_steps": 5}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(tmp_path), *as_options(endless)],
+        cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    for line in run.stdout:
+        if re.search(r"train: step 5/100000 ", line):
+            break
+    assert processes_of(tmp_path), "the run's steps are running"
+    run.kill()
+    run.wait(timeout=30)
+    deadline = time.monotonic() + 180
+    while processes_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert processes_of(tmp_path) == []
+    (model_dir,) = list(tmp_path.glob(f"*/{local_run.TRAINING_TASKS}/model"))
+    assert list(model_dir.glob("ckpt-*.index")), "the workers saved a checkpoint on the way out"
+
+
 def test_ctrl_c_keeps_the_checkpoint_says_how_to_resume_and_resuming_continues_it(tmp_path):
     endless = {**SMALL, "workers": 1, "train_steps": 100_000}
     endless["train_options"] = {**SMALL["train_options"], "log_every_steps": 5}
@@ -416,14 +454,15 @@ def test_ctrl_c_keeps_the_checkpoint_says_how_to_resume_and_resuming_continues_i
         lines.append(line)
         if re.search(r"train: step 5/100000 ", line):
             break
-    os.killpg(run.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the run gets it
+    os.killpg(run.pid, signal.SIGINT)  # Ctrl-C in its terminal: local-run passes it on to the steps it started
     lines.append(run.communicate(timeout=120)[0])
     output = "".join(lines)
     assert run.returncode == 130, output[-3000:]
-    assert "Traceback" not in output and "Retrying" not in output
-    match = re.search(r"interrupted; training saved a checkpoint at step (\d+)\. Continue it with: make local-run "
+    assert "Traceback" not in output and "Retrying" not in output and "FAILED" not in output
+    match = re.search(r"interrupted at step (\d+) \(its checkpoint is saved\); continue with: make local-run "
                       r"RESUME=(cifar10-pipeline-\S+) ", output)  # fmt: skip
     assert match, output[-3000:]
+    assert processes_of(tmp_path) == [], "when the prompt returns, nothing of the run is still running"
     saved, name = int(match.group(1)), match.group(2)
     (model_dir,) = (tmp_path / name).glob(f"{local_run.TRAINING_TASKS}/model")
     assert (model_dir / f"ckpt-{saved}.index").exists()

@@ -4,6 +4,8 @@ with it, the test fails naming the symbol, where the project uses it and the pin
 They are used because no public API does the same (the reasons are beside each use):
 - kfp.local's orchestrator entry point and its run-folder naming (pipeline/local_run.py: the run's folder known
   before it starts, steps' failures read as such);
+- kfp.local's subprocess runner's process start (pipeline/step_processes.py: each step in a process group that
+  local-run owns);
 - kfp.local's Docker runner's container start (pipeline/local_run.py: the exit code read before the container is
   removed, which kfp 2.17 gets wrong);
 - TensorFlow's coordination-service barrier (components/train/distribution.py: workers leave together);
@@ -104,3 +106,15 @@ def test_keras_per_variable_update_step(name):
     optimizer.build([variable])
     optimizer.update_step(keras.ops.ones(3), variable, 0.5)
     assert np.all(np.asarray(variable) < 1.0), moved(symbol, user, "keras", "the step no longer moves the variable")
+
+
+def test_kfp_local_starts_subprocess_steps_through_its_modules_subprocess_popen():
+    from kfp.local import subprocess_task_handler
+
+    symbol = "kfp.local.subprocess_task_handler.subprocess.Popen"
+    user = "pipeline/step_processes.py StepProcesses.supervised"
+    assert getattr(subprocess_task_handler, "subprocess", None) is not None, moved(symbol, user, "kfp", "gone")
+    source = inspect.getsource(subprocess_task_handler)
+    assert "subprocess.Popen(" in source, moved(
+        symbol, user, "kfp", "steps are no longer started by the module's subprocess.Popen, so they are not owned"
+    )

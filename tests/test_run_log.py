@@ -17,3 +17,30 @@ def test_every_line_is_in_the_log_file_as_soon_as_it_is_printed(tmp_path, capsys
         assert "[worker-1]" in written  # the log has every worker; the terminal only the chief
     shown = capsys.readouterr().out
     assert "train: step 15/300" in shown and "[worker-1]" not in shown
+
+
+def test_an_interrupted_run_exits_by_the_signal_that_stopped_it():
+    import signal
+
+    from pipeline.local_run import RunInterruptedError
+
+    assert RunInterruptedError("x", signal.SIGINT).exit_code == 130  # Ctrl-C
+    assert RunInterruptedError("x", signal.SIGTERM).exit_code == 143  # timeout(1), a closed session, kill
+
+
+def test_the_reaper_stops_the_groups_of_a_local_run_that_died(tmp_path):
+    """What runs when local-run is killed: every step group it named gets SIGTERM (then SIGKILL after the grace)."""
+    import io
+    import subprocess
+    import time
+
+    from pipeline.step_processes import reap
+
+    step = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"], start_new_session=True)
+    time.sleep(0.2)
+    started = time.monotonic()
+    reap(1.0, io.BytesIO(f"{step.pid}\n{stubborn.pid}\n".encode()))  # end of file: local-run is gone
+    assert step.wait(timeout=5) == -15 and stubborn.wait(timeout=5) == -9
+    assert time.monotonic() - started < 5
+    assert reap(1.0, io.BytesIO(b"12345\ndone\n")) == 0  # a run that ended normally: nothing is signalled

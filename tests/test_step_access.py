@@ -103,7 +103,9 @@ def test_the_first_step_may_write_everything_the_host_prepared(tmp_path, engine)
     output_root = tmp_path / "outputs"
     with pytest.raises(local_run.RunFailedError, match="the run failed at fingerprint the source"):
         local_run.local_run(cifar10_pipeline, dict(PARAMETERS), output_root, runner="docker")
-    assert len(engine.started) == 3  # the steps that need nothing of another (the fingerprint, the warm start, clean up)
+    assert (
+        len(engine.started) == 3
+    )  # the steps that need nothing of another (the fingerprint, the warm start, clean up)
     (run_folder,) = local_run.run_folders(cifar10_pipeline.name, output_root)
     for started in engine.started:
         user = user_of(started)
