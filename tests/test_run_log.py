@@ -44,3 +44,35 @@ def test_the_reaper_stops_the_groups_of_a_local_run_that_died(tmp_path):
     assert step.wait(timeout=5) == -15 and stubborn.wait(timeout=5) == -9
     assert time.monotonic() - started < 5
     assert reap(1.0, io.BytesIO(b"12345\ndone\n")) == 0  # a run that ended normally: nothing is signalled
+
+
+def test_a_stages_child_process_ends_when_its_parent_is_killed():
+    """components/common/processes.py: the canary and TensorBoard's server end with the stage that started them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import time; from components.common import processes; "
+         "child = processes.start(['sleep', '120']); print(child.pid, flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _running(child):
+        time.sleep(0.1)
+    assert not _running(child), "the child outlived its killed parent"
+
+
+def _running(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "zombie" not in status

@@ -26,6 +26,7 @@ are in object_stores.py.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -269,6 +270,17 @@ def scratch_directory(purpose: str) -> Path:
     by a killed process is found and removed by the next (see `remove_stale_scratch`)."""
     remove_stale_scratch()
     return Path(tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{purpose}.{_host()}.{os.getpid()}."))
+
+
+@contextlib.contextmanager
+def scratch(purpose: str):
+    """A scratch directory (`scratch_directory`) for the duration of a `with`: removed at its end, and by the next
+    process of this host when its own process was killed before that."""
+    folder = scratch_directory(purpose)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def remove_stale_scratch() -> None:

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from components.common import exit_codes, storage
+from components.common import exit_codes, processes, storage
 from components.common.dataset import default_cache_dir
 from components.common.logs import setup_logging
 
@@ -62,7 +61,7 @@ def serve(logdir: str, port: int, refresh_seconds: float, bind_all: bool = False
         folder = local_copy(logdir)
         logger.info("mirroring %s into %s: %d file(s)", logdir, folder, mirror(logdir, folder))
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(folder), "--port", str(port)]
-    process = subprocess.Popen([*command, "--bind_all"] if bind_all else command)
+    process = processes.start([*command, "--bind_all"] if bind_all else command)  # ends with this process
     try:
         while process.poll() is None:
             time.sleep(refresh_seconds)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from components.common import processes, storage
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +80,10 @@ def answer(saved_model_dir: str, requests: Path) -> dict:
 def validate(saved_model_dir: str | Path, canary: Canary) -> dict:
     """Run the canary requests in a fresh process; InfraValidationError when any answer is wrong. Returns what was
     checked (for the promotion record)."""
-    with tempfile.TemporaryDirectory() as scratch:
+    with storage.scratch("canary") as scratch:
         requests = Path(scratch, "requests.npz")
         np.savez(requests, images=canary.images)
-        completed = subprocess.run(
+        completed = processes.run(  # the fresh process ends with this one
             [sys.executable, "-m", "components.evaluate.canary", str(saved_model_dir), str(requests)],
             capture_output=True, text=True, timeout=TIMEOUT_SECONDS,
         )  # fmt: skip

@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -245,7 +244,7 @@ def promote(
     (without it, that is a PromotionConflictError)."""
     publisher = storage.publisher_for(root)
     declared = declared_serving_version(publisher, serving_version)
-    with tempfile.TemporaryDirectory() as scratch:
+    with storage.scratch("promotion") as scratch:  # a killed promotion's is removed by the next
         export_dir = Path(scratch, "export")
         export_saved_model(
             candidate.model, candidate.label_names, export_dir, candidate.test_time_augmentation, candidate.resize,
