@@ -127,7 +127,12 @@ class StepProcesses:
         subprocess_task_handler.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": self._popen_class()})
         handlers = {}
         if threading.current_thread() is threading.main_thread():
-            handlers = {number: signal.signal(number, self._on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+            # A signal this process was started ignoring (SIGINT of a background job, nohup's SIGHUP) stays ignored.
+            handlers = {
+                number: signal.signal(number, self._on_signal)
+                for number in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(number) is not signal.SIG_IGN
+            }
         try:
             yield self
         finally:

@@ -8,7 +8,7 @@ from pipeline.commands import COMPONENTS_ROOT
 prepare = components.load_component_from_file(str(COMPONENTS_ROOT / "prepare_data" / "component.yaml"))
 
 
-@dsl.component
+@dsl.component(base_image="python:3.11-slim")
 def count_training_images(data: dsl.Input[dsl.Dataset]) -> int:
     import json
     import os

@@ -417,17 +417,31 @@ def processes_of(folder: Path) -> list[str]:
     return found
 
 
-def test_a_killed_local_run_leaves_no_process_of_the_run_behind(tmp_path):
-    """kill -9 of local-run alone: its steps, the launcher and the workers stop (at a checkpoint), within a bound."""
-    endless = {**SMALL, "workers": 2, "train_steps": 100_000}
-    endless["train_options"] = {**SMALL["train_options"], "log_every_steps": 5}
+ENDLESS = {**SMALL, "train_steps": 100_000, "train_options": {**SMALL["train_options"], "log_every_steps": 5}}
+
+
+def start_endless_run(folder: Path, workers: int) -> tuple[subprocess.Popen, list[str]]:
+    """`local-run` of a training that never ends, in a session of its own, read until its first progress line.
+
+    A terminal's foreground job takes Ctrl-C with the default action, also when this suite runs as a background job
+    (nohup, `make test &`), whose children start with SIGINT ignored and rightly keep ignoring it."""
+    options = as_options(ENDLESS | {"workers": workers})
     run = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(tmp_path), *as_options(endless)],
+        [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(folder), *options],
         cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
+    lines = []
     for line in run.stdout:
+        lines.append(line)
         if re.search(r"train: step 5/100000 ", line):
             break
+    return run, lines
+
+
+def test_a_killed_local_run_leaves_no_process_of_the_run_behind(tmp_path):
+    """kill -9 of local-run alone: its steps, the launcher and the workers stop (at a checkpoint), within a bound."""
+    run, _lines = start_endless_run(tmp_path, workers=2)
     assert processes_of(tmp_path), "the run's steps are running"
     run.kill()
     run.wait(timeout=30)
@@ -440,20 +454,8 @@ def test_a_killed_local_run_leaves_no_process_of_the_run_behind(tmp_path):
 
 
 def test_ctrl_c_keeps_the_checkpoint_says_how_to_resume_and_resuming_continues_it(tmp_path):
-    endless = {**SMALL, "workers": 1, "train_steps": 100_000}
-    endless["train_options"] = {**SMALL["train_options"], "log_every_steps": 5}
-    # A terminal's foreground job takes Ctrl-C with the default action, also when this suite runs as a background
-    # job (nohup, `make test &`), whose children start with SIGINT ignored and rightly keep ignoring it.
-    run = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(tmp_path), *as_options(endless)],
-        cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
-    lines = []
-    for line in run.stdout:
-        lines.append(line)
-        if re.search(r"train: step 5/100000 ", line):
-            break
+    run, lines = start_endless_run(tmp_path, workers=1)
+    endless = ENDLESS | {"workers": 1}
     os.killpg(run.pid, signal.SIGINT)  # Ctrl-C in its terminal: local-run passes it on to the steps it started
     lines.append(run.communicate(timeout=120)[0])
     output = "".join(lines)
