@@ -45,8 +45,9 @@ STAND_IN_BASE ?=
 export CIFAR10_PIPELINE_REGISTRY := $(REGISTRY)
 export CIFAR10_PIPELINE_TAG := $(TAG)
 PIPELINE := $(BIN)/python -m pipeline.pipeline
-# clean-runs: KEEP; serving-ops: VERSION; tensorboard: PORT.
+# clean-runs: KEEP, ALL; serving-ops: VERSION; tensorboard: PORT.
 KEEP ?=
+ALL ?=
 VERSION ?=
 PORT ?=
 
@@ -54,7 +55,7 @@ PORT ?=
 # ignored and the demo would run), or a setting the programs read from the environment.
 KNOWN_VARIABLES := ROOT PYTHON VENV BIN OUTPUT SOURCE RUNNER WORKERS DEPTH BATCH_SIZE TRAIN_STEPS EPOCHS THRESHOLD \
 	TRAIN_OPTIONS PRESET EXTRA RESUME VERBOSE KFP_HOST NAMESPACE WAIT EXPERIMENT CRON PROMOTION_ROOT LOGDIR REGISTRY \
-	TAG ENGINE BASE_IMAGE CA_BUNDLE STAND_IN_BASE KEEP VERSION PORT
+	TAG ENGINE BASE_IMAGE CA_BUNDLE STAND_IN_BASE KEEP ALL VERSION PORT
 ENVIRONMENT_SETTINGS := KFP_% KF_% AWS_% GOOGLE_% CIFAR10_PIPELINE_% CONTAINERS_% BUILDAH_% DOCKER_% \
 	STORAGE_EMULATOR_HOST HOME TMPDIR XDG_%
 GIVEN_VARIABLES := $(foreach name,$(.VARIABLES),$(if $(filter command line,$(origin $(name))),$(name)))
@@ -72,6 +73,10 @@ RUN_PARAMETERS = --source "$(SOURCE)" --workers $(WORKERS) $(if $(DEPTH),--depth
 # thousands of steps before its moving averages are usable).
 DEMO = $(if $(PRESET),,$(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300 $(if $(DEPTH),,--depth 8)) \
 	$(if $(TRAIN_OPTIONS),,--train-options '{"batch_norm_decay": 0.9}'))
+
+# make local-run RESUME=...: the run goes on with its own options (recorded in its folder); only a new length may be
+# given (TRAIN_STEPS or EPOCHS), or other options in EXTRA, which must agree with the run's.
+RESUMED = --resume $(RESUME) $(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) $(if $(EPOCHS),--epochs $(EPOCHS))
 
 .PHONY: help install constraints test test-images lint format local-run compile run schedule tensorboard images push
 .PHONY: prepare-data bench bench-accuracy serving-ops clean clean-runs
@@ -103,11 +108,11 @@ format:  ## apply ruff fixes and formatting
 	cd $(ROOT) && $(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
 local-run:  ## the whole pipeline on this machine: make local-run [SOURCE=... EPOCHS=... RESUME=last VERBOSE=1 RUNNER=docker]
-	$(PIPELINE) local-run --runner $(RUNNER) --output-root $(OUTPUT) $(RUN_PARAMETERS) $(DEMO) \
-	  $(if $(RESUME),--resume $(RESUME)) $(if $(VERBOSE),--verbose) $(EXTRA)
+	$(PIPELINE) local-run --runner $(RUNNER) --output-root $(OUTPUT) $(if $(RESUME),$(RESUMED),$(RUN_PARAMETERS) $(DEMO)) \
+	  $(if $(VERBOSE),--verbose) $(EXTRA)
 
-clean-runs:  ## remove local runs' folders, keep the promoted models (OUTPUT/models): make clean-runs [KEEP=1]
-	$(PIPELINE) clean-runs --output-root $(OUTPUT) --keep $(or $(KEEP),0)
+clean-runs:  ## remove finished runs' folders (interrupted ones too with ALL=1); promoted models stay: [KEEP=1 ALL=1]
+	$(PIPELINE) clean-runs --output-root $(OUTPUT) --keep $(or $(KEEP),0) $(if $(ALL),--all)
 
 compile:  ## write pipeline/pipeline.yaml
 	$(PIPELINE) compile

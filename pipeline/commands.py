@@ -353,6 +353,9 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     )
     cleaner.add_argument("--output-root", type=Path, default=Path("outputs"), help="(default: outputs)")
     cleaner.add_argument("--keep", type=int, default=0, help="keep the newest KEEP runs (default: 0)")
+    cleaner.add_argument(
+        "--all", action="store_true", help="remove interrupted runs too (kept by default: they can be resumed)"
+    )
     run = commands.add_parser("run", help="compile and submit a run to the KFP endpoint", allow_abbrev=False)
     add_endpoint_options(run)
     run.add_argument("--run-name")
@@ -391,14 +394,14 @@ def main(pipeline, argv: list[str] | None = None) -> int:
         elif arguments.command == "local-run":
             from pipeline.local_run import local_run
 
-            parameters = {"source": LOCAL_RUN_SOURCE, **chosen_parameters(arguments, pipeline)}
+            parameters = chosen_parameters(arguments, pipeline)  # the source's default is local-run's own
             local_run(
                 pipeline, parameters, arguments.output_root, arguments.runner, arguments.verbose, arguments.resume
             )
         elif arguments.command == "clean-runs":
             from pipeline.local_run import clean_runs
 
-            clean_runs(pipeline.name, arguments.output_root, arguments.keep)
+            clean_runs(pipeline.name, arguments.output_root, arguments.keep, arguments.all)
         elif arguments.command == "run":
             submit(
                 pipeline,

@@ -24,8 +24,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from pipeline import terminal
-from pipeline.commands import CommandError, check_parameters, describe_length
+from pipeline import run_record, terminal
+from pipeline.commands import LOCAL_RUN_SOURCE, CommandError, check_parameters, describe_length
 from pipeline.step_processes import StepProcesses
 from pipeline.step_user import StepUser, engine_is_podman, engine_is_rootless, step_user_for
 
@@ -112,28 +112,59 @@ def model_directory_of(run_folder: Path) -> Path | None:
     return found[0] if found else None
 
 
-def resumed(pipeline_name: str, parameters: dict[str, Any], output_root: Path, resume: str) -> dict[str, Any]:
-    """The parameters that continue the training of run `resume` (a run folder, its name, or "last"): its model
-    directory, where training resumes from the latest checkpoint."""
+# Options a resumed run may change: its length (to train on for longer).
+CHANGEABLE_ON_RESUME = ("train_steps", "epochs")
+
+
+def resumable_run(pipeline_name: str, output_root: Path, resume: str) -> Path:
+    """The folder of the run `resume` names (a folder, its name, or "last": the newest interrupted run that is not
+    running), refused in one line when it is still running or has nothing to resume."""
+    if resume == "last":
+        candidates = []
+        for folder in reversed(run_folders(pipeline_name, output_root)):
+            record = run_record.read(folder)
+            if (record is None or record.resumable()) and model_directory_of(folder):
+                candidates.append(folder)
+        if not candidates:
+            raise CommandError(f"--resume last: no interrupted run in {output_root} has a model directory to resume")
+        folder = candidates[0]
+    else:
+        folder = Path(resume) if Path(resume).is_dir() else output_root / resume
+    record = run_record.read(folder) if folder.is_dir() else None
+    if record is not None and record.still_running():
+        raise CommandError(
+            f"--resume {resume}: {folder.name} is still running (pid {record.pid}); stop it first (Ctrl-C in its "
+            "terminal, or kill -TERM it), then resume it"
+        )
+    return folder
+
+
+def resumed(pipeline_name: str, parameters: dict[str, Any], output_root: Path, resume: str) -> tuple[dict, Path]:
+    """The parameters that continue the training of run `resume`: that run's own options (from its record), with
+    its model directory, where training resumes from the latest checkpoint; options given again must agree, but
+    for the length. Returns them and the run's folder."""
     if parameters.get("model_dir"):
         raise CommandError(
             "give --resume or --model-dir, not both: resuming trains in the earlier run's model directory"
         )
-    if resume == "last":
-        runs = [run for run in run_folders(pipeline_name, output_root) if model_directory_of(run)]
-        if not runs:
-            raise CommandError(f"--resume last: no run in {output_root} has a model directory to resume")
-        folder = runs[-1]
-    else:
-        folder = Path(resume) if Path(resume).is_dir() else output_root / resume
+    folder = resumable_run(pipeline_name, output_root, resume)
     from components.common.model_directory import checkpoint_step, list_checkpoints
 
     model_dir = model_directory_of(folder) if folder.is_dir() else None
     found = list_checkpoints(model_dir) if model_dir else []
     if not found:
         raise CommandError(f"--resume {resume}: {folder} is not a run with a checkpoint to resume from")
-    logger.info("resuming %s from its checkpoint at step %d", folder.name, checkpoint_step(found[-1]))
-    return {**parameters, "model_dir": str(model_dir)}
+    record = run_record.read(folder)
+    own = dict(record.parameters) if record is not None else {}
+    for name, value in parameters.items():
+        if name in own and own[name] != value and name not in CHANGEABLE_ON_RESUME:
+            raise CommandError(
+                f"--resume {folder.name}: {name} was {json.dumps(own[name])} in that run, {json.dumps(value)} now; "
+                "leave it out to continue with the run's own (only the length may change)"
+            )
+    logger.info("resuming %s from its checkpoint at step %d, with its own options", folder.name,
+                checkpoint_step(found[-1]))  # fmt: skip
+    return {**own, **parameters, "model_dir": str(model_dir)}, folder
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
@@ -160,9 +191,11 @@ def local_run(
         )
     output_root = output_root.resolve()
     output_root.mkdir(parents=True, exist_ok=True)
+    continued = None
     if resume:
-        parameters = resumed(pipeline.name, parameters, output_root, resume)
-    parameters = {"promotion_root": str(output_root / MODELS), **parameters}
+        parameters, continued = resumed(pipeline.name, parameters, output_root, resume)
+        train_config = check_parameters(pipeline, parameters)
+    parameters = {"source": LOCAL_RUN_SOURCE, "promotion_root": str(output_root / MODELS), **parameters}
     check_local_inputs(parameters)
     if runner == "docker":
         problem = docker_engine_problem()
@@ -187,6 +220,7 @@ def local_run(
     run_name = executor_input_utils.get_local_pipeline_resource_name(pipeline.name)
     run_folder = output_root / run_name
     prepare_step_folders(user, output_root, run_folder, parameters)
+    record = run_record.started(run_folder, parameters, runner, continued.name if continued else None)
     log_path = run_folder / RUN_LOG
     logger.info("running %s locally (%s runner); everything is logged in %s", pipeline.name, runner, log_path)
     logger.info("training: %s, on %s; promoting into %s", describe_length(train_config), parameters["source"],
@@ -196,15 +230,20 @@ def local_run(
     supervised = steps.supervised() if runner == "subprocess" else contextlib.nullcontext(steps)
     with terminal.steps_shown(log_path, verbose) as view, _run_named(executor_input_utils, run_name), supervised:
         view.log.write(f"parameters: {json.dumps(parameters, sort_keys=True)}\n")
+        if continued is not None:
+            view.log.write(f"continues the training of {continued}\n")
         view.stopping = lambda: steps.stopped_by is not None
         try:
             pipeline_orchestrator.run_local_pipeline(pipeline_spec=_without_retries(pipeline), arguments=parameters)
         except KeyboardInterrupt:
+            run_record.ended(run_folder, record, "interrupted")
             raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by or signal.SIGINT) from None
         except RuntimeError as error:
+            stopped = steps.stopped_by is not None
+            run_record.ended(run_folder, record, "interrupted" if stopped else "failed")
             if "finished with status" not in str(error):
                 raise
-            if steps.stopped_by is not None:  # decided now that the steps have ended, from what they left
+            if stopped:  # decided now that the steps have ended, from what they left
                 raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by) from None
             inner = re.findall(r"Inner task failed: '([^']+)'", terminal._ANSI.sub("", str(error)))
             failed = view.failed_steps or inner
@@ -213,7 +252,9 @@ def local_run(
                 f"the run failed at {step}; the lines above say why, {log_path} has everything"
             ) from None
     if steps.stopped_by is not None:  # stopped after the last step had ended
+        run_record.ended(run_folder, record, "interrupted")
         raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by)
+    run_record.ended(run_folder, record, "finished")
     logger.info("finished in %.0f s: %s", time.monotonic() - started, run_folder)
     for line in describe_run(run_folder, Path(parameters["promotion_root"]), log_path):
         logger.info("%s", line)
@@ -292,15 +333,28 @@ def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list
 # -- cleaning up ------------------------------------------------------------------------------------------------
 
 
-def clean_runs(pipeline_name: str, output_root: Path, keep: int = 0) -> list[Path]:
-    """Remove the run folders under `output_root` but the newest `keep`; promoted models (models/) stay, and so
-    does a run's dataset while a kept run uses it (kfp.local's cache then prepares it again when needed)."""
+def clean_runs(pipeline_name: str, output_root: Path, keep: int = 0, interrupted_too: bool = False) -> list[Path]:
+    """Remove the run folders under `output_root` but the newest `keep`, a run that is still running, and (unless
+    `interrupted_too`) an interrupted run, which can be resumed; promoted models (models/) stay, and so does a run's
+    dataset while a kept run uses it (kfp.local's cache then prepares it again when needed). Says what it removed
+    and what it kept, and why."""
     runs = run_folders(pipeline_name, output_root.resolve())
-    removed = runs[: max(0, len(runs) - keep)]
-    for folder in removed:
-        shutil.rmtree(folder)
-        logger.info("removed %s", folder)
-    logger.info("kept %d run(s) and the promoted models in %s", len(runs) - len(removed), output_root / MODELS)
+    removed = []
+    for index, folder in enumerate(runs):
+        record = run_record.read(folder)
+        if index >= len(runs) - keep:
+            why = "one of the newest kept"
+        elif record is not None and record.still_running():
+            why = "still running"
+        elif record is not None and record.resumable() and not interrupted_too:
+            why = f"{record.standing()}, can be resumed (make clean-runs ALL=1 removes it too)"
+        else:
+            shutil.rmtree(folder)
+            removed.append(folder)
+            logger.info("removed %s (%s)", folder.name, record.standing() if record else "from before run records")
+            continue
+        logger.info("kept %s: %s", folder.name, why)
+    logger.info("removed %d run(s); the promoted models stay in %s", len(removed), output_root / MODELS)
     return removed
 
 

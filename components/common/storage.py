@@ -227,7 +227,8 @@ def temporary_path(destination: Path) -> Path:
     return destination.with_name(f".{destination.name}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host with that id exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -250,7 +251,7 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
         if not match or not path.is_file():
             continue
         if match["host"] == host:
-            stale = not _process_alive(int(match["pid"]))
+            stale = not process_alive(int(match["pid"]))
         else:
             stale = now - path.stat().st_mtime > STALE_TEMPORARY_SECONDS
         if stale:
@@ -288,7 +289,7 @@ def remove_stale_scratch() -> None:
     host = _host()
     for path in Path(tempfile.gettempdir()).glob(f"{_SCRATCH_PREFIX}*"):
         match = _SCRATCH.match(path.name)
-        if match and match["host"] == host and not _process_alive(int(match["pid"])) and path.is_dir():
+        if match and match["host"] == host and not process_alive(int(match["pid"])) and path.is_dir():
             logger.info("removing %s, left by a killed process", path)
             shutil.rmtree(path, ignore_errors=True)
 

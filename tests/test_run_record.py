@@ -1,0 +1,91 @@
+"""A local run's record (run.json): resuming a run with its own options, RESUME=last, and clean-runs by how runs
+stand; a damaged record is refused naming the file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import local_run, run_record
+from pipeline.commands import CommandError
+
+PIPELINE = "cifar10-pipeline"
+OWN = {"source": "/data/my-images", "workers": 1, "depth": 8, "train_steps": 400, "preset": "fast",
+       "train_options": {"ema_decay": 0.999}, "promotion_root": "/data/models"}  # fmt: skip
+
+
+def a_run(root: Path, stamp: str, state: str, pid: int | None = None, checkpoint: bool = True) -> Path:
+    folder = root / f"{PIPELINE}-2026-11-25-{stamp}-000000"
+    model_dir = folder / "launch-training-job-component" / "model"
+    model_dir.mkdir(parents=True)
+    if checkpoint:
+        for name in ("ckpt-40.index", "ckpt-40.data-00000-of-00001"):
+            (model_dir / name).write_bytes(b"x")
+    record = run_record.RunRecord(
+        parameters=OWN, runner="subprocess", state=state, pid=pid or 999_999, host=socket.gethostname(),
+        started_at=time.time(),
+    )  # fmt: skip
+    run_record.write(folder, record)
+    return folder
+
+
+def test_a_resumed_run_goes_on_with_its_own_options_and_only_its_length_may_change(tmp_path):
+    folder = a_run(tmp_path, "09-00-00", "interrupted")
+    parameters, continued = local_run.resumed(PIPELINE, {}, tmp_path, folder.name)
+    assert continued == folder
+    assert {name: parameters[name] for name in OWN} == OWN, "not the demo's options: the run's own"
+    assert parameters["model_dir"] == str(folder / "launch-training-job-component" / "model")
+    longer, _ = local_run.resumed(PIPELINE, {"train_steps": 800}, tmp_path, folder.name)
+    assert longer["train_steps"] == 800
+    with pytest.raises(CommandError, match=r"depth was 8 in that run, 20 now; leave it out"):
+        local_run.resumed(PIPELINE, {"depth": 20}, tmp_path, folder.name)
+
+
+def test_resume_last_is_the_newest_interrupted_run_not_one_that_runs_or_finished(tmp_path):
+    interrupted = a_run(tmp_path, "09-00-00", "interrupted")
+    killed = a_run(tmp_path, "10-00-00", "running", pid=999_999)  # its process is gone: interrupted
+    a_run(tmp_path, "11-00-00", "finished")
+    running = a_run(tmp_path, "12-00-00", "running", pid=os.getpid())
+    assert local_run.resumable_run(PIPELINE, tmp_path, "last") == killed
+    with pytest.raises(CommandError, match=rf"{running.name} is still running \(pid {os.getpid()}\); stop it first"):
+        local_run.resumable_run(PIPELINE, tmp_path, running.name)
+    run_record.ended(killed, run_record.read(killed), "finished")
+    assert local_run.resumable_run(PIPELINE, tmp_path, "last") == interrupted
+
+
+def test_clean_runs_keeps_running_and_interrupted_runs_unless_told(tmp_path, caplog):
+    interrupted = a_run(tmp_path, "09-00-00", "interrupted")
+    finished = a_run(tmp_path, "10-00-00", "finished")
+    running = a_run(tmp_path, "11-00-00", "running", pid=os.getpid())
+    with caplog.at_level("INFO", logger="pipeline"):
+        assert local_run.clean_runs(PIPELINE, tmp_path) == [finished]
+    assert f"kept {interrupted.name}: interrupted, can be resumed" in caplog.text
+    assert f"kept {running.name}: still running" in caplog.text
+    assert local_run.clean_runs(PIPELINE, tmp_path, interrupted_too=True) == [interrupted]
+    assert running.is_dir()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[]", b"{", b'{"state": "running"}', b"x" * (run_record.MAX_RECORD_BYTES + 1)],
+    ids=["not an object", "not JSON", "fields missing", "too large"],
+)
+def test_a_damaged_record_is_refused_naming_the_file(tmp_path, content):
+    folder = a_run(tmp_path, "09-00-00", "interrupted")
+    (folder / run_record.RECORD).write_bytes(content)
+    with pytest.raises(ValueError, match=rf"{folder / run_record.RECORD}: "):
+        run_record.read(folder)
+
+
+def test_a_record_with_a_value_out_of_its_kind_is_refused(tmp_path):
+    folder = a_run(tmp_path, "09-00-00", "interrupted")
+    document = dataclasses.asdict(run_record.read(folder)) | {"pid": True}
+    (folder / run_record.RECORD).write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="the field pid has an invalid value"):
+        run_record.read(folder)
