@@ -446,6 +446,6 @@ def main(pipeline, argv: list[str] | None = None) -> int:
             return error.exit_code
         if isinstance(error, RunFailedError):
             logger.error("%s", error)
-            return exit_codes.FAILED
+            return error.exit_code
         raise
     return exit_codes.SUCCESS

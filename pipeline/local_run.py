@@ -39,7 +39,11 @@ SOURCE_PROBE_SECONDS = 5.0
 
 
 class RunFailedError(RuntimeError):
-    """A step of the run failed (its reason was shown)."""
+    """A step of the run failed (its reason was shown); `exit_code` is the run's (StepProcesses.failure_exit_code)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class RunInterruptedError(RuntimeError):
@@ -249,7 +253,8 @@ def local_run(
             failed = view.failed_steps or inner
             step = terminal.step_name(failed[0]) if failed else "a step"
             raise RunFailedError(
-                f"the run failed at {step}; the lines above say why, {log_path} has everything"
+                f"the run failed at {step}; the lines above say why, {log_path} has everything",
+                steps.failure_exit_code(),
             ) from None
     if steps.stopped_by is not None:  # stopped after the last step had ended
         run_record.ended(run_folder, record, "interrupted")
@@ -304,20 +309,22 @@ def _interrupted(run_folder: Path) -> str:
 
 def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list[str]:
     """Where the run's main outputs are, for a person reading the terminal."""
-    from components.common.model_directory import EVAL_METRICS
+    from components.common import documents
+    from components.common.model_directory import EVAL_METRICS, EVAL_METRICS_SCHEMA, read_document
+    from components.evaluate.pointer import POINTER, parse_pointer
 
     lines = []
     model_dir = model_directory_of(run_folder)
     if model_dir and (model_dir / EVAL_METRICS).exists():
-        summary = json.loads((model_dir / EVAL_METRICS).read_text())
+        summary = read_document(model_dir, EVAL_METRICS, EVAL_METRICS_SCHEMA)
         decision = "BLESSED" if summary["blessed"] else "NOT BLESSED"
         reasons = "; ".join(summary.get("reasons", []))
         lines.append(
             f"accuracy {summary['metrics']['accuracy']:.4f}: {decision}" + (f" ({reasons})" if reasons else "")
         )
-    pointer = promotion_root / "current.json"
+    pointer = promotion_root / POINTER
     if pointer.exists():
-        current = json.loads(pointer.read_text())
+        current = parse_pointer(documents.read_bytes(str(pointer), "promotion pointer"), str(promotion_root))
         if current.get("state") == "ready":
             lines.append(f"promoted model: version {current['version']} at {current['saved_model']}")
     report = sorted(run_folder.glob(f"{TRAINING_TASKS}/model/eval/report.html"))

@@ -21,6 +21,24 @@ MAX_RECORD_BYTES = 1024 * 1024
 STATES = ("running", "finished", "interrupted", "failed")
 
 
+def _schema():
+    from components.common import documents
+
+    return documents.Fields(
+        {
+            "parameters": documents.Fields(),
+            "runner": documents.Text(choices=("subprocess", "docker")),
+            "state": documents.Text(choices=STATES),
+            "pid": documents.Number("[1, 4194304]", integer=True),
+            "host": documents.Text(max_length=255),
+            "started_at": documents.Number("[0, inf)"),
+            "continues": documents.Text(max_length=255, nullable=True),
+        },
+        required=("parameters", "runner", "state", "pid", "host", "started_at"),
+        closed=True,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class RunRecord:
     parameters: dict[str, Any]
@@ -74,34 +92,11 @@ def ended(run_folder: Path, record: RunRecord, state: str) -> None:
 
 def read(run_folder: Path) -> RunRecord | None:
     """The run's record; None for a run from before records. A damaged record is a ValueError naming the file."""
-    from components.common import storage
+    from components.common import documents
 
     path = run_folder / RECORD
     try:
-        content = storage.read_regular_file(path, MAX_RECORD_BYTES)
+        document = documents.read(path, _schema(), "run record", root=run_folder, max_bytes=MAX_RECORD_BYTES)
     except FileNotFoundError:
         return None
-    except OSError as error:
-        raise ValueError(f"{path}: cannot be read ({error})") from None
-    try:
-        document = json.loads(content)
-    except ValueError as error:
-        raise ValueError(f"{path}: not JSON ({error})") from None
-    fields = {field.name: field.type for field in dataclasses.fields(RunRecord)}
-    if not isinstance(document, dict) or set(document) - set(fields):
-        raise ValueError(f"{path}: not a run record (an object with the fields {sorted(fields)})")
-    checks = {
-        "parameters": lambda value: isinstance(value, dict),
-        "runner": lambda value: value in ("subprocess", "docker"),
-        "state": lambda value: value in STATES,
-        "pid": lambda value: isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**22,
-        "host": lambda value: isinstance(value, str) and len(value) < 256,
-        "started_at": lambda value: isinstance(value, int | float) and not isinstance(value, bool) and value >= 0,
-        "continues": lambda value: value is None or (isinstance(value, str) and len(value) < 256),
-    }
-    for name, valid in checks.items():
-        if name not in document and name != "continues":
-            raise ValueError(f"{path}: the field {name} is missing")
-        if name in document and not valid(document[name]):
-            raise ValueError(f"{path}: the field {name} has an invalid value {str(document[name])[:80]!r}")
     return RunRecord(**document)

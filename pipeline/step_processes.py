@@ -39,6 +39,7 @@ class StepProcesses:
         self.grace_seconds = grace_seconds
         self.stopped_by: int | None = None  # the signal that stopped the run
         self._groups: set[int] = set()
+        self.exit_codes: list[int] = []  # of the steps that ended, in the order they ended
         self._lock = threading.Lock()
         self._reaper: subprocess.Popen | None = None
 
@@ -58,7 +59,7 @@ class StepProcesses:
                     return super().wait(timeout)
                 finally:
                     if self.returncode is not None:
-                        owner._ended(self.pid)
+                        owner._ended(self.pid, self.returncode)
 
         return StepPopen
 
@@ -73,9 +74,21 @@ class StepProcesses:
         if stopped:  # started after the run was stopped (an exit handler): it ends too
             _signal_group(pid, signal.SIGTERM)
 
-    def _ended(self, pid: int) -> None:
+    def _ended(self, pid: int, exit_code: int) -> None:
         with self._lock:
+            if pid in self._groups:
+                self.exit_codes.append(exit_code)
             self._groups.discard(pid)
+
+    def failure_exit_code(self) -> int:
+        """The run's exit code after a step failed: a step's bad input (2) or full disk (144) is the run's, so that
+        a script tells a setting to fix from a failure; anything else is 1."""
+        from components.common import exit_codes
+
+        for code in self.exit_codes:
+            if code in (exit_codes.BAD_INPUT, exit_codes.NO_SPACE):
+                return code
+        return exit_codes.FAILED
 
     # -- stopping ----------------------------------------------------------------------------------------------
 

@@ -473,3 +473,24 @@ def test_ctrl_c_keeps_the_checkpoint_says_how_to_resume_and_resuming_continues_i
     assert resumed.name != name
     assert json.loads((model_dir / "train_metrics.json").read_text())["step"] == saved + 5
     assert re.search(rf"resuming from .*ckpt-{saved} at step {saved}", (resumed / local_run.RUN_LOG).read_text())
+
+
+def test_a_bad_input_found_inside_a_step_ends_the_run_with_exit_2_naming_the_step(tmp_path):
+    """Images of two sizes pass the source's quick check and are refused by the prepare step itself: the run exits
+    2 (a setting to fix), as the step did, not 1 (a failure), and its last line names the step."""
+    from PIL import Image
+
+    source = tmp_path / "images"
+    for split in ("train", "test"):
+        for label, size in (("cat", 32), ("dog", 40)):
+            (source / split / label).mkdir(parents=True)
+            for index in range(12):
+                Image.new("RGB", (size, size), (index * 20, 0, 0)).save(source / split / label / f"{index}.png")
+    completed = subprocess.run(
+        [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(tmp_path / "out"),
+         "--source", str(source), "--train-steps", "2"],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 2, output[-3000:]
+    assert "size" in output and "the run failed at prepare data" in output.strip().splitlines()[-1], output[-3000:]

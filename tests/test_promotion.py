@@ -200,18 +200,47 @@ def test_a_promotion_that_fails_while_staging_withdraws_its_claim_at_once(
     assert "is being promoted by" not in caplog.text  # no claim to wait out
 
 
-def test_a_pointer_left_exporting_by_an_older_release_is_not_trusted(trained, tmp_path):
-    """A promotion of the previous release killed between its claim and its ready mark left state "exporting" for
-    a folder holding no model: nobody may take it for the promoted model."""
+DAMAGED_POINTERS = {
+    "exporting by hand": lambda ready: {**ready, "state": "exporting"},
+    "a list": lambda ready: [1, 2, 3],
+    "NaN accuracy": lambda ready: {**ready, "metrics": {"accuracy": float("nan")}},
+    "accuracy above 1": lambda ready: {**ready, "metrics": {"accuracy": 2}},
+    "a huge version": lambda ready: {**ready, "version": 10**30},
+    "a version of true": lambda ready: {**ready, "version": True},
+    "a warm start outside": lambda ready: {**ready, "warm_start": "/etc/passwd"},
+    "a warm start climbing out": lambda ready: {**ready, "warm_start": ready["saved_model"] + "/../../elsewhere"},
+    "a saved model elsewhere": lambda ready: {**ready, "saved_model": "s3://another-bucket/models/1"},
+    "half a ready version": lambda ready: {key: value for key, value in ready.items() if key != "saved_model"},
+    "a claim below the version": lambda ready: {
+        **ready,
+        "promoting": {"version": 1, "claimed_at": 0, "staging": "0-x"},
+    },
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_POINTERS))
+def test_a_damaged_pointer_is_refused_in_one_line_and_nothing_under_the_root_is_removed(trained, tmp_path, damage):
+    """A pointer edited by hand or damaged is refused by every reader (the gate, the warm start, the promotion),
+    naming the file and the field: never read as a baseline or a warm start, and no version is cleaned away."""
     root = tmp_path / "models"
     promote_once(trained, str(root), step=5)
-    (root / "2" / "variables").mkdir(parents=True)
-    (root / "2" / "variables" / "variables.index").write_bytes(b"half")
-    legacy = {**json.loads((root / "current.json").read_text()), "version": 2, "state": "exporting"}
-    (root / "current.json").write_text(json.dumps(legacy))
-    assert promote.read_ready(str(root)) is None and promote.warm_start_checkpoint("", str(root), True) == ""
-    outcome = promote_once(trained, str(root))
-    assert outcome.promotion.version == 3 and sorted(numeric_folders(str(root))) == [1, 3]
+    promote_once(trained, str(root), step=10)
+    ready = json.loads((root / "current.json").read_text())
+    damaged = DAMAGED_POINTERS[damage](ready)
+    (root / "current.json").write_text(json.dumps(damaged, allow_nan=True))
+    before = numeric_folders(str(root))
+    for read in (
+        lambda: promote.read_ready(str(root)),
+        lambda: promote.warm_start_checkpoint("", str(root), True),
+        lambda: promote_once(trained, str(root)),
+    ):
+        with pytest.raises(ValueError) as refused:
+            read()
+        message = str(refused.value)
+        assert message.startswith(f"{root}/current.json: not a valid promotion pointer") and "\n" not in message
+        assert "the pointer is damaged" in message
+    assert numeric_folders(str(root)) == before  # versions 1 and 2, both complete, untouched
+    assert_every_numeric_folder_is_a_complete_saved_model(str(root))
 
 
 @pytest.mark.parametrize("still_better", [False, True])
@@ -413,3 +442,55 @@ def test_a_kserve_v1_request_for_encoded_images_gets_the_classes_of_the_uint8_pa
     assert [row["classes"] for row in answered] == expected
     assert [row["class_names"] for row in answered] == [LABELS[index] for index in expected]
     assert all(abs(sum(row["probabilities"]) - 1) < 1e-4 for row in answered)
+
+
+@pytest.mark.parametrize("ready_before", [True, False], ids=["a version ready", "nothing ready"])
+def test_a_promotion_whose_last_write_fails_leaves_the_root_as_it_was_and_no_claim(
+    trained, root, monkeypatch, ready_before, caplog
+):
+    """The store refuses the pointer's final write (a 503 that outlasted the retries): the new version's folder is
+    removed, the pointer is the last ready one again, and the next promotion starts at once (no claim to wait out)."""
+    if ready_before:
+        promote_once(trained, root, step=5)
+    before = promote.read_pointer(root)[0]
+    publisher_class = type(storage.publisher_for(root))
+    original_publish = publisher_class.publish
+
+    def refuse_the_ready_mark(self, name, data, expected_version=None):
+        document = json.loads(data) if name == promote.POINTER else {}
+        ready_mark = document.get("state") == "ready" and "promoting" not in document
+        if ready_mark and document.get("checkpoint", "").endswith("ckpt-10"):
+            raise storage.StorageError(f"{self.uri(name)}: 503 SlowDown after 5 attempts")
+        return original_publish(self, name, data, expected_version)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(publisher_class, "publish", refuse_the_ready_mark)
+        with pytest.raises(storage.StorageError, match="SlowDown"):
+            promote_once(trained, root, step=10)
+    assert promote.read_pointer(root)[0] == before
+    assert sorted(numeric_folders(root)) == ([1] if ready_before else [])
+    caplog.clear()
+    assert promote_once(trained, root, step=10).promotion.version == (2 if ready_before else 1)
+    assert "is being promoted by" not in caplog.text
+
+
+def test_a_claim_is_taken_over_only_when_its_holder_is_gone_or_it_was_watched_long_enough(monkeypatch):
+    import os
+    import socket
+    import subprocess
+    import time
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    now = time.time()
+    fresh = {"version": 2, "claimed_at": now - 5, "staging": "x", "holder": "another machine"}
+    assert not promote._abandoned(fresh, None, now, watched_seconds=0)
+    # This machine's clock 31 minutes ahead: the claim looks old by it, but was seen only now.
+    assert not promote._abandoned(fresh, None, now + 31 * 60, watched_seconds=0)
+    assert promote._abandoned(fresh, None, now, watched_seconds=promote.STALE_CLAIM_SECONDS + 1)
+    here = {**fresh, "host": socket.gethostname()}
+    assert promote._abandoned({**here, "pid": gone.pid}, None, now, watched_seconds=0)  # its process is gone
+    assert not promote._abandoned({**here, "pid": os.getpid()}, None, now, watched_seconds=0)  # alive
+    days_old = {**fresh, "claimed_at": now - 2 * promote.UNTRUSTED_CLOCK_SECONDS}
+    assert promote._abandoned(days_old, None, now, watched_seconds=0)
+    assert promote._abandoned({**fresh, "checkpoint": "m/ckpt-10"}, "m/ckpt-10", now, watched_seconds=0)  # a retry

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from components.common import exit_codes, out_of_space
+from components.common import exit_codes, file_errors, out_of_space
 from components.common.config import parse_configs
 from components.common.logs import setup_logging
 
@@ -45,11 +45,16 @@ def run_stage(
 
 
 def report_error(error: BaseException, program: str, expected_errors: tuple[type[BaseException], ...]) -> int | None:
-    """Log `error` as the one line it deserves and return its exit code: a full disk (retryable), an expected error
-    (bad input, final); None for anything else, a bug, whose traceback is the useful report."""
+    """Log `error` as the one line it deserves and return its exit code: a full disk (retryable), a path it may not
+    use or name (bad input), an expected error (bad input, final); None for anything else, a bug, whose traceback is
+    the useful report."""
     if out_of_space.out_of_space(error):  # before the expected errors: a full disk is not a bad input
         logging.getLogger(program).error("%s (exit %d)", out_of_space.describe(error), exit_codes.NO_SPACE)
         return exit_codes.NO_SPACE
+    denied = file_errors.describe(error)  # a folder it may not write, a name that is not UTF-8: a setting to fix
+    if denied is not None:
+        logging.getLogger(program).error("%s", denied)
+        return exit_codes.BAD_INPUT
     if isinstance(error, expected_errors):
         logging.getLogger(program).error("%s", error)
         return exit_codes.BAD_INPUT

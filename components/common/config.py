@@ -13,12 +13,14 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from components.common import documents
+from components.common.values import in_interval, shown
 
 ConfigT = TypeVar("ConfigT")
 
@@ -62,34 +64,19 @@ def check_fields(config: Any) -> None:
         if typing.get_origin(annotation) is tuple:
             (element_type, *_rest) = typing.get_args(annotation)
             if not isinstance(value, tuple):
-                raise ValueError(f"{field.name}: {value!r} is not a list")
+                raise ValueError(f"{field.name}: {shown(value)} is not a list")
             for item in value:
                 _check_value(field.name, item, element_type)
         else:
             _check_value(field.name, value, annotation)
         choices = field.metadata.get("choices")
         if choices is not None and value not in choices:
-            raise ValueError(f"{field.name}: {value!r} is not one of {', '.join(map(str, choices))}")
+            raise ValueError(f"{field.name}: {shown(value)} is not one of {', '.join(map(str, choices))}")
         interval = field.metadata.get("range")
         if interval is not None:
             for item in value if isinstance(value, tuple) else (value,):
                 if not in_interval(item, interval):
-                    raise ValueError(f"{field.name}: {item!r} is not in {interval}")
-
-
-_INTERVAL = re.compile(r"([\[(])\s*(-?inf|[-+0-9.e]+)\s*,\s*(-?inf|[-+0-9.e]+)\s*([\])])")
-
-
-def in_interval(value: float, interval: str) -> bool:
-    """Whether `value` lies in `interval`, written as in mathematics: "[0, 1)", "(0, inf)", "[1, 4096]"."""
-    match = _INTERVAL.fullmatch(interval)
-    if match is None:
-        raise ValueError(f"range {interval!r} is not an interval such as [0, 1)")
-    opening, low, high, closing = match.groups()
-    low_value, high_value = float(low), float(high)
-    above = value >= low_value if opening == "[" else value > low_value
-    below = value <= high_value if closing == "]" else value < high_value
-    return above and below
+                    raise ValueError(f"{field.name}: {shown(item)} is not in {interval}")
 
 
 def _check_value(name: str, value: Any, annotation: Any) -> None:
@@ -105,7 +92,7 @@ def _check_value(name: str, value: Any, annotation: Any) -> None:
     else:
         return
     if not valid:
-        raise ValueError(f"{name}: {value!r} is not {expected}")
+        raise ValueError(f"{name}: {shown(value)} is not {expected}")
 
 
 def _converter(annotation: Any, optional: bool):
@@ -207,25 +194,17 @@ def check_known(values: dict[str, Any], config_classes: tuple[type, ...], origin
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """A JSON object of field names to values, from a file, or given inline (text starting with "{")."""
+    """A JSON object of field names to values, from a file, or given inline (text starting with "{"), read as every
+    document read back is (`documents`: a regular file, bounded in size, depth and numbers)."""
     if isinstance(path, str) and path.lstrip().startswith("{"):
-        try:
-            content = json.loads(path)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--config: inline JSON is not valid: {error}") from error
-        if not isinstance(content, dict):
-            raise ValueError("--config: inline JSON must be an object of field names to values")
-        return content
-    path = Path(path)
+        return documents.parse(path, "--config (inline)", documents.ANY_OBJECT, "configuration")
     try:
-        content = json.loads(path.read_text())
+        return documents.read(path, documents.ANY_OBJECT, "configuration file", max_bytes=MAX_CONFIG_BYTES)
     except FileNotFoundError as error:
         raise ValueError(f"{path}: configuration file does not exist") from error
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON: {error}") from error
-    if not isinstance(content, dict):
-        raise ValueError(f"{path}: expected a JSON object of field names to values, got {type(content).__name__}")
-    return content
+
+
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def parse_config(

@@ -2,7 +2,8 @@
 
 Log lines quote what they are given (file names, class names, error messages of other programs), and a name is
 input: a newline in it could forge a log line ("... ERROR ..."), an escape sequence could repaint the terminal.
-So every message is printed with its control characters escaped (`\\n`, `\\x1b`, `\\u202e`), except tabs; a
+So every message is printed with its control characters escaped (`\\n`, `\\x1b`, `\\u202e`), except tabs, and so is
+a file name that is not UTF-8 (its undecodable bytes, held as surrogates, as `\\udcff`); a
 traceback, which this program writes itself, is printed as it is.
 """
 
@@ -24,7 +25,8 @@ def escape_controls(text: str) -> str:
         return text
     return "".join(
         character
-        if character == "\t" or (unicodedata.category(character) != "Cc" and character not in _INVISIBLE_FORMAT)
+        if character == "\t"
+        or (unicodedata.category(character) not in ("Cc", "Cs") and character not in _INVISIBLE_FORMAT)
         else character.encode("unicode_escape").decode("ascii")
         for character in text
     )

@@ -19,11 +19,13 @@ starts use.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import keras
 import numpy as np
+
+from components.common.config import check_fields
 
 
 @keras.saving.register_keras_serializable(package="cifar10_pipeline")
@@ -46,20 +48,31 @@ class PadChannels(keras.layers.Layer):
         return {**super().get_config(), "padding": self.padding, "channel_axis": self.channel_axis}
 
 
+FAMILIES = ("resnet", "airbench", "airbench_muon")
+TEST_TIME_AUGMENTATIONS = ("none", "mirror", "mirror_translate")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Everything that decides the network and how it predicts: the model directory records it (`model_spec` in
-    config.json), and every stage builds the model from it."""
+    config.json), and every stage builds the model from it. Its values are checked as the train config's are (the
+    same choices and intervals: tests/test_documents.py holds them equal), so one read back from a model directory
+    cannot build a network train would have refused."""
 
-    family: str = "resnet"  # resnet, airbench or airbench_muon
-    depth: int = 20
-    width_multiplier: float = 1.0
-    num_classes: int = 10
-    data_format: str = "channels_last"
-    batch_norm_decay: float = 0.997
-    batch_norm_epsilon: float = 1e-5
-    image_shape: tuple[int, int, int] = (32, 32, 3)
-    test_time_augmentation: str = "none"  # the views predictions average (predict_logits)
+    family: str = field(default="resnet", metadata={"choices": FAMILIES})
+    depth: int = field(default=20, metadata={"range": "[8, 1000]"})
+    width_multiplier: float = field(default=1.0, metadata={"range": "[0.0625, 16]"})
+    num_classes: int = field(default=10, metadata={"range": "[1, 100000]"})
+    data_format: str = field(default="channels_last", metadata={"choices": ("channels_last", "channels_first")})
+    batch_norm_decay: float = field(default=0.997, metadata={"range": "[0, 1)"})
+    batch_norm_epsilon: float = field(default=1e-5, metadata={"range": "(0, 1]"})
+    image_shape: tuple[int, int, int] = field(default=(32, 32, 3), metadata={"range": "[1, 4096]"})
+    test_time_augmentation: str = field(default="none", metadata={"choices": TEST_TIME_AUGMENTATIONS})
+
+    def __post_init__(self):
+        check_fields(self)
+        if len(self.image_shape) != 3:
+            raise ValueError(f"image_shape: {list(self.image_shape)} is not [height, width, channels]")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "image_shape": list(self.image_shape)}
@@ -68,23 +81,33 @@ class ModelSpec:
 SPEC_FIELDS_IN_TRAIN_CONFIG = ("depth", "width_multiplier", "data_format", "batch_norm_decay", "batch_norm_epsilon")
 
 
-def model_spec_of(train_config: Mapping[str, Any]) -> ModelSpec:
+def model_spec_of(train_config: Mapping[str, Any], origin: str = "config.json") -> ModelSpec:
     """The spec a model directory's config.json records: its `model_spec` block, or for a directory written before
-    there was one, the same values read from the train config and what it resolved."""
+    there was one, the same values read from the train config and what it resolved; every value checked, a
+    ValueError naming `origin` and the field otherwise."""
     block = train_config.get("model_spec")
-    if block is None:
-        resolved = train_config.get("resolved", {})
-        block = {
-            "family": train_config["model"],
-            "num_classes": resolved["num_classes"],
-            "image_shape": resolved["image_shape"],
-            "test_time_augmentation": train_config.get("test_time_augmentation", "none"),
-            **{key: train_config[key] for key in SPEC_FIELDS_IN_TRAIN_CONFIG},
-        }
+    try:
+        if block is None:
+            resolved = train_config.get("resolved", {})
+            block = {
+                "family": train_config["model"],
+                "num_classes": resolved["num_classes"],
+                "image_shape": resolved["image_shape"],
+                "test_time_augmentation": train_config.get("test_time_augmentation", "none"),
+                **{key: train_config[key] for key in SPEC_FIELDS_IN_TRAIN_CONFIG},
+            }
+    except KeyError as error:
+        raise ValueError(f"{origin}: no model_spec, and no {error.args[0]} to rebuild it from") from error
+    if not isinstance(block, Mapping):
+        raise ValueError(f"{origin}: model_spec: expected an object")
     unknown = set(block) - {field_.name for field_ in fields(ModelSpec)}
     if unknown:
-        raise ValueError(f"model_spec: unknown field(s) {sorted(unknown)} (written by a newer version?)")
-    return ModelSpec(**{**block, "image_shape": tuple(block["image_shape"])})
+        raise ValueError(f"{origin}: model_spec: unknown field(s) {sorted(unknown)} (written by a newer version?)")
+    shape = block.get("image_shape", ModelSpec.image_shape)
+    try:
+        return ModelSpec(**{**block, "image_shape": tuple(shape) if isinstance(shape, list) else shape})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{origin}: model_spec.{error}") from error
 
 
 def _batch_norm(spec: ModelSpec, name: str):

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from components.common import storage
+from components.common import documents, storage
 from components.common.dataset import default_cache_dir
 from components.common.writer_claim import DirectoryClaim, WriterLease, holder_description
 
@@ -38,6 +38,64 @@ EVAL_LOGS = "eval"
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"  # how TensorFlow names a variable's value inside a checkpoint
 RUN_MODEL_DIRECTORY = "model-directory"  # under `<pipeline root>/<pipeline>/<run id>/`, shared by the run's attempts
 CHECKPOINT_INDEX = re.compile(rf"{CHECKPOINT_PREFIX}-(0|[1-9]\d*)\.index")  # the one rule for what is a checkpoint
+
+
+# -- the documents a model directory holds, as read back (components/common/documents.py) -----------------------
+
+_IMAGE_SHAPE = documents.Items(documents.Number("[1, 4096]", integer=True), length=3)
+_DIGEST = documents.Text(max_length=64)
+RESOLVED_CONFIG_SCHEMA = documents.Fields(
+    {
+        "model_spec": documents.Fields(),  # each value checked by ModelSpec itself (model.model_spec_of)
+        "model_dir": documents.Text(),
+        "resolved": documents.Fields(
+            {
+                "num_classes": documents.Number("[1, 100000]", integer=True),
+                "label_names": documents.Items(documents.Text(), max_items=100_000),
+                "image_shape": _IMAGE_SHAPE,
+                "resize_images": documents.Flag(),
+                "synthetic_data": documents.Flag(),
+                "total_steps": documents.Number("[0, 1e12]", integer=True),
+                "dataset_manifest_sha256": _DIGEST,
+                "dataset_history": documents.Items(_DIGEST, max_items=10_000),
+            },
+            required=("num_classes", "label_names", "image_shape"),
+        ),
+    },
+    required=("resolved",),
+)
+_STEP = documents.Number("[0, 1e12]", integer=True)
+TRAIN_METRICS_SCHEMA = documents.Fields(
+    {
+        "step": _STEP,
+        "total_steps": _STEP,
+        "checkpoint": documents.Text(),
+        "metrics": documents.Fields(),
+        "preempted": documents.Flag(),
+    },
+    required=("step", "checkpoint", "metrics"),
+)
+EVAL_METRICS_SCHEMA = documents.Fields(
+    {
+        "blessed": documents.Flag(),
+        "reasons": documents.Items(documents.Text()),
+        "metrics": documents.Fields({"accuracy": documents.Number("[0, 1]")}, required=("accuracy",)),
+    },
+    required=("blessed", "metrics"),
+)
+
+
+def read_document(local_dir: str | Path, name: str, schema: documents.Fields, shown_as: str | None = None) -> dict:
+    """A document of a (pulled) model directory, read back as every document is: inside the directory, bounded,
+    checked against `schema`; errors name `shown_as/name` (the directory as the user gave it)."""
+    location = Path(local_dir, name)
+    try:
+        document = documents.read(location, schema, f"model directory's {name}", root=local_dir)
+    except documents.DocumentError as error:
+        if shown_as is None or str(shown_as) == str(local_dir):
+            raise
+        raise documents.DocumentError(str(error).replace(str(location), f"{shown_as}/{name}", 1)) from error
+    return document
 
 
 # -- checkpoints: names, finding them, their files, the keys of their values ------------------------------------------

@@ -30,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from components.common import storage
+from components.common import documents, storage
 
 logger = logging.getLogger(__name__)
 
@@ -152,13 +152,22 @@ RENEW_SECONDS = 20.0
 POLL_SECONDS = 2.0
 
 
-def _parse(content: bytes | None) -> dict | None:
-    try:
-        lease = json.loads(content) if content else None
-    except ValueError:
+LEASE_SCHEMA = documents.Fields(
+    {"renewed_at": documents.Number("[0, inf)"), "token": documents.Text(max_length=64)},
+    required=("renewed_at", "token"),
+)
+
+
+def _parse(content: bytes | None, uri: str) -> dict | None:
+    """The lease in `content`, read as every document is; a damaged one counts as none (its holder, if alive,
+    finds its lease gone at the next renewal and stops writing)."""
+    if not content:
         return None
-    fields_ok = isinstance(lease, dict) and isinstance(lease.get("renewed_at"), int | float)
-    return lease if fields_ok and isinstance(lease.get("token"), str) else None
+    try:
+        return documents.parse(content, uri, LEASE_SCHEMA, "writer lease")
+    except documents.DocumentError as error:
+        logger.warning("%s; it counts as no lease", error)
+        return None
 
 
 class WriterLease:
@@ -180,7 +189,7 @@ class WriterLease:
         watched: tuple[str, float] | None = None  # (version seen, when first seen)
         while True:
             content, version = self._publisher.read_versioned(WRITER_LEASE)
-            lease = _parse(content)
+            lease = _parse(content, self._publisher.uri(WRITER_LEASE))
             if content is not None and lease is not None and lease["token"] != self.token:
                 age = time.time() - lease["renewed_at"]
                 if watched is not None and watched[0] != version:
@@ -230,7 +239,7 @@ class WriterLease:
             self._renewer = None
         if self.lost or self._version is None:
             return
-        lease = _parse(self._publisher.read(WRITER_LEASE))
+        lease = _parse(self._publisher.read(WRITER_LEASE), self._publisher.uri(WRITER_LEASE))
         if lease is not None and lease["token"] == self.token:
             self._publisher.withdraw(WRITER_LEASE)
         self._version = None

@@ -27,11 +27,13 @@ from components.common.model_directory import (
     EVAL_METRICS,
     RESOLVED_CONFIG,
     TRAIN_METRICS,
+    TRAIN_METRICS_SCHEMA,
     CheckpointError,
     ModelDirectory,
     checkpoint_files,
     checkpoint_step,
     list_checkpoints,
+    read_document,
 )
 from components.common.progress import Progress
 from components.evaluate import gate, metrics, promote, report
@@ -245,17 +247,10 @@ class Evaluator:
         return results
 
     def _training_finished_at(self) -> int | None:
-        path = self.directory.local / TRAIN_METRICS
-        if not path.exists():
+        if not (self.directory.local / TRAIN_METRICS).exists():
             return None
-        try:
-            summary = json.loads(path.read_text())
-            return None if summary.get("preempted") else int(summary["step"])
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise EvaluationError(
-                f"{path}: not a readable training summary ({type(error).__name__}: {error}); it was cut short or "
-                "edited. Train again to the planned step (it resumes) to rewrite it"
-            ) from error
+        summary = read_document(self.directory.local, TRAIN_METRICS, TRAIN_METRICS_SCHEMA, self.config.model_dir)
+        return None if summary.get("preempted") else summary["step"]
 
     # -- the run --------------------------------------------------------------------------------------------
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
-from components.common import storage
+from components.common import documents
 
 
 @dataclass(frozen=True)
@@ -18,18 +17,24 @@ class Decision:
         return ("BLESSED: " if self.blessed else "NOT BLESSED: ") + "; ".join(self.reasons)
 
 
+BASELINE_SCHEMA = documents.Fields(
+    {
+        "accuracy": documents.Number("[0, 1]"),
+        "metrics": documents.Fields({"accuracy": documents.Number("[0, 1]")}, required=("accuracy",)),
+    }
+)
+
+
 def read_baseline_accuracy(uri: str) -> float:
-    """The accuracy in a metrics JSON ({"accuracy": ...}) or a current-model pointer ({"metrics": {...}})."""
+    """The accuracy in a metrics JSON ({"accuracy": ...}) or a current-model pointer ({"metrics": {...}}), read back
+    as every document is (bounded, checked: a NaN or an accuracy of 2 is refused, naming the field)."""
     try:
-        content = json.loads(storage.read_bytes(uri))
+        content = documents.read(uri, BASELINE_SCHEMA, "baseline")
     except FileNotFoundError as error:
         raise ValueError(f"baseline {uri} does not exist") from error
-    except json.JSONDecodeError as error:
-        raise ValueError(f"baseline {uri}: not valid JSON ({error})") from error
-    metrics = content.get("metrics", content) if isinstance(content, dict) else None
-    accuracy = metrics.get("accuracy") if isinstance(metrics, dict) else None
-    if not isinstance(accuracy, (int, float)) or not 0.0 <= accuracy <= 1.0:
-        raise ValueError(f"baseline {uri}: no field 'accuracy' (or 'metrics.accuracy') between 0 and 1")
+    accuracy = content["metrics"]["accuracy"] if "metrics" in content else content.get("accuracy")
+    if accuracy is None:
+        raise documents.DocumentError(f"{uri}: not a valid baseline: no field accuracy (or metrics.accuracy)")
     return float(accuracy)
 
 

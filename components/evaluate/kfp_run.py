@@ -11,7 +11,7 @@ from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import CheckpointError, artifact_location
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import Evaluator, evaluate
-from components.evaluate.promote import PromotionConflictError
+from components.evaluate.promote import PromotionConflictError, parse_pointer
 
 # What ends the stage with one line and exit 2 (bad input, final), not a traceback; also its command line's.
 EXPECTED_ERRORS = (ValueError, CheckpointError, PromotionConflictError)
@@ -90,7 +90,7 @@ def run_promote(
             "version": outcome.promotion.version,
             "promotion_root": promotion_root,
             "framework": "tensorflow",
-            "accuracy": json.loads(pointer)["metrics"]["accuracy"],
+            "accuracy": parse_pointer(pointer, promotion_root)["metrics"]["accuracy"],
         }
     )
     return outcome.promotion.version

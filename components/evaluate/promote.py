@@ -34,18 +34,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.common import storage
+from components.common import documents, storage
 from components.evaluate import canary, serving_ops
 from components.evaluate.export import CHECKPOINT_FOLDER, export_saved_model
 from components.evaluate.gate import Decision
+from components.evaluate.pointer import POINTER, SERVING_DECLARATION, SERVING_SCHEMA, parse_pointer, ready_version
 
 logger = logging.getLogger(__name__)
 
-POINTER = "current.json"
-SERVING_DECLARATION = "serving.json"
 STAGING = ".staging"
 SAVED_MODEL_PROTO = "saved_model.pb"
-STALE_CLAIM_SECONDS = 1800.0  # a claim this old belongs to a dead promotion (staging and publishing take minutes)
+STALE_CLAIM_SECONDS = 1800.0  # a claim watched this long belongs to a dead promotion (staging takes minutes)
+UNTRUSTED_CLOCK_SECONDS = 86400.0  # a claim older than this by any clock is dead, however far clocks disagree
 WAIT_POLL_SECONDS = 2.0
 ATTEMPTS = 4  # pointer compare-and-swaps lost to other promotions before giving up
 
@@ -88,15 +88,7 @@ class PromotionOutcome:
 def read_pointer(root: str) -> tuple[dict | None, str]:
     """The pointer as stored (None when nothing was promoted yet) and its version, for the compare-and-swap."""
     content, version = storage.publisher_for(root).read_versioned(POINTER)
-    return (json.loads(content) if content else None), version
-
-
-def ready_version(pointer: dict | None) -> dict | None:
-    """The last ready version's record: the pointer's own fields, unless nothing is ready yet (or the pointer was
-    left at "exporting" by a promotion of an older release, which did not keep the last ready one)."""
-    if pointer is None or pointer.get("state") != "ready" or not isinstance(pointer.get("version"), int):
-        return None
-    return {key: value for key, value in pointer.items() if key != "promoting"}
+    return (parse_pointer(content, root) if content is not None else None), version
 
 
 def read_ready(root: str) -> dict | None:
@@ -120,7 +112,17 @@ def declared_serving_version(publisher: storage.Publisher, serving_version: str 
         publisher.publish(SERVING_DECLARATION, _encode({"tensorflow_serving": serving_version}))
         return serving_version
     content = publisher.read(SERVING_DECLARATION)
-    return json.loads(content).get("tensorflow_serving") if content else None
+    if content is None:
+        return None
+    uri = publisher.uri(SERVING_DECLARATION)
+    documents.check_size(content, uri, "serving declaration")
+    declared = documents.parse(content, uri, SERVING_SCHEMA, "serving declaration").get("tensorflow_serving")
+    if declared is not None and declared not in serving_ops.known_versions():
+        raise documents.DocumentError(
+            f"{uri}: not a valid serving declaration: tensorflow_serving: {documents.shown(declared)} is not a "
+            f"release this code knows ({', '.join(serving_ops.known_versions())})"
+        )
+    return declared
 
 
 def check_serving(saved_model_dir: Path, declared: str | None, root_uri: str) -> dict:
@@ -186,13 +188,18 @@ def remove(root: str, prefix: str) -> None:
         publisher.withdraw(name)
 
 
-def _abandoned(promoting: dict, mine: str | None, now: float) -> bool:
-    """A claim whose promotion died: older than STALE_CLAIM_SECONDS, or an earlier attempt of this very promotion
-    (the same checkpoint: a retried promote step)."""
+def _abandoned(promoting: dict, mine: str | None, now: float, watched_seconds: float) -> bool:
+    """A claim whose promotion died: an earlier attempt of this very promotion (the same checkpoint: a retried
+    promote step); a process of this host that no longer exists; one this promotion has watched unchanged for
+    STALE_CLAIM_SECONDS (a duration on its own clock, not a comparison with another machine's); or one claimed more
+    than UNTRUSTED_CLOCK_SECONDS ago even by a clock that is hours off. A claim seconds old is never taken over
+    because this machine's clock runs ahead."""
     if mine is not None and promoting.get("checkpoint") == mine:
         return True
-    claimed_at = promoting.get("claimed_at")
-    return not isinstance(claimed_at, int | float) or now - claimed_at > STALE_CLAIM_SECONDS
+    pid = promoting.get("pid")
+    if promoting.get("host") == socket.gethostname() and pid is not None and not storage.process_alive(pid):
+        return True
+    return watched_seconds > STALE_CLAIM_SECONDS or now - promoting["claimed_at"] > UNTRUSTED_CLOCK_SECONDS
 
 
 def clean_up(root: str, pointer: dict | None, names: list[str], mine: str, clock: Callable[[], float]) -> None:
@@ -204,11 +211,9 @@ def clean_up(root: str, pointer: dict | None, names: list[str], mine: str, clock
     dead = set()
     if ready is not None:
         dead = {v for name in names if (v := _version_of(name)) is not None and v > ready["version"]}
-    elif (pointer or {}).get("state") == "exporting" and isinstance(pointer.get("version"), int):
-        dead = {pointer["version"]}  # an older release's interrupted promotion
     dead_staging = set()
     if (pointer or {}).get("promoting"):
-        dead.add(pointer["promoting"]["version"])  # the dead claim this promotion took over
+        dead.add(pointer["promoting"]["version"])  # the dead claim this promotion took over (above any ready one)
         dead_staging.add(pointer["promoting"].get("staging"))
     for version in sorted(dead):
         logger.warning("removing %s/%d: a promotion that never finished left it", root, version)
@@ -261,22 +266,20 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
     mine = candidate.record.get("checkpoint")
     token = f"{int(clock())}-{uuid.uuid4().hex[:12]}"  # when it was started: stale staging is found by its name
     decision = None
-    waited_until = None
+    first_seen: dict[str, float] = {}  # a claim's staging token: when this promotion first saw it (monotonic)
     attempts = 0
     while attempts < ATTEMPTS:
         pointer, seen = read_pointer(root)
         promoting = (pointer or {}).get("promoting")
-        if promoting and not _abandoned(promoting, mine, clock()):
-            waited_until = waited_until or clock() + STALE_CLAIM_SECONDS
-            if clock() > waited_until:
-                raise PromotionConflictError(
-                    f"{publisher.uri(POINTER)}: version {promoting['version']} is still being promoted"
+        if promoting:
+            watched = time.monotonic() - first_seen.setdefault(promoting["staging"], time.monotonic())
+            if not _abandoned(promoting, mine, clock(), watched):
+                logger.info(
+                    "version %s is being promoted by %s: waiting", promoting["version"], promoting.get("holder")
                 )
-            logger.info(
-                "version %s is being promoted by %s: waiting", promoting.get("version"), promoting.get("holder")
-            )
-            time.sleep(WAIT_POLL_SECONDS)
-            continue
+                time.sleep(WAIT_POLL_SECONDS)
+                continue
+            logger.warning("taking over the claim on version %s of %s", promoting["version"], promoting.get("holder"))
         if seen != expected:
             if decide_again is None:
                 raise PromotionConflictError(
@@ -294,7 +297,8 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
         version = max(known) + 1
         ready = ready_version(pointer) or {}
         claim = {**ready, "promoting": {"version": version, "holder": f"pid {os.getpid()} on {socket.gethostname()}",
-                                        "claimed_at": clock(), "checkpoint": mine, "staging": token}}  # fmt: skip
+                                        "host": socket.gethostname(), "pid": os.getpid(), "claimed_at": clock(),
+                                        "checkpoint": mine, "staging": token}}  # fmt: skip
         try:
             claimed = publisher.publish(POINTER, _encode(claim), expected_version=seen)  # the store's answer
         except storage.PublishConflictError:
@@ -326,6 +330,9 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
                 f"version {version} was made visible at {publisher.uri(str(version))}, but another promotion took "
                 f"over its claim (it took longer than {STALE_CLAIM_SECONDS:.0f} s) before it could be marked ready"
             ) from error
+        except BaseException:  # the last write failed (or the step was stopped): the root goes back as it was
+            _withdraw_claim(root, version, ready, claimed)
+            raise
         logger.info("promoted version %d: %s now points at it", version, publisher.uri(POINTER))
         return PromotionOutcome(
             Promotion(version, promoted["saved_model"], publisher.uri(POINTER), promoted["warm_start"]), decision
@@ -336,19 +343,28 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
 
 
 def _withdraw_claim(root: str, version: int, ready: dict, claimed: str) -> None:
-    """After a failed staging (a full disk, a store error): remove what reached `<version>/` and put the pointer
-    back to the last ready version, so that the next promotion need not wait for the claim to go stale. Best
-    effort: what it cannot undo, the next promotion's clean-up does."""
+    """After a failed staging or a failed last write (a full disk, a store that kept answering 503): put the pointer
+    back to the last ready version and remove what reached `<version>/`, so that nothing of this promotion is
+    left and the next one need not wait for its claim. When the pointer has moved meanwhile (the failed write may
+    have landed after all, or another promotion took the claim over), the folder is left to what the pointer
+    says. Best effort otherwise: what it cannot undo, the next promotion's clean-up does (a claim of a process
+    that is gone is taken over at once)."""
+    publisher = storage.publisher_for(root)
     try:
-        remove(root, str(version))
-        publisher = storage.publisher_for(root)
         if ready:
             publisher.publish(POINTER, _encode(ready), expected_version=claimed)
         else:  # nothing was ready before this claim: no pointer, as before it (a live claim is never taken over)
             publisher.withdraw(POINTER)
-        logger.warning("promotion of version %d failed: its claim was withdrawn, nothing of it is left", version)
+    except storage.PublishConflictError:
+        logger.warning("the pointer moved while version %d failed: its folder is left as the pointer says", version)
+        return
     except Exception as error:  # the original error is what the operator needs to see
         logger.warning("could not withdraw the claim on version %d (%s); the next promotion cleans up", version, error)
+    try:
+        remove(root, str(version))
+        logger.warning("promotion of version %d failed: its claim was withdrawn, nothing of it is left", version)
+    except Exception as error:
+        logger.warning("could not remove version %d (%s); the next promotion cleans up", version, error)
 
 
 def _warm_start_uri(publisher: storage.Publisher, version: int, candidate: Candidate) -> str | None:
@@ -369,6 +385,9 @@ def warm_start_checkpoint(explicit: str, root: str, from_promoted: bool) -> str:
     if ready is None:
         logger.info("nothing promoted (and ready) under %s yet: training from scratch", root)
         return ""
-    checkpoint = ready.get("warm_start") or ready["checkpoint"]
+    checkpoint = ready.get("warm_start")  # inside the root: the pointer's reader made sure
+    if not checkpoint:
+        logger.info("the promoted version %s holds no checkpoint to start from: from scratch", ready["version"])
+        return ""
     logger.info("warm-starting from the promoted version %s (%s)", ready.get("version"), checkpoint)
     return checkpoint

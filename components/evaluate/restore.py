@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
-from components.common.model import variable_name
-from components.common.model_directory import RESOLVED_CONFIG, checkpoint_key
+from components.common.model import model_spec_of, variable_name
+from components.common.model_directory import (
+    RESOLVED_CONFIG,
+    RESOLVED_CONFIG_SCHEMA,
+    checkpoint_key,
+    read_document,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -20,15 +24,16 @@ class EvaluationError(ValueError):
 
 
 def read_train_config(model_dir: Path, origin: str) -> dict:
-    path = model_dir / RESOLVED_CONFIG
+    """The model directory's config.json, read back as every document is and its model_spec checked as train
+    checks it (a width or class count train would refuse is refused here before anything is built)."""
     try:
-        return json.loads(path.read_text())
+        train_config = read_document(model_dir, RESOLVED_CONFIG, RESOLVED_CONFIG_SCHEMA, origin)
     except FileNotFoundError as error:
         raise EvaluationError(
             f"{origin}: no {RESOLVED_CONFIG}; it is not a model directory of the train stage"
         ) from error
-    except json.JSONDecodeError as error:
-        raise EvaluationError(f"{origin}/{RESOLVED_CONFIG}: not valid JSON ({error})") from error
+    model_spec_of(train_config, f"{origin}/{RESOLVED_CONFIG}")
+    return train_config
 
 
 def restore_weights(model, checkpoint_path: str, weights: str = "auto") -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from components.common import records, storage
+from components.common import file_errors, records, storage
 from components.common.dataset import (
     MANIFEST_NAME,
     Manifest,
@@ -185,6 +185,7 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     storage.apply_single_writer_option(config.assume_single_writer)
     publisher = storage.publisher_for(config.output)
     if not storage.is_remote(config.output):
+        file_errors.check_writable(config.output, "output")  # before the source is fetched or read
         storage.remove_stale_temporaries(config.output)  # what a killed run left half-written
     resolved = resolve_source(config)
     parameters = config.output_parameters()

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from components.common import storage
+from components.common import documents, storage
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,23 @@ class Cluster:
         }
 
 
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def cluster_hosts(text: str) -> list[str]:
+    """The hosts a TF_CONFIG's cluster names (empty when it names none readably: its parser says what is wrong)."""
+    try:
+        cluster = documents.parse(text, "TF_CONFIG", documents.ANY_OBJECT, "cluster description").get("cluster")
+    except documents.DocumentError:
+        return []
+    addresses = [address for value in (cluster or {}).values() if isinstance(value, list) for address in value]
+    return sorted({str(address).rpartition(":")[0] for address in addresses if isinstance(address, str)})
+
+
+def is_local_host(host: str) -> bool:
+    return host in LOCAL_HOSTS or host.startswith("127.") or host == socket.gethostname()
+
+
 def parse_tf_config(text: str | None, expected_workers: int) -> Cluster | None:
     """The cluster TF_CONFIG describes, checked against `expected_workers`; None when TF_CONFIG is empty."""
     if not text or not text.strip():
@@ -84,11 +101,9 @@ def parse_tf_config(text: str | None, expected_workers: int) -> Cluster | None:
             )
         return None
     try:
-        config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ClusterError(f"TF_CONFIG is not valid JSON ({error}): {text[:200]!r}") from error
-    if not isinstance(config, dict):
-        raise ClusterError(f"TF_CONFIG must be a JSON object with 'cluster' and 'task', got {type(config).__name__}")
+        config = documents.parse(text, "TF_CONFIG", documents.ANY_OBJECT, "cluster description")
+    except documents.DocumentError as error:
+        raise ClusterError(f"{error} (a JSON object with 'cluster' and 'task')") from error
     cluster, task = config.get("cluster"), config.get("task")
     if not isinstance(cluster, dict) or not cluster:
         raise ClusterError("TF_CONFIG has no 'cluster' object (task type -> list of host:port)")

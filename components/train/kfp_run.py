@@ -11,11 +11,12 @@ import os
 import sys
 from typing import Any
 
-from components.common import exit_codes, storage
+from components.common import documents, exit_codes, storage
 from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import (
     RESOLVED_CONFIG,
     TRAIN_METRICS,
+    TRAIN_METRICS_SCHEMA,
     CheckpointError,
     artifact_location,
     pipeline_model_directory,
@@ -88,7 +89,8 @@ def run_train(
     code = run(train, launch)
     if code != exit_codes.SUCCESS:  # the reason was logged; 143 and 144 are retryable: a retry resumes
         sys.exit(code)
-    summary = json.loads(storage.read_bytes(storage.join(train.model_dir, TRAIN_METRICS)))
+    location = storage.join(train.model_dir, TRAIN_METRICS)
+    summary = documents.read(location, TRAIN_METRICS_SCHEMA, f"model directory's {TRAIN_METRICS}")
     write_model_artifact(model, train.model_dir)
     model.metadata.update(
         {

@@ -60,12 +60,27 @@ def cluster_job_kind(custom_objects_api=None) -> str:
 
 
 def choose_launcher(config: TrainConfig) -> str:
+    from components.train import distribution
     from components.train.cluster_job import in_kubernetes_pod
     from components.train.distribution import TF_CONFIG, has_jobset_identity
 
+    from_environment = os.environ.get(TF_CONFIG, "").strip()
     if config.launcher != "auto":
+        if from_environment and config.launcher not in ("worker", *CLUSTER_LAUNCHERS):
+            logger.info("TF_CONFIG is set in the environment; --launcher %s does not use it", config.launcher)
         return config.launcher
-    if os.environ.get(TF_CONFIG, "").strip() or has_jobset_identity():
+    if from_environment:
+        hosts = distribution.cluster_hosts(from_environment)
+        logger.info("TF_CONFIG from the environment: this process joins the cluster it names (%s)", ", ".join(hosts))
+        elsewhere = [host for host in hosts if not distribution.is_local_host(host)]
+        if elsewhere and not in_kubernetes_pod() and not has_jobset_identity():
+            raise ValueError(
+                f"TF_CONFIG in the environment names hosts of another machine ({', '.join(elsewhere[:3])}): this "
+                f"run would join that cluster instead of starting --workers {config.workers} here. Unset TF_CONFIG, "
+                "or say which: --launcher worker (join it) or --launcher local (ignore it)"
+            )
+        return "worker"
+    if has_jobset_identity():
         return "worker"
     if config.workers == 1:
         return "inprocess"
@@ -74,10 +89,13 @@ def choose_launcher(config: TrainConfig) -> str:
 
 def run(config: TrainConfig, launch: LaunchConfig | None = None) -> int:
     """Train as `config` says; the exit code (0 done, 1 failed for good, 143 preempted: a retry resumes)."""
-    from components.common.storage import apply_single_writer_option
+    from components.common import file_errors
+    from components.common.storage import apply_single_writer_option, is_remote
 
     apply_single_writer_option(config.assume_single_writer)
     launcher = choose_launcher(config)
+    if launcher not in CLUSTER_LAUNCHERS and not is_remote(config.model_dir):
+        file_errors.check_writable(config.model_dir, "model_dir")  # before TensorFlow and the data are set up
     if launcher in ("local", *CLUSTER_LAUNCHERS):
         # These launch and watch; their own handlers pass SIGTERM and SIGINT on or delete the job. (The block
         # `python -m components.train` starts with is for the processes that train; see termination.py.)

@@ -30,9 +30,11 @@ from components.common.model import ModelSpec, build_model, variable_name, white
 from components.common.model_directory import (
     CHECKPOINT_PREFIX,
     RESOLVED_CONFIG,
+    RESOLVED_CONFIG_SCHEMA,
     TRAIN_METRICS,
     ModelDirectory,
     list_checkpoints,
+    read_document,
 )
 from components.common.out_of_space import out_of_space
 from components.common.progress import format_duration
@@ -240,10 +242,9 @@ class Trainer:
         previous_path = self.model_directory.local / RESOLVED_CONFIG
         if not list_checkpoints(self.model_directory.local) or not previous_path.exists():
             return []
-        try:
-            previous = json.loads(previous_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"{self.config.model_dir}/{RESOLVED_CONFIG}: not valid JSON ({error})") from error
+        previous = read_document(
+            self.model_directory.local, RESOLVED_CONFIG, RESOLVED_CONFIG_SCHEMA, self.config.model_dir
+        )
         wanted = {**config_to_dict(self.config), "num_classes": self.num_classes}
         held = {**previous, "num_classes": previous.get("resolved", {}).get("num_classes")}
         differing = [name for name in ARCHITECTURE_FIELDS if held.get(name) != wanted.get(name)]
