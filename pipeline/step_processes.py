@@ -81,12 +81,12 @@ class StepProcesses:
             self._groups.discard(pid)
 
     def failure_exit_code(self) -> int:
-        """The run's exit code after a step failed: a step's bad input (2) or full disk (144) is the run's, so that
-        a script tells a setting to fix from a failure; anything else is 1."""
+        """The run's exit code after a step failed: a step's bad input (2), full disk (144) or failing store (145)
+        is the run's, so that a script tells a setting to fix from a failure; anything else is 1."""
         from components.common import exit_codes
 
         for code in self.exit_codes:
-            if code in (exit_codes.BAD_INPUT, exit_codes.NO_SPACE):
+            if code in (exit_codes.BAD_INPUT, exit_codes.NO_SPACE, exit_codes.STORE_UNAVAILABLE):
                 return code
         return exit_codes.FAILED
 

@@ -8,6 +8,10 @@
   only the prefixes the bucket policy allows, both read from the vendored profile controller
   (tests/vendor/kfp-2.17.0-profile-controller-sync.py); anything else is the store's 403 AccessDenied.
 
+Faults, for the store-fault tests (`proxy.faults`): a `Fault(method, key pattern, kind, times)` answers matching
+requests `503 SlowDown` (kind "503") or forwards them and cuts the answer's body off halfway, closing the
+connection (kind "cut"), `times` times (None: always).
+
 Everything else is forwarded unchanged to the real server; every request is recorded as (method, key, status).
 """
 
@@ -19,12 +23,34 @@ import http.server
 import re
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
 SYNC = Path(__file__).parent / "vendor" / "kfp-2.17.0-profile-controller-sync.py"
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "host"}
 WRITE_DELAY_SECONDS = 0.3  # check-then-write: how long after the check the write lands
+
+
+@dataclass
+class Fault:
+    method: str
+    key_pattern: str
+    kind: str  # "503" or "cut"
+    times: int | None = None  # None: every matching request
+
+    def take(self, method: str, key: str) -> bool:
+        if method != self.method or not fnmatch.fnmatchcase(key, self.key_pattern) or self.times == 0:
+            return False
+        if self.times is not None:
+            self.times -= 1
+        return True
+
+
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.'
+    b"</Message></Error>"
+)
 
 
 def profile_object_patterns(namespace: str) -> list[str]:
@@ -68,6 +94,7 @@ class S3Proxy:
         self.objects = profile_object_patterns(profile) if profile else []
         self.list_prefixes = profile_list_prefixes(profile) if profile else []
         self.requests: list[tuple[str, str, int]] = []
+        self.faults: list[Fault] = []
         self.lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -84,6 +111,13 @@ class S3Proxy:
     def __exit__(self, *_exception) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def fault_for(self, method: str, key: str) -> str | None:
+        with self.lock:
+            for fault in self.faults:
+                if fault.take(method, key):
+                    return fault.kind
+        return None
 
     def denied(self) -> list[tuple[str, str, int]]:
         return [request for request in self.requests if request[2] == 403]
@@ -124,6 +158,9 @@ def _handler(proxy: S3Proxy):
             headers = {name: value for name, value in self.headers.items() if name.lower() not in HOP_HEADERS}
             if not proxy.allowed(self.command, bucket, key, query):
                 return self._reply(403, [], _access_denied(f"/{bucket}/{key}"), key)
+            fault = proxy.fault_for(self.command, key)
+            if fault == "503":
+                return self._reply(503, [("Content-Type", "application/xml")], SLOW_DOWN, key)
             conditional = self.command == "PUT" and key and (
                 "If-None-Match" in self.headers or "If-Match" in self.headers
             )  # fmt: skip
@@ -134,7 +171,7 @@ def _handler(proxy: S3Proxy):
                 if proxy.conditions == "check-then-write":
                     time.sleep(WRITE_DELAY_SECONDS)  # the window in which a concurrent writer also passes the check
             status, response_headers, content = proxy.forward(self.command, self.path, headers, body)
-            self._reply(status, response_headers, content, key)
+            self._reply(status, response_headers, content, key, cut=fault == "cut" and status == 200)
 
         def _check_holds(self, path: str, headers: dict) -> bool:
             """The store's check, before it writes: If-None-Match * -> absent; If-Match -> the same ETag."""
@@ -146,7 +183,7 @@ def _handler(proxy: S3Proxy):
                 return status == 404
             return status == 200 and etag == self.headers["If-Match"]
 
-        def _reply(self, status: int, headers: list, content: bytes, key: str) -> None:
+        def _reply(self, status: int, headers: list, content: bytes, key: str, cut: bool = False) -> None:
             with proxy.lock:
                 proxy.requests.append((self.command, key, status))
             self.send_response(status)
@@ -157,7 +194,11 @@ def _handler(proxy: S3Proxy):
             head = self.command == "HEAD" and upstream_length is not None
             self.send_header("Content-Length", upstream_length if head else str(len(content)))  # HEAD: the object's
             self.end_headers()
-            if self.command != "HEAD":
+            if cut:  # the whole length announced, half of it sent, the connection closed: a body cut short
+                self.wfile.write(content[: len(content) // 2])
+                self.wfile.flush()
+                self.close_connection = True
+            elif self.command != "HEAD":
                 self.wfile.write(content)
 
         def do_GET(self):

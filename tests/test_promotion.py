@@ -494,3 +494,22 @@ def test_a_claim_is_taken_over_only_when_its_holder_is_gone_or_it_was_watched_lo
     days_old = {**fresh, "claimed_at": now - 2 * promote.UNTRUSTED_CLOCK_SECONDS}
     assert promote._abandoned(days_old, None, now, watched_seconds=0)
     assert promote._abandoned({**fresh, "checkpoint": "m/ckpt-10"}, "m/ckpt-10", now, watched_seconds=0)  # a retry
+
+
+@pytest.mark.parametrize("kept", [0.1, 0.5])
+def test_a_checkpoint_cut_short_is_refused_in_one_line_by_the_warm_start_and_the_evaluation(trained, tmp_path, kept):
+    import shutil
+
+    from components.common.model_directory import CheckpointError
+    from components.evaluate.restore import EvaluationError
+    from components.train import checkpoints
+
+    for path in checkpoint_files(trained / "ckpt-10"):
+        shutil.copy(path, tmp_path / path.name)
+    (data,) = tmp_path.glob("ckpt-10.data-*")
+    data.write_bytes(data.read_bytes()[: int(data.stat().st_size * kept)])
+    model = build_model(model_spec_of(read_train_config(trained, str(trained))))
+    with pytest.raises(CheckpointError, match=rf"warm start: {tmp_path}/ckpt-10: a damaged checkpoint"):
+        checkpoints.warm_start(model.variables, str(tmp_path / "ckpt-10"), (".*",), (), [])
+    with pytest.raises(EvaluationError, match=rf"^{tmp_path}/ckpt-10: a damaged checkpoint \("):
+        restore_weights(model, str(tmp_path / "ckpt-10"), "raw")

@@ -11,6 +11,7 @@ from typing import Any
 from components.common import exit_codes, file_errors, out_of_space
 from components.common.config import parse_configs
 from components.common.logs import setup_logging
+from components.common.storage import StoreUnavailableError
 
 
 def run_stage(
@@ -51,6 +52,9 @@ def report_error(error: BaseException, program: str, expected_errors: tuple[type
     if out_of_space.out_of_space(error):  # before the expected errors: a full disk is not a bad input
         logging.getLogger(program).error("%s (exit %d)", out_of_space.describe(error), exit_codes.NO_SPACE)
         return exit_codes.NO_SPACE
+    if isinstance(error, StoreUnavailableError):  # before the expected errors: a store's bad moment is retried
+        logging.getLogger(program).error("%s (exit %d)", error, exit_codes.STORE_UNAVAILABLE)
+        return exit_codes.STORE_UNAVAILABLE
     denied = file_errors.describe(error)  # a folder it may not write, a name that is not UTF-8: a setting to fix
     if denied is not None:
         logging.getLogger(program).error("%s", denied)

@@ -8,3 +8,4 @@ TIMED_OUT = 124  # final: a followed run (make run WAIT=1) did not end in time; 
 INTERRUPTED = 130  # a person's Ctrl-C ended a command (128 + SIGINT); what it saved is said on the way out
 PREEMPTED = 143  # 128 + SIGTERM, retryable: the retry resumes from the checkpoint saved before exiting
 NO_SPACE = 144  # retryable: a disk or quota was full; nothing half-written was kept, so a retry (with space) resumes
+STORE_UNAVAILABLE = 145  # retryable: the object store kept failing (5xx, throttling, resets) through the retries

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from components.common.storage import (
     ABSENT,
@@ -27,6 +28,7 @@ from components.common.storage import (
     S3_SCHEME,
     ClientUnavailableError,
     StorageError,
+    StoreUnavailableError,
     UnsafeStoreError,
     assume_single_writer,
     can_connect,
@@ -153,7 +155,10 @@ class GcsPublisher:
             return None, ABSENT
         try:
             with _gcs_errors(self.uri(name)):
-                return blob.download_as_bytes(if_generation_match=blob.generation), str(blob.generation)
+                content = retried_read(
+                    self.uri(name), lambda: blob.download_as_bytes(if_generation_match=blob.generation)
+                )
+                return content, str(blob.generation)
         except (exceptions.NotFound, exceptions.PreconditionFailed):
             return self.read_versioned(name)  # replaced between the two calls: read the new version
 
@@ -257,15 +262,24 @@ class S3Publisher:
         return self.read_versioned(name)[0]
 
     def read_versioned(self, name: str) -> tuple[bytes | None, str]:
-        """The content and ETag of an object, read together (one GET returns both)."""
+        """The content and ETag of an object, read together (one GET returns both; read again when cut short)."""
         with _s3_errors(self.uri(name)):
-            try:
-                response = s3_client().get_object(Bucket=self.bucket_name, Key=self._key(name))
-            except _s3_client_error() as error:
-                if _s3_status(error) == 404:
-                    return None, ABSENT
-                raise
-            return response["Body"].read(), response["ETag"]
+            return retried_read(self.uri(name), lambda: self._get(name))
+
+    def _get(self, name: str) -> tuple[bytes | None, str]:
+        try:
+            response = s3_client().get_object(Bucket=self.bucket_name, Key=self._key(name))
+        except _s3_client_error() as error:
+            if _s3_status(error) == 404:
+                return None, ABSENT
+            raise
+        body = response["Body"].read()
+        length = response.get("ContentLength")
+        if length is not None and len(body) != length:
+            import http.client
+
+            raise http.client.IncompleteRead(body, length - len(body))
+        return body, response["ETag"]
 
     def version(self, name: str) -> str:
         head = self._head(name)
@@ -458,7 +472,7 @@ def _s3_status(error) -> int:
 
 
 @contextlib.contextmanager
-def _store_errors(uri: str, explain: Callable[[Exception], str | None]) -> Iterator[None]:
+def _store_errors(uri: str, explain: Callable[[Exception], str | None], endpoint: str) -> Iterator[None]:
     """Turn what `explain` recognises (an unreachable store, missing or refused credentials) into one clear
     StorageError naming the object; anything else passes unchanged."""
     try:
@@ -468,10 +482,67 @@ def _store_errors(uri: str, explain: Callable[[Exception], str | None]) -> Itera
     except StorageError:
         raise
     except Exception as error:
+        transient = _transient(error)
+        if transient is not None:
+            raise StoreUnavailableError(
+                f"{uri}: the store at {endpoint} kept failing through its retries ({transient}); nothing "
+                "half-written is kept, run again later"
+            ) from error
         explanation = explain(error)
         if explanation is None:
             raise
         raise StorageError(f"{uri}: {explanation}") from error
+
+
+TRANSIENT_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable", "InternalError",
+     "RequestLimitExceeded", "TooManyRequests", "BandwidthLimitExceeded"}
+)  # fmt: skip
+RETRIES = 4  # attempts of a read whose body was cut short (the clients retry their own calls: max_attempts)
+RETRY_BASE_SECONDS = 0.5
+
+
+def _transient(error: BaseException) -> str | None:
+    """What makes `error` (or an error it came from) a transient store failure, as a few words; None otherwise.
+    The one rule for every call to every store: 5xx and throttling answers, connections reset or cut short,
+    timeouts."""
+    import http.client
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        name = type(error).__name__
+        response = getattr(error, "response", None)
+        if isinstance(response, dict):  # botocore's ClientError
+            code = response.get("Error", {}).get("Code", "")
+            status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if code in TRANSIENT_CODES or status >= 500 or status == 429:
+                return f"{status} {code}".strip()
+        code = getattr(error, "code", None)
+        if isinstance(code, int) and (code >= 500 or code == 429) and "google" in type(error).__module__:
+            return f"{code} {name}"
+        if isinstance(error, http.client.IncompleteRead | ConnectionResetError | TimeoutError):
+            return name
+        if name in ("ReadTimeoutError", "ConnectionClosedError", "ResponseStreamingError", "IncompleteReadError",
+                    "ProtocolError", "ChunkedEncodingError", "ReadTimeout", "RetryError"):  # fmt: skip
+            return name
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def retried_read(uri: str, read: Callable[[], Any]) -> Any:
+    """`read()` again, with backoff, when a transient failure cut it short (a body that ended early, a reset):
+    the clients retry their calls, not the reading of a body already answered."""
+    for attempt in range(RETRIES):
+        try:
+            return read()
+        except Exception as error:
+            if _transient(error) is None or attempt == RETRIES - 1:
+                raise
+            delay = RETRY_BASE_SECONDS * 2**attempt
+            logger.warning("%s: %s; reading it again in %.1f s", uri, _transient(error), delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def _explain_s3_error(error: Exception) -> str | None:
@@ -517,8 +588,8 @@ def _explain_gcs_error(error: Exception) -> str | None:
 
 
 def _s3_errors(uri: str):
-    return _store_errors(uri, _explain_s3_error)
+    return _store_errors(uri, _explain_s3_error, s3_endpoint() or "AWS S3")
 
 
 def _gcs_errors(uri: str):
-    return _store_errors(uri, _explain_gcs_error)
+    return _store_errors(uri, _explain_gcs_error, gcs_endpoint())

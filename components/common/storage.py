@@ -61,6 +61,11 @@ class StorageError(ValueError):
     """An object store cannot be reached or refuses the credentials: a configuration problem, not a bug."""
 
 
+class StoreUnavailableError(StorageError):
+    """The store kept answering with a transient error (5xx, SlowDown, throttling, a reset or cut connection, a
+    timeout) through every retry: not a setting to fix but a moment to wait out, so its exit code is retryable."""
+
+
 class UnsafeStoreError(StorageError):
     """The object store does not honour conditional writes, so concurrent writers would go undetected."""
 

@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
+from components.common.checkpoint_reader import DamagedCheckpointError, open_whole
 from components.common.model import model_spec_of, variable_name
 from components.common.model_directory import (
     RESOLVED_CONFIG,
@@ -43,9 +43,9 @@ def restore_weights(model, checkpoint_path: str, weights: str = "auto") -> str:
     architecture or number of classes is an error, as are NaN or Inf weights.
     """
     try:
-        reader = tf.train.load_checkpoint(checkpoint_path)
-    except (tf.errors.OpError, ValueError) as error:
-        raise EvaluationError(f"{checkpoint_path}: not a readable checkpoint ({error})") from error
+        reader = open_whole(checkpoint_path)
+    except DamagedCheckpointError as error:
+        raise EvaluationError(str(error)) from error
     shapes = reader.get_variable_to_shape_map()
     trainable = {variable_name(variable) for variable in model.trainable_variables}
     has_ema = all(checkpoint_key("ema", name) in shapes for name in trainable)

@@ -20,6 +20,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from components.common import storage
+from components.common.checkpoint_reader import DamagedCheckpointError, open_whole
 from components.common.dataset import default_cache_dir
 from components.common.model import variable_name
 from components.common.model_directory import (
@@ -200,7 +201,14 @@ def warm_start(
 ) -> WarmStartReport:
     """Assign checkpoint values to the variables selected by name; report what was and was not restored."""
     path = resolve_checkpoint_path(local_checkpoint(source, cache_dir))
-    reader = tf.train.load_checkpoint(path)
+    try:
+        reader = open_whole(path)
+    except DamagedCheckpointError as error:
+        raise CheckpointError(f"warm start: {error}; give another checkpoint, or none") from error
+    return _warm_start_from(reader, variables, path, include, exclude, mapping)
+
+
+def _warm_start_from(reader, variables, path: str, include, exclude, mapping) -> WarmStartReport:
     available = checkpoint_variable_names(path)
     shapes = reader.get_variable_to_shape_map()
     restored, skipped = [], {}
