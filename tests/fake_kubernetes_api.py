@@ -666,6 +666,9 @@ class Tick:
     pod: str | None = "Running"  # worker 0's phase, None while it does not exist
     restarts: int = 0  # TFJob: container restarts; TrainJob: JobSet restarts (each makes a new pod)
     error: int | None = None  # answer the job GET with this HTTP status instead
+    waiting: tuple[str, str] | None = None  # worker 0's container waits: (reason, message), e.g. ErrImagePull
+    unschedulable: str | None = None  # worker 0 cannot be scheduled: the scheduler's message
+    events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, message) the controller records on the job
 
 
 def condition(kind: str, status: str = "True", reason: str = "", message: str = "") -> dict:
@@ -706,6 +709,8 @@ class PodRecord:
     logs: dict[int, list[str]] = field(default_factory=dict)
     created: str = field(default_factory=lambda: _now())
     attempt: int | None = None  # scripted TrainJob pods: the JobSet restart that made this pod (keys its log)
+    waiting: tuple[str, str] | None = None  # the container's waiting (reason, message)
+    unschedulable: str | None = None  # the scheduler's message while the pod cannot be placed
 
     @property
     def instance(self) -> int:
@@ -910,16 +915,29 @@ class FakeKubernetesApi:
             if job_namespace != namespace or plural not in ("tfjobs", "trainjobs") or world.pod is None:
                 continue
             if plural == "tfjobs":
-                records.append(
-                    PodRecord(namespace, f"{name}-worker-0", {}, {}, "tensorflow", world.pod, world.restarts)
-                )
+                labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/replica-type": "worker"}
+                record = PodRecord(namespace, f"{name}-worker-0", labels, {}, "tensorflow", world.pod, world.restarts)
             else:
                 labels = {"jobset.sigs.k8s.io/jobset-name": name,
                           "jobset.sigs.k8s.io/restart-attempt": str(world.restarts)}  # fmt: skip
                 annotations = {"batch.kubernetes.io/job-completion-index": "0"}
-                records.append(PodRecord(namespace, f"{name}-node-0-0-r{world.restarts}", labels, annotations, "node",
-                                         world.pod, attempt=world.restarts))  # fmt: skip
+                record = PodRecord(namespace, f"{name}-node-0-0-r{world.restarts}", labels, annotations, "node",
+                                   world.pod, attempt=world.restarts)  # fmt: skip
+            record.waiting, record.unschedulable = world.waiting, world.unschedulable
+            records.append(record)
         return records
+
+    def events(self, namespace: str, involved: str) -> list[dict]:
+        """The events the controllers recorded on object `involved` (the timeline's, on each job)."""
+        if self.timeline is None:
+            return []
+        world = self.world()
+        return [
+            {"metadata": {"name": f"{involved}.{index}", "namespace": namespace}, "type": kind, "reason": reason,
+             "message": message, "involvedObject": {"name": involved, "namespace": namespace}}
+            for index, (kind, reason, message) in enumerate(world.events)
+            if any(job_namespace == namespace and job == involved for _plural, job_namespace, job in self.objects)
+        ]  # fmt: skip
 
     def pod_records(self, namespace: str) -> list[PodRecord]:
         if self.timeline is not None:
@@ -950,16 +968,20 @@ class FakeKubernetesApi:
 
 def pod_json(record: PodRecord) -> dict:
     running = record.phase == "Running"
+    status = {"name": record.container, "restartCount": record.restarts, "ready": running, "image": "i",
+              "imageID": "", "started": running}  # fmt: skip
+    if record.waiting is not None:
+        status["state"] = {"waiting": {"reason": record.waiting[0], "message": record.waiting[1]}}
+    conditions = []
+    if record.unschedulable is not None:
+        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                           "message": record.unschedulable})  # fmt: skip
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": record.name, "namespace": record.namespace, "labels": record.labels,
                      "annotations": record.annotations, "creationTimestamp": record.created},
-        "status": {
-            "phase": record.phase,
-            "containerStatuses": [{"name": record.container, "restartCount": record.restarts, "ready": running,
-                                   "image": "i", "imageID": "", "started": running}],
-        },
+        "status": {"phase": record.phase, "conditions": conditions, "containerStatuses": [status]},
     }  # fmt: skip
 
 
@@ -999,6 +1021,7 @@ CUSTOM = re.compile(
 )
 OPENAPI = re.compile(r"^/openapi/v3/apis/(?P<group>[^/]+)/(?P<version>[^/]+)$")
 PODS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<log>/log)?)?$")
+EVENTS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/events$")
 
 
 def _handler_class(api: FakeKubernetesApi):
@@ -1037,6 +1060,13 @@ def _handler_class(api: FakeKubernetesApi):
                     return self._custom(user, method, match, body)
                 if (match := PODS.match(url.path)) and method == "GET":
                     return self._pods(user, match, query)
+                if (match := EVENTS.match(url.path)) and method == "GET":
+                    self._authorize(user, "list", "", "events", match["namespace"])
+                    selector = query.get("fieldSelector", [""])[0]
+                    if not selector.startswith("involvedObject.name="):
+                        raise Refused(400, "BadRequest", f"this stand-in answers one field selector, not {selector!r}")
+                    items = api.events(match["namespace"], selector.removeprefix("involvedObject.name="))
+                    return self._reply(200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items})
                 raise Refused(404, "NotFound", f"{method} {url.path}: not served by this stand-in")
             except Refused as refused:
                 self._reply(refused.status, _status(refused))

@@ -318,7 +318,8 @@ def test_a_torn_training_summary_is_named_in_one_clear_line(synthetic_data, trai
         ["--data", synthetic_data, "--model-dir", str(model_dir), "--mode", "continuous", "--timeout-seconds", "5"]
     )
     assert code == 2
-    assert re.search(r"train_metrics\.json: not a readable training summary \(JSONDecodeError", capfd.readouterr().err)
+    refused = r"train_metrics\.json: not a valid model directory's train_metrics\.json: not valid JSON"
+    assert re.search(refused, capfd.readouterr().err)
 
 
 def test_an_airbench_model_is_evaluated_with_the_whitening_it_was_trained_with(synthetic_data, tmp_path):

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -649,3 +650,79 @@ def test_transient_api_errors_are_retried_and_never_delete_the_running_job(caplo
     assert api.deleted == [(NAMESPACE, "flaky-api")]  # once, at the end
     assert "transient API error" in caplog.text and api.pod_errors == []
     assert "stopped streaming" not in caplog.text
+
+
+# -- workers that cannot start, and settings Kubernetes would refuse ----------------------------------------------
+
+PULL_FAILS = ("ErrImagePull", 'failed to pull image "registry.example/cifar10/gpu:1.2.3": not found')
+
+
+@pytest.mark.parametrize(
+    ("tick", "expected"),
+    [
+        (Tick(TRAINJOB_RUNNING, pod="Pending", waiting=PULL_FAILS), r"cannot start node: ErrImagePull: failed to pull"),
+        (Tick(TRAINJOB_RUNNING, pod="Pending", waiting=("ImagePullBackOff", "Back-off pulling image")),
+         r"ImagePullBackOff"),
+        (Tick(TRAINJOB_RUNNING, pod="Pending", waiting=("CreateContainerConfigError", 'secret "s3" not found')),
+         r'CreateContainerConfigError: secret "s3" not found'),
+        (Tick(TRAINJOB_RUNNING, pod="Pending", unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
+         r"cannot be scheduled: 0/3 nodes are available"),
+        (Tick(TRAINJOB_RUNNING, pod=None,
+              events=(("Warning", "JobSetCreateFailed", "admission webhook denied the request: pod name too long"),)),
+         r"the controller makes no pods: JobSetCreateFailed: admission webhook denied"),
+    ],
+    ids=["image pull", "pull back-off", "container config", "unschedulable", "no pods, a warning"],
+)  # fmt: skip
+def test_a_worker_that_cannot_start_fails_the_step_in_its_bound_naming_the_pod_and_deletes_the_job(tick, expected):
+    with FakeKubernetesApi([tick], release="trainer-2.3") as api:
+        install_runtime(api)
+        started = time.monotonic()
+        bounds = {"start_timeout_seconds": 1, "unschedulable_timeout_seconds": 1}
+        with pytest.raises(cluster_job.JobError, match=rf"TrainJob team-a/job-s cannot run: .*{expected}.*deleted"):
+            trainjob_launcher(api).run(config(), launch(**bounds), name="job-s")
+        assert time.monotonic() - started < 30
+        assert api.deleted == [(NAMESPACE, "job-s")]
+
+
+def test_an_image_name_the_kubelet_cannot_parse_fails_at_once():
+    tick = Tick(TRAINJOB_RUNNING, pod="Pending", waiting=("InvalidImageName", 'couldn\'t parse image name "A:b:c"'))
+    with FakeKubernetesApi([tick], release="trainer-2.3") as api:
+        install_runtime(api)
+        with pytest.raises(cluster_job.JobError, match=r"InvalidImageName: .*\(for 0 s\)"):
+            trainjob_launcher(api).run(config(), launch(start_timeout_seconds=3600), name="job-i")
+
+
+def test_a_pull_error_that_clears_within_its_bound_is_waited_out():
+    pulling = Tick(TRAINJOB_RUNNING, pod="Pending", waiting=PULL_FAILS)
+    timeline = [pulling, pulling, Tick(TRAINJOB_RUNNING), Tick(TRAINJOB_COMPLETE)]
+    with FakeKubernetesApi(timeline, release="trainer-2.3") as api:
+        install_runtime(api)
+        outcome = trainjob_launcher(api).run(config(), launch(start_timeout_seconds=60), name="job-p")
+    assert outcome.succeeded
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"job_namespace": "team.a"}, r"job_namespace: 'team.a' is not a namespace name"),
+        ({"job_namespace": "a" * 64}, r"job_namespace: .* is not a namespace name"),
+        ({"queue_name": "q" * 64}, r"queue_name: .* cannot be a Kubernetes label value"),
+        ({"worker_image": "registry.example/Cifar10/gpu:1"}, r"worker_image: .* is not an image reference"),
+        ({"worker_image": "registry.example/cifar10/gpu:"}, r"worker_image: .* is not an image reference"),
+        ({"worker_image": "registry.example/cifar10 gpu"}, r"worker_image: .* is not an image reference"),
+    ],
+)
+def test_launch_settings_kubernetes_would_refuse_are_refused_before_anything_is_created(setting, message):
+    with pytest.raises(ValueError, match=message):
+        launch(**setting)
+
+
+@pytest.mark.parametrize("workers", [4, 16])
+def test_a_job_name_whose_jobset_pod_names_pass_63_characters_is_refused_before_creating_it(workers):
+    longest_allowed = 63 - len(f"-node-0-{workers - 1}-abcde")
+    with FakeKubernetesApi([Tick(TRAINJOB_COMPLETE)], release="trainer-2.3") as api:
+        install_runtime(api)
+        with pytest.raises(ValueError, match=rf"at most {longest_allowed} characters"):
+            trainjob_launcher(api).run(config(workers=workers), launch(), name="j" * (longest_allowed + 1))
+        assert api.created == []
+        assert trainjob_launcher(api).run(config(workers=workers), launch(), name="j" * longest_allowed).succeeded

@@ -15,9 +15,8 @@ from components.train.launcher import choose_launcher
 
 
 def tf_config(workers=2, task_type="worker", index=0):
-    return json.dumps(
-        {"cluster": {"worker": [f"host-{i}:2222" for i in range(workers)]}, "task": {"type": task_type, "index": index}}
-    )
+    workers = [f"127.0.0.1:{2222 + i}" for i in range(workers)]
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": task_type, "index": index}})
 
 
 class TestTfConfig:
@@ -34,7 +33,9 @@ class TestTfConfig:
         ("text", "problem"),
         [
             ("{not json", "not valid JSON"),
-            ("[1, 2]", "must be a JSON object"),
+            ("[1, 2]", "expected a JSON object, got a list"),
+            ('{"cluster": ' * 40 + "{}" + "}" * 40, "nested 41 levels deep"),
+            ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 1e999}}', "not a finite"),
             (json.dumps({"task": {"type": "worker", "index": 0}}), "no 'cluster' object"),
             (json.dumps({"cluster": {"worker": ["nohostport"]}, "task": {"type": "worker", "index": 0}}), "host:port"),
             (json.dumps({"cluster": {"worker": ["a:1", "b:1"]}}), "no 'task' object"),

@@ -53,12 +53,17 @@ def describe(error: BaseException) -> str | None:
 
 
 def check_writable(folder: str | os.PathLike, what: str) -> None:
-    """`folder` (local; created when missing) can be written by this user: a ValueError naming it otherwise, before
-    any heavy set-up. A remote store is checked by its first write."""
+    """`folder` (local) can be written by this user, or made where it is missing: a ValueError naming it otherwise,
+    before any heavy set-up. Nothing is left behind (a probe file in the folder, or in its nearest existing parent,
+    is removed at once). A remote store is checked by its first write."""
     path = Path(folder)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what}: cannot write to {shown_path(path)} ({shown_path(existing)} is not a folder)")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".writable-", delete=True):
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".writable-", delete=True):
             pass
     except OSError as error:
         reason = _DENIED.get(error.errno, error.strerror or str(error))

@@ -3,7 +3,6 @@ error line."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -25,10 +24,7 @@ def in_interval(value: float, interval: str) -> bool:
 
 
 def shown(value: Any, limit: int = SHOWN_CHARACTERS) -> str:
-    """A value as an error line shows it: JSON (or repr), at most `limit` characters, never a line break."""
-    try:
-        text = json.dumps(value, ensure_ascii=True, default=repr)
-    except (TypeError, ValueError):
-        text = repr(value)
-    text = text.replace("\n", "\\n")
+    """A value as an error line shows it: its repr, at most `limit` characters (a 2,000,000-character value is not
+    echoed whole), never a line break."""
+    text = repr(value).replace("\n", "\\n")
     return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text):,} characters)"

@@ -50,6 +50,7 @@ class RawSplit:
     labels: np.ndarray  # int64 [N], in this split's order
     ids: list[str]
     indices: np.ndarray  # int64 [N]: positions in the concatenation of `parts`
+    resize_to: tuple[int, int] | None = None  # (height, width): pixels resized as they are gathered, a batch at a time
 
     @classmethod
     def from_array(cls, images: np.ndarray, labels: np.ndarray, ids: list[str]) -> RawSplit:
@@ -60,14 +61,20 @@ class RawSplit:
 
     @property
     def image_shape(self) -> tuple[int, ...]:
-        return tuple(self.parts[0].shape[1:])
+        shape = tuple(self.parts[0].shape[1:])
+        return shape if self.resize_to is None else (*self.resize_to, shape[-1])
 
     def take(self, chosen: np.ndarray) -> RawSplit:
-        return RawSplit(self.parts, self.labels[chosen], [self.ids[index] for index in chosen], self.indices[chosen])
+        chosen_ids = [self.ids[index] for index in chosen]
+        return RawSplit(self.parts, self.labels[chosen], chosen_ids, self.indices[chosen], self.resize_to)
 
     def images(self, selection: slice = slice(None)) -> np.ndarray:
-        """uint8 [n, H, W, C] for the examples in `selection`, gathered into one contiguous array."""
-        wanted = self.indices[selection]
+        """uint8 [n, H, W, C] for the examples in `selection`, gathered into one contiguous array (and resized, when
+        the split is to be: a shard's worth at a time, so memory holds the source and one shard, whatever the size)."""
+        gathered = self._gathered(self.indices[selection])
+        return gathered if self.resize_to is None else resized_in_batches(gathered, self.resize_to)
+
+    def _gathered(self, wanted: np.ndarray) -> np.ndarray:
         if len(self.parts) == 1:
             return np.ascontiguousarray(self.parts[0][wanted])
         starts = np.cumsum([0] + [len(part) for part in self.parts[:-1]])
@@ -86,11 +93,15 @@ class RawSplit:
             parts.extend(split.parts)
             indices.append(split.indices + offset)
             offset += sum(len(part) for part in split.parts)
+        sizes = {split.resize_to for split in splits}
+        if len(sizes) > 1:
+            raise ValueError(f"splits to be joined are resized to different sizes {sorted(map(str, sizes))}")
         return RawSplit(
             parts,
             np.concatenate([split.labels for split in splits]),
             [example_id for split in splits for example_id in split.ids],
             np.concatenate(indices),
+            sizes.pop() if sizes else None,
         )
 
 
@@ -515,19 +526,28 @@ def read_tree(tree: FileTree, source_format: str = "auto", image_size: tuple[int
 
 
 def resized_dataset(raw: RawDataset, size: tuple[int, int]) -> RawDataset:
-    """`raw` with every image resized to `size` (the splits keep their order, ids and labels)."""
+    """`raw` with every image to be resized to `size` (the splits keep their order, ids and labels); the pixels are
+    resized when a shard gathers them (`RawSplit.images`), never the whole dataset at once."""
     if raw.train.image_shape[:2] == size and raw.eval.image_shape[:2] == size:
         return raw
-    logger.info("resizing %d images to %dx%d", len(raw.train) + len(raw.eval), *size)
+    logger.info("resizing %d images to %dx%d as their shards are written", len(raw.train) + len(raw.eval), *size)
+    return dataclasses.replace(
+        raw,
+        train=dataclasses.replace(raw.train, resize_to=size),
+        eval=dataclasses.replace(raw.eval, resize_to=size),
+    )
 
-    def split_resized(split: RawSplit) -> RawSplit:
-        images = split.images()
-        return RawSplit.from_array(
-            np.concatenate([resized(images[start : start + 1000], size) for start in range(0, len(images), 1000)])
-            if len(images)
-            else np.empty((0, *size, 3), np.uint8),
-            split.labels,
-            split.ids,
-        )
 
-    return dataclasses.replace(raw, train=split_resized(raw.train), eval=split_resized(raw.eval))
+RESIZE_BATCH_BYTES = 64 << 20  # of float32 pixels a resize batch may hold (source and result), whatever the sizes
+
+
+def resized_in_batches(images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 [N, H, W, C] at `size`, resized in batches of at most RESIZE_BATCH_BYTES of float32 pixels."""
+    if images.shape[1:3] == size:
+        return images
+    result = np.empty((len(images), *size, images.shape[-1]), np.uint8)
+    per_image = 4 * images.shape[-1] * (images.shape[1] * images.shape[2] + size[0] * size[1])
+    batch = max(1, RESIZE_BATCH_BYTES // per_image)
+    for start in range(0, len(images), batch):
+        result[start : start + batch] = resized(images[start : start + batch], size)
+    return result

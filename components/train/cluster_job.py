@@ -7,7 +7,9 @@ and container is worker 0 right now. `ClusterJobLauncher` does the rest, the sam
   cluster's operator does not know is an error, never silently dropped); when an earlier attempt of the step created
   it already, follow that one instead of starting a second writer of the same model directory;
 - wait for a final condition, at most `job_timeout_seconds`, while streaming worker 0's log as whole lines (waiting
-  while its pod is Pending, re-attaching when a new container or pod takes over);
+  while its pod is Pending, re-attaching when a new container or pod takes over); fail in minutes when a worker
+  cannot start (an image that cannot be pulled or named, a container that cannot be created, a pod that stays
+  unschedulable) or the controller warns and makes no pods (`StartWatch`);
 - retry reads after transient API errors with bounded back-off, so a flaky API server never ends a job;
 - delete the job when it ended, failed or timed out, and when the step is cancelled (SIGTERM or SIGINT); when the
   API stays unreachable, leave it for the step's retry, which follows it again (and the pipeline's exit handler
@@ -30,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -93,6 +96,7 @@ class JobKind(Protocol):
     def build(self, train: TrainConfig, launch: LaunchConfig, name: str, namespace: str) -> dict[str, Any]: ...
     def outcome(self, job: dict[str, Any]) -> JobOutcome | None: ...
     def waiting(self, job: dict[str, Any]) -> str | None: ...
+    def pod_selector(self, name: str) -> str: ...
     def worker0(self, core, name: str, namespace: str) -> Worker0 | None: ...
 
 
@@ -242,6 +246,54 @@ def suspended(job: dict[str, Any]) -> str | None:
     return "suspended (waiting to be admitted, e.g. by Kueue)" if held else None
 
 
+# Why a worker's container does not start: at once for what no waiting mends, after `start_timeout_seconds` for what
+# may (a registry that is down for a moment, a secret created a little later).
+NEVER_STARTS = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+MAY_NOT_START = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+
+
+@dataclass
+class StartWatch:
+    """Workers that cannot start, and a controller that makes no pods: the one place the wait decides to give up
+    before the job's own timeout. Each problem is timed from when it was first seen; one that goes away is
+    forgotten."""
+
+    start_timeout_seconds: float
+    unschedulable_timeout_seconds: float
+    clock: Callable[[], float]
+    first_seen: dict[tuple[str, str], float] = dataclass_field(default_factory=dict)
+
+    def problem(self, pods: list, warnings: list) -> str | None:
+        """The first problem that has lasted its bound, as a line naming the pod (or the job's event) and why."""
+        now, found = self.clock(), []
+        for pod in pods:
+            name, status = pod.metadata.name, pod.status
+            for container in (status.init_container_statuses or []) + (status.container_statuses or []):
+                waiting = container.state.waiting if container.state else None
+                if waiting is not None and waiting.reason in NEVER_STARTS | MAY_NOT_START:
+                    bound = 0.0 if waiting.reason in NEVER_STARTS else self.start_timeout_seconds
+                    said = (
+                        f"pod {name} cannot start {container.name}: {waiting.reason}: {(waiting.message or '')[:300]}"
+                    )
+                    found.append(((name, waiting.reason), bound, said))
+            for condition in status.conditions or []:
+                if (condition.type, condition.status, condition.reason) == ("PodScheduled", "False", "Unschedulable"):
+                    said = f"pod {name} cannot be scheduled: {(condition.message or '')[:300]}"
+                    found.append(((name, "Unschedulable"), self.unschedulable_timeout_seconds, said))
+        if not pods:
+            for event in warnings:
+                said = f"the controller makes no pods: {event.reason}: {(event.message or '')[:300]}"
+                found.append((("", event.reason or ""), self.start_timeout_seconds, said))
+        seen = {key: self.first_seen.get(key, now) for key, _bound, _said in found}
+        self.first_seen = seen
+        for key, bound, said in found:
+            if now - seen[key] >= bound:
+                return f"{said} (for {now - seen[key]:.0f} s)"
+        return None
+
+
 class ClusterJobLauncher:
     """Runs one job of `kind` through the `kubernetes` client (real in tests too, against a strict stand-in)."""
 
@@ -265,6 +317,7 @@ class ClusterJobLauncher:
         self.backoff_seconds = backoff_seconds
         self.log_poll_seconds = log_poll_seconds
         self._finished = threading.Event()
+        self._events_readable = True
 
     def describe(self, namespace: str, name: str) -> str:
         return f"{self.kind.kind} {namespace}/{name}"
@@ -292,8 +345,9 @@ class ClusterJobLauncher:
         job_name = job["metadata"]["name"]
         self._create(job, namespace)
         delete = True
+        watch = StartWatch(launch.start_timeout_seconds, launch.unschedulable_timeout_seconds, self.clock)
         try:
-            outcome = self._wait(job_name, namespace, launch.job_timeout_seconds)
+            outcome = self._wait(job_name, namespace, launch.job_timeout_seconds, watch)
         except Cancelled:
             logger.warning("cancelled: deleting %s", self.describe(namespace, job_name))
             raise
@@ -362,7 +416,23 @@ class ClusterJobLauncher:
                 return None
             raise
 
-    def _wait(self, name: str, namespace: str, timeout: float) -> JobOutcome:
+    def _start_problem(self, name: str, namespace: str, watch: StartWatch) -> str | None:
+        """What keeps the job's workers from starting, once it has lasted its bound (StartWatch)."""
+        pods = self.read(f"list {name}'s pods", lambda: self.core.list_namespaced_pod(
+            namespace, label_selector=self.kind.pod_selector(name)).items)  # fmt: skip
+        warnings = []
+        if not pods and self._events_readable:
+            try:
+                events = self.read(f"list {name}'s events", lambda: self.core.list_namespaced_event(
+                    namespace, field_selector=f"involvedObject.name={name}").items)  # fmt: skip
+                warnings = [event for event in events if event.type == "Warning"]
+            except Exception as error:
+                if status_of(error) != 403:
+                    raise
+                self._events_readable = False  # a role without events: the job's own timeout still bounds the wait
+        return watch.problem(pods, warnings)
+
+    def _wait(self, name: str, namespace: str, timeout: float, watch: StartWatch | None = None) -> JobOutcome:
         described = self.describe(namespace, name)
         deadline = self.clock() + timeout
         self._finished.clear()
@@ -385,6 +455,9 @@ class ClusterJobLauncher:
                         if waiting:
                             logger.warning("%s is %s", described, waiting)
                         waiting_said = waiting
+                    problem = self._start_problem(name, namespace, watch) if watch is not None else None
+                    if problem is not None:
+                        raise JobError(f"{described} cannot run: {problem}; it was deleted")
                     if self.clock() >= deadline:
                         raise JobError(f"{described} did not finish within {timeout:.0f} s; it was deleted")
                     self.sleep(self.poll_seconds)

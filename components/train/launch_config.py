@@ -29,6 +29,50 @@ def check_dns_1035_label(name: str, field_name: str, reserve: int = 0) -> str:
     return name
 
 
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# An image reference as the kubelet parses it (github.com/distribution/reference): [host[:port]/]path[:tag][@digest].
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+IMAGE_REFERENCE = re.compile(
+    rf"^(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+
+
+def check_namespace(name: str, field_name: str) -> str:
+    """A namespace name: a DNS-1123 label (no dots, at most 63 characters), as the API server requires."""
+    if not DNS_1123_LABEL.fullmatch(name) or len(name) > 63:
+        raise ValueError(
+            f"{field_name}: {name[:80]!r} is not a namespace name (at most 63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit; no dots)"
+        )
+    return name
+
+
+def check_label_value(value: str, field_name: str) -> str:
+    """A label value (the job carries it as one): at most 63 characters, alphanumerics, '-', '_' and '.' inside."""
+    if not LABEL_VALUE.fullmatch(value) or len(value) > 63:
+        raise ValueError(
+            f"{field_name}: {value[:80]!r} cannot be a Kubernetes label value (at most 63 characters: letters, digits, "
+            "'-', '_' and '.', starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def check_image_reference(reference: str, field_name: str) -> str:
+    """An image reference the kubelet can parse (a lowercase repository, an optional tag and digest)."""
+    without_digest = reference.split("@", 1)[0]
+    last = without_digest.rsplit("/", 1)[-1]
+    name = without_digest[: len(without_digest) - len(last)] + last.split(":", 1)[0]
+    if not IMAGE_REFERENCE.fullmatch(reference) or len(name) > 255:
+        raise ValueError(
+            f"{field_name}: {reference[:120]!r} is not an image reference the kubelet can pull "
+            "([registry[:port]/]repository[:tag][@sha256:digest], the repository in lowercase)"
+        )
+    return reference
+
+
 def check_object_name(name: str, field_name: str) -> str:
     """A Kubernetes object name (secret, service account, runtime, namespace): a DNS-1123 subdomain."""
     if not DNS_1123_SUBDOMAIN.fullmatch(name) or len(name) > 253:
@@ -82,6 +126,18 @@ class LaunchConfig:
         default=7 * 24 * 3600.0,
         metadata={"range": "(0, inf)", "help": "the job is deleted and the step fails after this long"},
     )
+    start_timeout_seconds: float = field(
+        default=300.0,
+        metadata={
+            "range": "(0, inf)",
+            "help": "the step fails when a worker cannot pull its image or create its container, or the controller "
+            "warns and makes no pods, for this long (an invalid image name fails at once)",
+        },
+    )
+    unschedulable_timeout_seconds: float = field(
+        default=1800.0,
+        metadata={"range": "(0, inf)", "help": "the step fails when a worker pod stays unschedulable this long"},
+    )
     runtime: str = field(
         default=DEFAULT_RUNTIME,
         metadata={"help": "TrainJob: the ClusterTrainingRuntime the admin installed (manifests/admin/)"},
@@ -92,9 +148,15 @@ class LaunchConfig:
         for name in ("worker_cpu", "worker_memory"):
             if not QUANTITY.match(getattr(self, name)):
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
-        for name in ("job_namespace", "service_account", "object_store_secret", "runtime", "queue_name"):
+        for name in ("service_account", "object_store_secret", "runtime", "queue_name"):
             if getattr(self, name) is not None:
                 check_object_name(getattr(self, name), name)
+        if self.job_namespace is not None:
+            check_namespace(self.job_namespace, "job_namespace")
+        if self.queue_name is not None:
+            check_label_value(self.queue_name, "queue_name")  # the job carries it as kueue.x-k8s.io/queue-name
+        if self.worker_image is not None:
+            check_image_reference(self.worker_image, "worker_image")
         for secret in self.image_pull_secrets:
             check_object_name(secret, "image_pull_secrets")
         if self.job_name is not None:

@@ -81,6 +81,9 @@ class TFJobKind:
     def waiting(self, job: dict[str, Any]) -> str | None:
         return suspended(job)
 
+    def pod_selector(self, name: str) -> str:
+        return f"training.kubeflow.org/job-name={name}"
+
     def worker0(self, core, name: str, namespace: str) -> Worker0 | None:
         """(pod, container, phase, restart count) of `<job>-worker-0`, or None while it does not exist."""
         pod = f"{name}-worker-0"

@@ -55,6 +55,19 @@ logger = logging.getLogger(__name__)
 CURRENT_SPEC_FIELDS = frozenset({"runtimeRef", "trainer", "runtimePatches", "activeDeadlineSeconds"})
 
 
+def check_pod_names(name: str, workers: int) -> None:
+    """JobSet's webhook refuses a JobSet whose longest pod name, `<name>-node-<job>-<pod>-<5 random>`, is not a
+    DNS-1035 label of at most 63 characters (Trainer v2.3 then only emits a Warning event): refused here, before
+    anything is created, naming the longest name the job may have."""
+    longest = f"{name}-{NODE}-0-{workers - 1}-abcde"
+    if len(longest) > 63:
+        room = 63 - (len(longest) - len(name))
+        raise ValueError(
+            f"job_name: {name!r} is {len(name)} characters; with {workers} workers JobSet names a pod {longest!r} "
+            f"({len(longest)} characters, more than Kubernetes' 63): give a name of at most {room} characters"
+        )
+
+
 class TrainJobKind:
     kind, group, version, plural = "TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs"
     operator = "Kubeflow Trainer v2 (TrainJob)"
@@ -67,6 +80,7 @@ class TrainJobKind:
         """The TrainJob: the runtime, N nodes with their image, command, arguments, resources and env, and the pod
         settings (service account, pull secrets, GPU tolerations, grace period) where this Trainer takes them."""
         check_dns_1035_label(name, "job_name", reserve=JOB_NAME_RESERVE)
+        check_pod_names(name, train.workers)
         pod_patch: dict[str, Any] = {"serviceAccountName": launch.service_account}
         if "runtimePatches" in self.spec_fields:
             pod_patch["terminationGracePeriodSeconds"] = launch.termination_grace_seconds
@@ -120,6 +134,9 @@ class TrainJobKind:
 
     def waiting(self, job: dict[str, Any]) -> str | None:
         return suspended(job)
+
+    def pod_selector(self, name: str) -> str:
+        return f"{JOBSET_NAME_LABEL}={name}"
 
     def worker0(self, core, name: str, namespace: str) -> Worker0 | None:
         """The newest pod of completion index 0 among the job's pods (a JobSet restart makes new pods)."""
