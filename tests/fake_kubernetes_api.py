@@ -3,9 +3,10 @@ client. No API server can run here, so this one checks what it receives the way 
 the clusters users run:
 
 - `release="1.10"`: training-operator v1.9 serves TFJobs (kubeflow.org/v1); `release="1.11"` (and 26.03): Kubeflow
-  Trainer v2.3 serves TrainJobs, TrainingRuntimes, ClusterTrainingRuntimes (trainer.kubeflow.org/v1alpha1) and JobSet
-  v0.12 its JobSets, and there is no TFJob; `release="none"`: neither. The API's discovery says what is served,
-  and a request for anything else is the real server's 404.
+  Trainer v2.1 serves TrainJobs, TrainingRuntimes, ClusterTrainingRuntimes (trainer.kubeflow.org/v1alpha1) and JobSet
+  v0.10 its JobSets, and there is no TFJob; `release="trainer-2.2"` and `"trainer-2.3"`: Trainer v2.2.1 (JobSet
+  v0.11) and v2.3.0 (JobSet v0.12), as an admin installs them; `release="none"`: neither. The API's discovery says
+  what is served, and a request for anything else is the real server's 404.
 - Every body against the vendored CRD's openAPIV3Schema (tests/vendor/), closed: an unknown field is refused (the real
   server would drop it silently, which hides a misspelled setting); the CRDs' CEL rules; the admission webhooks (the
   TFJob webhook's rules; Trainer's TrainJob, runtime and JobSet-plugin validation: the runtime must exist, patches
@@ -67,6 +68,7 @@ class Resource:
 
 TRAINER_VERSIONS = {  # release -> (Kubeflow Trainer, the JobSet it bundles)
     "1.11": ("v2.1.0", "v0.10.1"),  # Kubeflow 1.11.0 and 26.03 install Trainer v2.1.0 by default
+    "trainer-2.2": ("v2.2.1", "v0.11.1"),  # the Trainer release before: runtimePatches, but no grace period in them
     "trainer-2.3": ("v2.3.0", "v0.12.0"),  # the current Trainer, installed by the admin (standalone KFP 2.17...)
 }
 
@@ -103,6 +105,7 @@ def release_resources(release: str) -> dict[str, Resource]:
 ROLE_FILES = {
     "1.10": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-training-roles-v1.9.0.yaml"),
     "1.11": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-trainer-roles-v2.3.0.yaml"),  # the same rules in v2.1.0
+    "trainer-2.2": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-trainer-roles-v2.3.0.yaml"),  # the same rules in v2.2.1
     "trainer-2.3": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-trainer-roles-v2.3.0.yaml"),
     "none": ("kubeflow-roles-v1.11.0.yaml",),
 }

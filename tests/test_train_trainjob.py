@@ -108,7 +108,7 @@ def logged_lines(caplog, pod_prefix: str) -> list[str]:
     return lines
 
 
-TRAINER_RELEASES = ("1.11", "trainer-2.3")  # Trainer v2.1 (Kubeflow 1.11, 26.03) and v2.3 (installed by the admin)
+TRAINER_RELEASES = ("1.11", "trainer-2.2", "trainer-2.3")  # v2.1 (Kubeflow 1.11, 26.03); v2.2 and v2.3 (an admin's)
 
 
 @pytest.mark.parametrize("release", TRAINER_RELEASES)
@@ -173,7 +173,8 @@ def test_the_trainjob_sent_passes_the_crds_webhooks_and_rbac_and_worker_0s_log_s
         (patch,) = spec["runtimePatches"]
         (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
         pod = node["template"]["spec"]["template"]["spec"]
-        assert pod == {**pod_settings, "terminationGracePeriodSeconds": 300}
+        grace = {"terminationGracePeriodSeconds": 300} if release == "trainer-2.3" else {}  # v2.2's patch has none
+        assert pod == {**pod_settings, **grace}
         assert spec["activeDeadlineSeconds"] == 7 * 24 * 3600 and "podTemplateOverrides" not in spec
     assert api.pruned == []  # nothing was dropped: every field is one the cluster's Trainer knows
     assert api.deleted == [(NAMESPACE, "cifar10-train-run42")]
@@ -299,14 +300,15 @@ def test_a_field_the_clusters_trainer_does_not_know_is_refused_never_dropped(mon
         install_runtime(api)
         api.create("trainjobs", NAMESPACE, copy.deepcopy(job), field_validation="Warn")
         assert "spec.runtimePatches" in api.pruned and "spec.activeDeadlineSeconds" in api.pruned  # silently gone
-        current = launch_trainjob.CURRENT_SPEC_FIELDS
+        current = launch_trainjob.CURRENT_SPEC_FIELDS, launch_trainjob.CURRENT_POD_PATCH_FIELDS
         monkeypatch.setattr(launch_trainjob, "served_spec_fields", lambda _launcher: current)
         with pytest.raises(cluster_job.JobError, match=r'strict decoding error: unknown field "spec.activeDeadlineSec'):
             trainjob_launcher(api).run(config(), launch(), name="stale-2")
 
 
-def test_on_trainer_2_1_the_runtimes_grace_period_applies_and_the_log_says_so(caplog):
-    with FakeKubernetesApi([Tick(TRAINJOB_COMPLETE, pod="Succeeded")], release="1.11") as api, caplog.at_level("INFO"):
+@pytest.mark.parametrize("release", ["1.11", "trainer-2.2"])
+def test_before_trainer_2_3_the_runtimes_grace_period_applies_and_the_log_says_so(caplog, release):
+    with FakeKubernetesApi([Tick(TRAINJOB_COMPLETE, pod="Succeeded")], release=release) as api, caplog.at_level("INFO"):
         install_runtime(api)
         trainjob_launcher(api).run(config(), launch(termination_grace_seconds=900), name="grace")
     assert "cannot set a TrainJob's termination grace period: the runtime's 300 s applies, not 900 s" in caplog.text
@@ -549,7 +551,7 @@ def _free_ports(count: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("release", TRAINER_RELEASES)
+@pytest.mark.parametrize("release", ["1.11", "trainer-2.3"])  # v2.2 builds its pods as v2.3 does
 def test_real_workers_with_the_trainjob_pods_env_train_identically_and_resume_after_a_preemption(
     release, tmp_path, s3_bucket, caplog
 ):

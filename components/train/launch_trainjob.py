@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 # The TrainJob spec fields of Trainer v2.3 (what the launcher builds when the cluster's schema cannot be read).
 CURRENT_SPEC_FIELDS = frozenset({"runtimeRef", "trainer", "runtimePatches", "activeDeadlineSeconds"})
+CURRENT_POD_PATCH_FIELDS = frozenset(
+    {"serviceAccountName", "imagePullSecrets", "tolerations", "terminationGracePeriodSeconds"}
+)  # of the ones this launcher sets
 
 
 def check_pod_names(name: str, workers: int) -> None:
@@ -72,8 +75,14 @@ class TrainJobKind:
     kind, group, version, plural = "TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs"
     operator = "Kubeflow Trainer v2 (TrainJob)"
 
-    def __init__(self, spec_fields: frozenset[str] = CURRENT_SPEC_FIELDS, runtime: dict | None = None):
+    def __init__(
+        self,
+        spec_fields: frozenset[str] = CURRENT_SPEC_FIELDS,
+        runtime: dict | None = None,
+        pod_patch_fields: frozenset[str] = CURRENT_POD_PATCH_FIELDS,
+    ):
         self.spec_fields = spec_fields  # the TrainJob spec fields the cluster's Trainer knows
+        self.pod_patch_fields = pod_patch_fields  # the pod fields its runtime patch (or pod override) takes
         self.runtime = runtime or {}
 
     def build(self, train: TrainConfig, launch: LaunchConfig, name: str, namespace: str) -> dict[str, Any]:
@@ -82,7 +91,7 @@ class TrainJobKind:
         check_dns_1035_label(name, "job_name", reserve=JOB_NAME_RESERVE)
         check_pod_names(name, train.workers)
         pod_patch: dict[str, Any] = {"serviceAccountName": launch.service_account}
-        if "runtimePatches" in self.spec_fields:
+        if "terminationGracePeriodSeconds" in self.pod_patch_fields:
             pod_patch["terminationGracePeriodSeconds"] = launch.termination_grace_seconds
         if launch.image_pull_secrets:
             pod_patch["imagePullSecrets"] = [{"name": secret} for secret in launch.image_pull_secrets]
@@ -181,19 +190,21 @@ class TrainJobKind:
                     f"installed): {api_reason(error)}"
                 ) from error
             raise JobError(f"could not read ClusterTrainingRuntime {launch.runtime!r}: {api_reason(error)}") from error
-        self.spec_fields = served_spec_fields(launcher)
-        if "runtimePatches" not in self.spec_fields:
+        self.spec_fields, self.pod_patch_fields = served_spec_fields(launcher)
+        if "terminationGracePeriodSeconds" not in self.pod_patch_fields:
             runtime_grace = _runtime_grace_seconds(self.runtime)
             if runtime_grace != launch.termination_grace_seconds:
                 logger.warning(
-                    "this cluster's Trainer (v2.1) cannot set a TrainJob's termination grace period: the runtime's "
-                    "%s s applies, not %d s", runtime_grace, launch.termination_grace_seconds,
+                    "this cluster's Trainer (before v2.3) cannot set a TrainJob's termination grace period: the "
+                    "runtime's %s s applies, not %d s", runtime_grace, launch.termination_grace_seconds,
                 )  # fmt: skip
 
 
-def served_spec_fields(launcher: ClusterJobLauncher) -> frozenset[str]:
-    """The TrainJob spec fields of the cluster's Trainer, from the OpenAPI schema the API server publishes to every
-    authenticated user; the current Trainer's when it cannot be read (strict field validation then says so)."""
+def served_spec_fields(launcher: ClusterJobLauncher) -> tuple[frozenset[str], frozenset[str]]:
+    """The TrainJob spec fields of the cluster's Trainer and the pod fields its runtime patch takes, from the OpenAPI
+    schema the API server publishes to every authenticated user; the current Trainer's when it cannot be read
+    (strict field validation then says so). Only served fields are sent: Trainer v2.2's pod patch, for one, has no
+    terminationGracePeriodSeconds."""
     path = f"/openapi/v3/apis/{TrainJobKind.group}/{TrainJobKind.version}"
     try:
         document = launcher.read("read the TrainJob schema", lambda: launcher.custom.api_client.call_api(
@@ -203,12 +214,29 @@ def served_spec_fields(launcher: ClusterJobLauncher) -> frozenset[str]:
         for schema in (document.get("components") or {}).get("schemas", {}).values():
             kinds = schema.get("x-kubernetes-group-version-kind") or []
             if any(kind.get("kind") == TrainJobKind.kind for kind in kinds):
-                return frozenset(schema["properties"]["spec"]["properties"])
+                spec = schema["properties"]["spec"]["properties"]
+                return frozenset(spec), _pod_patch_fields(spec)
         raise ValueError(f"{path} has no TrainJob schema")
     except Exception as error:
         reason = api_reason(error)
         logger.warning("could not read the cluster's TrainJob schema (%s); building for Trainer v2.3", reason)
-        return CURRENT_SPEC_FIELDS
+        return CURRENT_SPEC_FIELDS, CURRENT_POD_PATCH_FIELDS
+
+
+_RUNTIME_PATCH_POD = ("runtimePatches", "items", "trainingRuntimeSpec", "template", "spec", "replicatedJobs", "items",
+                      "template", "spec", "template", "spec")  # fmt: skip
+_OVERRIDE_POD = ("podTemplateOverrides", "items", "spec")
+
+
+def _pod_patch_fields(spec: dict) -> frozenset[str]:
+    """The pod fields the TrainJob's runtime patch (v2.2 and later) or pod override (v2.1) takes."""
+    for path in (_RUNTIME_PATCH_POD, _OVERRIDE_POD):
+        node: Any = {"properties": spec}
+        for step in path:
+            node = node.get("items", {}) if step == "items" else (node.get("properties") or {}).get(step, {})
+        if node.get("properties"):
+            return frozenset(node["properties"])
+    return frozenset()
 
 
 def _runtime_grace_seconds(runtime: dict) -> int | str:
