@@ -140,6 +140,25 @@ def test_promotion_exports_a_saved_model_that_predicts_like_the_checkpoint(synth
     if again.final.metrics.accuracy < pointer["metrics"]["accuracy"]:
         assert not again.decision.blessed and again.promotion is None
 
+    # The same model again (the demo rerun): equal is not better; it is not promoted as a new version.
+    promoted = json.loads((root / "current.json").read_text())  # version 2 when the raw weights were not worse
+    current, weights = promoted["version"], promoted["weights"]
+    same = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), promote_to=str(root), weights=weights))
+    assert not same.decision.blessed and same.promotion is None
+    assert same.decision.reasons == [f"already promoted as version {current} (the same weights)"]
+    assert json.loads((root / "current.json").read_text())["version"] == current
+
+
+def test_a_model_of_other_classes_never_replaces_the_promoted_one(synthetic_data, trained, tmp_path):
+    root = tmp_path / "promoted"
+    evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), promote_to=str(root)))
+    pointer = json.loads((root / "current.json").read_text())
+    (root / "current.json").write_text(json.dumps({**pointer, "label_names": ["circle", "square"]}))
+    other = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), promote_to=str(root), weights="raw"))
+    assert not other.decision.blessed and other.promotion is None
+    (reason,) = other.decision.reasons
+    assert "is a model of other classes (['circle', 'square'])" in reason and "promotion root of its own" in reason
+
 
 def test_continuous_mode_picks_up_a_checkpoint_written_after_it_started(synthetic_data, tmp_path):
     model_dir = tmp_path / "model"

@@ -18,6 +18,7 @@ starts use.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -79,6 +80,16 @@ class ModelSpec:
 
 
 SPEC_FIELDS_IN_TRAIN_CONFIG = ("depth", "width_multiplier", "data_format", "batch_norm_decay", "batch_norm_epsilon")
+
+
+def weights_sha256(model) -> str:
+    """The SHA-256 of a model's variables, by name: equal for equal weights, whichever stage computes it (train
+    records it, the promotion gate compares it with the promoted version's)."""
+    digest = hashlib.sha256()
+    for variable in sorted(model.variables, key=variable_name):
+        digest.update(variable_name(variable).encode())
+        digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
+    return digest.hexdigest()
 
 
 def model_spec_of(train_config: Mapping[str, Any], origin: str = "config.json") -> ModelSpec:

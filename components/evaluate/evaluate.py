@@ -21,7 +21,7 @@ import tensorflow as tf
 from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
-from components.common.model import build_model, model_spec_of, predict_logits
+from components.common.model import build_model, model_spec_of, predict_logits, weights_sha256
 from components.common.model_directory import (
     EVAL_LOGS,
     EVAL_METRICS,
@@ -36,6 +36,7 @@ from components.common.model_directory import (
     read_document,
 )
 from components.common.progress import Progress
+from components.common.values import shown
 from components.evaluate import gate, metrics, promote, report
 from components.evaluate.baseline import Baseline, EvaluatedData, promoted_baseline
 from components.evaluate.canary import CANARY_IMAGES, Canary
@@ -305,10 +306,29 @@ class Evaluator:
             baseline = Baseline(gate.read_baseline_accuracy(config.baseline), f"from {config.baseline}")
         else:
             baseline = promoted_baseline(promoted, self.evaluated_data(), config.cache_dir)
+        refused = self.not_a_successor(promoted)
+        if refused is not None:
+            return gate.Decision(False, [refused]), baseline
         decision = gate.decide(
             accuracy, config.accuracy_threshold, baseline.accuracy, config.baseline_tolerance, baseline.description
         )
         return decision, baseline
+
+    def not_a_successor(self, promoted: dict | None) -> str | None:
+        """Why this model cannot follow the promoted version whatever its accuracy: it is that very model (the same
+        weights), or a model of other classes (another task, which would silently replace it); None otherwise."""
+        if promoted is None:
+            return None
+        version, root = promoted["version"], self.config.promote_to or self.config.compare_with
+        if promoted.get("weights_sha256") == weights_sha256(self.model):
+            return f"already promoted as version {version} (the same weights)"
+        if promoted.get("label_names") != self.label_names:
+            theirs = shown(promoted.get("label_names"), 120)
+            return (
+                f"the promoted version {version} under {root} is a model of other classes ({theirs}); this one does "
+                "not replace it: give it a promotion root of its own (--promote-to; make local-run PROMOTION_ROOT=...)"
+            )
+        return None
 
     def record(self, final: CheckpointResult) -> dict:
         """What a promotion writes into the pointer: the model's metrics, where it came from, what it was evaluated
@@ -318,6 +338,7 @@ class Evaluator:
             "checkpoint": final.checkpoint.replace(str(self.directory.local), self.config.model_dir.rstrip("/")),
             "step": final.step,
             "weights": final.weights,
+            "weights_sha256": weights_sha256(self.model),  # the evaluated weights, held by the model now
             "model_dir": self.config.model_dir,
             "label_names": self.label_names,
             "dataset_manifest_sha256": self.dataset.manifest_sha256,

@@ -17,6 +17,7 @@ POINTER_SCHEMA = documents.Fields(
         "saved_model": documents.Location(),
         "warm_start": documents.Location(nullable=True),
         "checkpoint": documents.Text(nullable=True),
+        "weights_sha256": documents.Text(max_length=64),
         "metrics": documents.Fields({"accuracy": documents.Number("[0, 1]")}, required=("accuracy",)),
         "label_names": documents.Items(documents.Text(), max_items=100_000),
         "synthetic_data": documents.Flag(nullable=True),

@@ -11,7 +11,6 @@ at a step all workers agree on, then exit code 143), exponential moving average,
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import shutil
@@ -26,7 +25,7 @@ import tensorflow as tf
 from components.common import storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
-from components.common.model import ModelSpec, build_model, variable_name, whitening_layer
+from components.common.model import ModelSpec, build_model, variable_name, weights_sha256, whitening_layer
 from components.common.model_directory import (
     CHECKPOINT_PREFIX,
     RESOLVED_CONFIG,
@@ -89,14 +88,6 @@ def _check_numerics(host: dict, step: int, precision: str) -> None:
         f"step {step}: {what} is NaN or Inf (loss {host['loss']}); training stopped and this step's state was not "
         "checkpointed. Lower the learning rate or enable gradient clipping."
     )
-
-
-def _weights_sha256(model) -> str:
-    digest = hashlib.sha256()
-    for variable in sorted(model.variables, key=variable_name):
-        digest.update(variable_name(variable).encode())
-        digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
-    return digest.hexdigest()
 
 
 class Trainer:
@@ -384,7 +375,7 @@ class Trainer:
             total_steps=self.total_steps,
             checkpoint=self._published_checkpoint(),
             metrics=metrics,
-            weights_sha256=_weights_sha256(self.model),
+            weights_sha256=weights_sha256(self.model),
             preempted=preempted,
             chief=self.chief,
         )
