@@ -94,3 +94,15 @@ def test_baseline_from_a_metrics_file_or_a_pointer(tmp_path):
         gate.read_baseline_accuracy(str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match=r"missing.json does not exist"):
         gate.read_baseline_accuracy(str(tmp_path / "missing.json"))
+
+
+def test_the_accuracy_chart_has_labelled_axes_with_readable_ticks():
+    import re
+
+    from components.evaluate.report import accuracy_chart
+
+    svg = accuracy_chart([(0, 0.1), (150, 0.45), (300, 0.62)])
+    labels = re.findall(r"<text[^>]*>([^<]+)</text>", svg)
+    assert "training step" in labels and "accuracy" in labels
+    assert {"0.0", "0.5", "1.0"} <= set(labels)  # accuracy every 0.1
+    assert {"0", "100", "200", "300"} <= set(labels)  # round step numbers

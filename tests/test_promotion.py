@@ -513,3 +513,22 @@ def test_a_checkpoint_cut_short_is_refused_in_one_line_by_the_warm_start_and_the
         checkpoints.warm_start(model.variables, str(tmp_path / "ckpt-10"), (".*",), (), [])
     with pytest.raises(EvaluationError, match=rf"^{tmp_path}/ckpt-10: a damaged checkpoint \("):
         restore_weights(model, str(tmp_path / "ckpt-10"), "raw")
+
+
+@pytest.mark.parametrize("problem", ["another size", "no such file", "not an image"])
+def test_the_serving_request_tool_ends_bad_input_in_one_line_naming_the_image(trained, tmp_path, problem, capfd):
+    from components.evaluate import serving_request
+
+    root = str(tmp_path / "models")
+    promote_once(trained, root)
+    good = tmp_path / "good.png"
+    good.write_bytes(tf.io.encode_png(np.zeros((32, 32, 3), np.uint8)).numpy())
+    bad = tmp_path / "bad.png"
+    if problem == "another size":
+        bad.write_bytes(tf.io.encode_png(np.zeros((64, 48, 3), np.uint8)).numpy())
+    elif problem == "not an image":
+        bad.write_text("not an image")
+    assert serving_request.main([str(good), str(bad), "--answer-from", root]) == 2
+    errors = [line for line in capfd.readouterr().err.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"serving_request: {bad}: " in errors[0], errors
+    assert serving_request.main([str(good), "--answer-from", root]) == 0

@@ -89,36 +89,59 @@ def misclassified_grid(images: np.ndarray, true: np.ndarray, predicted: np.ndarr
     return '<div class="grid">' + "".join(tiles) + "</div>"
 
 
-def accuracy_chart(points: list[tuple[int, float]], width: int = 640, height: int = 240) -> str:
-    """An SVG line chart of accuracy by training step."""
+def accuracy_chart(points: list[tuple[int, float]], width: int = 640, height: int = 260) -> str:
+    """An SVG line chart of accuracy by training step, with labelled axes: accuracy ticks every 0.1 or 0.25 of the
+    range shown, about six step ticks at round numbers, and grid lines to read values across."""
     if len(points) < 2:
         return ""
-    margin = 40
+    left, right, top, bottom = 56, 16, 16, 44
     steps = [step for step, _ in points]
     values = [value for _, value in points]
     low, high = min([*values, 0.0]), max([*values, 1.0])
     span_steps = max(steps[-1] - steps[0], 1)
 
     def x(step):
-        return margin + (step - steps[0]) / span_steps * (width - 2 * margin)
+        return left + (step - steps[0]) / span_steps * (width - left - right)
 
     def y(value):
-        return height - margin - (value - low) / max(high - low, 1e-9) * (height - 2 * margin)
+        return height - bottom - (value - low) / max(high - low, 1e-9) * (height - top - bottom)
 
+    value_step = 0.1 if high - low <= 1.0 else 0.25
+    value_ticks = [round(low + index * value_step, 2) for index in range(int((high - low) / value_step + 1e-9) + 1)]
+    step_ticks = _round_ticks(steps[0], steps[-1], 6)
+    grid = "".join(
+        f'<line x1="{left}" y1="{y(v):.1f}" x2="{width - right}" y2="{y(v):.1f}" stroke="#eee"/>'
+        f'<text x="{left - 6}" y="{y(v) + 4:.1f}" font-size="11" text-anchor="end">{v:.1f}</text>'
+        for v in value_ticks
+    ) + "".join(
+        f'<line x1="{x(s):.1f}" y1="{top}" x2="{x(s):.1f}" y2="{height - bottom}" stroke="#eee"/>'
+        f'<text x="{x(s):.1f}" y="{height - bottom + 16}" font-size="11" text-anchor="middle">{s:,}</text>'
+        for s in step_ticks
+    )
     line = " ".join(f"{x(step):.1f},{y(value):.1f}" for step, value in points)
     dots = "".join(
         f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="3"><title>step {s}: {v:.4f}</title></circle>' for s, v in points
     )
     return (
-        f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" role="img">'
-        f'<line x1="{margin}" y1="{height - margin}" x2="{width - margin}" y2="{height - margin}" stroke="#888"/>'
-        f'<line x1="{margin}" y1="{margin}" x2="{margin}" y2="{height - margin}" stroke="#888"/>'
-        f'<text x="{margin}" y="{height - 10}" font-size="12">step {steps[0]}</text>'
-        f'<text x="{width - margin}" y="{height - 10}" font-size="12" text-anchor="end">step {steps[-1]}</text>'
-        f'<text x="5" y="{y(high):.1f}" font-size="12">{high:.2f}</text>'
-        f'<text x="5" y="{y(low):.1f}" font-size="12">{low:.2f}</text>'
+        f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" role="img">{grid}'
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#888"/>'
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>'
+        f'<text x="{(left + width - right) / 2:.0f}" y="{height - 6}" font-size="12" text-anchor="middle">'
+        "training step</text>"
+        f'<text x="14" y="{(top + height - bottom) / 2:.0f}" font-size="12" text-anchor="middle" '
+        f'transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">accuracy</text>'
         f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="2"/>{dots}</svg>'
     )
+
+
+def _round_ticks(first: int, last: int, wanted: int) -> list[int]:
+    """About `wanted` round step numbers (1, 2 or 5 times a power of ten apart) from `first` to `last`."""
+    span = max(last - first, 1)
+    raw = span / max(wanted - 1, 1)
+    magnitude = 10 ** max(len(str(int(raw))) - 1, 0)
+    spacing = next(factor * magnitude for factor in (1, 2, 5, 10) if factor * magnitude >= raw)
+    start = -(-first // spacing) * spacing
+    return list(range(start, last + 1, spacing)) or [first, last]
 
 
 STYLE = """

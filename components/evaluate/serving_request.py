@@ -41,13 +41,32 @@ def served_version(root: str | Path) -> Path:
     return max(versions, key=lambda path: int(path.name))
 
 
-def answer(saved_model: str | Path, body: dict) -> dict:
-    """The REST answer to `body` from the SavedModel at `saved_model` (a version folder or a promotion root)."""
+class RequestError(ValueError):
+    """An image, a model folder or an answer that cannot be had; the message names which."""
+
+
+def answer(saved_model: str | Path, body: dict, names: list[str] | None = None) -> dict:
+    """The REST answer to `body` from the SavedModel at `saved_model` (a version folder or a promotion root);
+    RequestError naming the image (from `names`) the model cannot take."""
     import tensorflow as tf
 
-    signature = tf.saved_model.load(str(served_version(saved_model))).signatures[body.get("signature_name", SIGNATURE)]
+    folder = served_version(saved_model)
+    try:
+        signature = tf.saved_model.load(str(folder)).signatures[body.get("signature_name", SIGNATURE)]
+    except (OSError, KeyError, ValueError, tf.errors.OpError) as error:
+        raise RequestError(f"{folder}: not a servable model with the {SIGNATURE} signature ({error})") from error
     encoded = [base64.b64decode(instance[INPUT]["b64"]) for instance in body["instances"]]
-    outputs = signature(**{INPUT: tf.constant(encoded)})
+    try:
+        outputs = signature(**{INPUT: tf.constant(encoded)})
+    except tf.errors.InvalidArgumentError:
+        for index, image in enumerate(encoded):  # which one: each alone
+            try:
+                signature(**{INPUT: tf.constant([image])})
+            except tf.errors.InvalidArgumentError as error:
+                name = names[index] if names else f"instance {index}"
+                reason = (error.message or str(error)).strip().splitlines()[0][:300]
+                raise RequestError(f"{name}: the served model cannot take this image ({reason})") from error
+        raise
     rows = []
     for index in range(len(encoded)):
         row = {}
@@ -58,18 +77,51 @@ def answer(saved_model: str | Path, body: dict) -> dict:
     return {"predictions": rows}
 
 
+def read_images(paths: list[Path]) -> list[bytes]:
+    """Each file's bytes; RequestError naming a file that is missing, not a file, or not a JPEG, PNG, GIF or BMP."""
+    from components.common import storage
+
+    images = []
+    for path in paths:
+        try:
+            content = storage.read_regular_file(path, MAX_IMAGE_BYTES)
+        except FileNotFoundError as error:
+            raise RequestError(f"{path}: no such file") from error
+        except (OSError, ValueError) as error:
+            raise RequestError(f"{path}: cannot be read ({error})") from error
+        if not content.startswith(IMAGE_MAGIC):
+            raise RequestError(f"{path}: not a JPEG, PNG, GIF or BMP image (what the served model decodes)")
+        images.append(content)
+    return images
+
+
+MAX_IMAGE_BYTES = 64 << 20
+IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM")
+
+
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    from components.common import exit_codes
+    from components.common.logs import setup_logging
+
     parser = argparse.ArgumentParser(
         prog="python -m components.evaluate.serving_request", description=__doc__.split("\n")[0]
     )
     parser.add_argument("images", nargs="+", type=Path, help="JPEG or PNG files")
     parser.add_argument("--answer-from", help="a promotion root or version folder: also print its answer")
     arguments = parser.parse_args(argv)
-    body = request_body([path.read_bytes() for path in arguments.images])
-    if arguments.answer_from is None:
-        json.dump(body, sys.stdout)
-    else:
-        json.dump({"request": body, "answer": answer(arguments.answer_from, body)}, sys.stdout, indent=1)
+    setup_logging("WARNING")
+    try:
+        body = request_body(read_images(arguments.images))
+        if arguments.answer_from is None:
+            json.dump(body, sys.stdout)
+        else:
+            names = [str(path) for path in arguments.images]
+            json.dump({"request": body, "answer": answer(arguments.answer_from, body, names)}, sys.stdout, indent=1)
+    except (RequestError, ValueError, OSError) as error:
+        logging.getLogger(parser.prog).error("%s", error)
+        return exit_codes.BAD_INPUT
     sys.stdout.write("\n")
     return 0
 
