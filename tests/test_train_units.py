@@ -300,3 +300,13 @@ def test_lookahead_moves_the_weights_to_a_slow_average_of_themselves():
     # the step before moved them freely.
     free = np.linalg.norm(weights[3] - shadows[2])
     assert np.linalg.norm(weights[4] - shadows[2]) < 0.1 * free
+
+
+def test_the_logged_learning_rate_says_what_it_is_per():
+    from components.common.config import config_from_mapping
+    from components.train.loop import describe_learning_rate
+
+    fast = config_from_mapping(TrainConfig, {"data": "d", "model_dir": "m", "preset": "fast"}, "test")
+    said = describe_learning_rate(fast)
+    assert "batch-mean loss" in said and "base rate 106 at batch 2000" in said and "would write 0.053" in said
+    assert "Muon's convolution kernels follow the same schedule from 0.24" in said

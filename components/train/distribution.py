@@ -256,7 +256,11 @@ def broadcast_from_chief(strategy, values: list) -> list:
         first = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tensors[0].dtype)
         return context.all_reduce(tf.distribute.ReduceOp.SUM, [tensor * first for tensor in tensors])
 
-    results = strategy.run(replica_function, args=tuple(tf.constant(value, tf.float32) for value in values))
+    @tf.function  # strategy.run eagerly works too, but TensorFlow then warns of "significant overhead"
+    def broadcast(*tensors):
+        return strategy.run(replica_function, args=tensors)
+
+    results = broadcast(*(tf.constant(value, tf.float32) for value in values))
     return [strategy.experimental_local_results(result)[0].numpy() for result in results]
 
 

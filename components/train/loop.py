@@ -90,6 +90,20 @@ def _check_numerics(host: dict, step: int, precision: str) -> None:
     )
 
 
+def describe_learning_rate(config: TrainConfig) -> str:
+    """What the progress lines' `lr` is: the rate on the gradient of the batch-mean loss, at this batch size. (Recipes
+    written for a summed loss, as airbench's are, have rates smaller by the batch size: 106 here is airbench94_muon's
+    0.053 x 2000.)"""
+    said = (
+        f"lr in the progress lines: the rate on the gradient of the batch-mean loss ({config.schedule} schedule of "
+        f"a base rate {config.scaled_learning_rate():g} at batch {config.batch_size}; a summed-loss recipe would "
+        f"write {config.scaled_learning_rate() / config.batch_size:.4g})"
+    )
+    if config.optimizer == "muon":
+        said += f"; Muon's convolution kernels follow the same schedule from {config.muon_learning_rate:g}"
+    return said
+
+
 class Trainer:
     """Builds everything once; `run()` trains to the planned step."""
 
@@ -296,6 +310,7 @@ class Trainer:
         self._open_checkpoints()
         self._write_resolved_config(dataset_history)
         start_step = self._start()
+        logger.info("%s", describe_learning_rate(config))
         summaries = Summaries(
             self.model_directory.local,
             self.chief,
