@@ -515,6 +515,26 @@ def test_a_checkpoint_cut_short_is_refused_in_one_line_by_the_warm_start_and_the
         restore_weights(model, str(tmp_path / "ckpt-10"), "raw")
 
 
+def test_a_damaged_warm_start_fails_training_unless_from_scratch_is_asked(trained, synthetic_data, tmp_path, caplog):
+    import shutil
+
+    from components.common.model_directory import CheckpointError
+
+    for path in checkpoint_files(trained / "ckpt-10"):
+        shutil.copy(path, tmp_path / path.name)
+    (data,) = tmp_path.glob("ckpt-10.data-*")
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 10])
+    damaged = str(tmp_path / "ckpt-10")
+    with pytest.raises(CheckpointError, match="a damaged checkpoint"):
+        loop.train(tiny_train_config(synthetic_data, tmp_path / "refused", train_steps=2, warm_start=damaged))
+    assert not list((tmp_path / "refused").glob("ckpt-*"))
+    caplog.set_level("WARNING")
+    asked = tiny_train_config(synthetic_data, tmp_path / "fresh", train_steps=2, warm_start=damaged,
+                              warm_start_if_damaged="from_scratch")  # fmt: skip
+    assert loop.train(asked).step == 2
+    assert "training from scratch, as warm_start_if_damaged=from_scratch asks" in caplog.text
+
+
 @pytest.mark.parametrize("problem", ["another size", "no such file", "not an image"])
 def test_the_serving_request_tool_ends_bad_input_in_one_line_naming_the_image(trained, tmp_path, problem, capfd):
     from components.evaluate import serving_request

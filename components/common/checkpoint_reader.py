@@ -8,7 +8,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-class DamagedCheckpointError(ValueError):
+class UnreadableCheckpointError(ValueError):
     """A checkpoint that cannot be read whole; the message names it and the first value that failed."""
 
 
@@ -20,5 +20,5 @@ def open_whole(path: str):
             reader.get_tensor(key)
     except Exception as error:  # damage surfaces as OpError, DataLossError, IndexError, ValueError...
         text = (getattr(error, "message", None) or str(error) or type(error).__name__).splitlines()[0][:200]
-        raise DamagedCheckpointError(f"{path}: a damaged checkpoint ({type(error).__name__}: {text})") from error
+        raise UnreadableCheckpointError(f"{path}: a damaged checkpoint ({type(error).__name__}: {text})") from error
     return reader

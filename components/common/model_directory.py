@@ -156,6 +156,10 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint where one was expected, or a warm start that matched nothing."""
 
 
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint that cannot be read whole (a data file cut short or damaged)."""
+
+
 def artifact_location(artifact: Any, shared: bool = False) -> str:
     """Where to read a KFP input artifact: its pod-local copy, or (`shared`: for other pods) its object-store URI.
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from components.common.checkpoint_reader import DamagedCheckpointError, open_whole
+from components.common.checkpoint_reader import UnreadableCheckpointError, open_whole
 from components.common.model import model_spec_of, variable_name
 from components.common.model_directory import (
     RESOLVED_CONFIG,
@@ -44,7 +44,7 @@ def restore_weights(model, checkpoint_path: str, weights: str = "auto") -> str:
     """
     try:
         reader = open_whole(checkpoint_path)
-    except DamagedCheckpointError as error:
+    except UnreadableCheckpointError as error:
         raise EvaluationError(str(error)) from error
     shapes = reader.get_variable_to_shape_map()
     trainable = {variable_name(variable) for variable in model.trainable_variables}

@@ -20,12 +20,13 @@ from pathlib import Path
 import tensorflow as tf
 
 from components.common import storage
-from components.common.checkpoint_reader import DamagedCheckpointError, open_whole
+from components.common.checkpoint_reader import UnreadableCheckpointError, open_whole
 from components.common.dataset import default_cache_dir
 from components.common.model import variable_name
 from components.common.model_directory import (
     VALUE_SUFFIX,
     CheckpointError,
+    DamagedCheckpointError,
     checkpoint_name,
     checkpoint_step_of_file,
     checkpoint_steps,
@@ -203,8 +204,8 @@ def warm_start(
     path = resolve_checkpoint_path(local_checkpoint(source, cache_dir))
     try:
         reader = open_whole(path)
-    except DamagedCheckpointError as error:
-        raise CheckpointError(f"warm start: {error}; give another checkpoint, or none") from error
+    except UnreadableCheckpointError as error:
+        raise DamagedCheckpointError(f"warm start: {error}; give another checkpoint, or none") from error
     return _warm_start_from(reader, variables, path, include, exclude, mapping)
 
 

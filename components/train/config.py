@@ -272,6 +272,14 @@ class TrainConfig:
     warm_start_map: tuple[str, ...] = field(
         default=(), metadata={"help": "REGEX=REPLACEMENT: rewrites a variable's name to its checkpoint name"}
     )
+    warm_start_if_damaged: str = field(
+        default="fail",
+        metadata={
+            "help": "a warm-start checkpoint that cannot be read whole: fail (the step ends in one line naming it), "
+            "or from_scratch (say so and train from scratch: for unattended retraining)",
+            "choices": ("fail", "from_scratch"),
+        },
+    )
     # logging, summaries
     log_every_steps: int | None = field(
         default=None,

@@ -31,6 +31,7 @@ from components.common.model_directory import (
     RESOLVED_CONFIG,
     RESOLVED_CONFIG_SCHEMA,
     TRAIN_METRICS,
+    DamagedCheckpointError,
     ModelDirectory,
     list_checkpoints,
     read_document,
@@ -209,7 +210,17 @@ class Trainer:
                 logger.info("not warm-starting: the model directory already has checkpoints")
             return step
         self._fit_whitening()  # before a warm start, which may bring its own
-        if self.config.warm_start:
+        if self.config.warm_start and self._warm_start():
+            for variable in self.train_step.trained:
+                if self.train_step.ema:
+                    self.train_step.ema[variable_name(variable)].assign(variable.value)
+        logger.info("starting from step 0")
+        return 0
+
+    def _warm_start(self) -> bool:
+        """Assign the warm-start checkpoint's values; whether it was used. A checkpoint that cannot be read whole
+        ends training in one line, unless `warm_start_if_damaged` is from_scratch (said, then from scratch)."""
+        try:
             checkpoints.warm_start(
                 self.model.variables,
                 self.config.warm_start,
@@ -218,11 +229,12 @@ class Trainer:
                 parse_assignments(self.config.warm_start_map, "warm_start_map"),
                 self.config.cache_dir,
             )
-            for variable in self.train_step.trained:
-                if self.train_step.ema:
-                    self.train_step.ema[variable_name(variable)].assign(variable.value)
-        logger.info("starting from step 0")
-        return 0
+        except DamagedCheckpointError as error:
+            if self.config.warm_start_if_damaged != "from_scratch":
+                raise
+            logger.warning("%s; training from scratch, as warm_start_if_damaged=from_scratch asks", error)
+            return False
+        return True
 
     def _fit_whitening(self) -> None:
         """A model that starts with patch whitening gets it fitted, once, by the chief, to the first training
