@@ -708,7 +708,7 @@ def test_a_pull_error_that_clears_within_its_bound_is_waited_out():
     [
         ({"job_namespace": "team.a"}, r"job_namespace: 'team.a' is not a namespace name"),
         ({"job_namespace": "a" * 64}, r"job_namespace: .* is not a namespace name"),
-        ({"queue_name": "q" * 64}, r"queue_name: .* cannot be a Kubernetes label value"),
+        ({"queue_name": "q" * 64}, r"queue_name: .* is not a Kubernetes label value"),
         ({"worker_image": "registry.example/Cifar10/gpu:1"}, r"worker_image: .* is not an image reference"),
         ({"worker_image": "registry.example/cifar10/gpu:"}, r"worker_image: .* is not an image reference"),
         ({"worker_image": "registry.example/cifar10 gpu"}, r"worker_image: .* is not an image reference"),

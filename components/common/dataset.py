@@ -114,23 +114,12 @@ def read_manifest(dataset_uri: str) -> tuple[Manifest, str]:
 def _read_bounded(uri: str, max_bytes: int, expected_size: int | None = None) -> bytes:
     """A local regular file or a remote object of at most `max_bytes` (exactly `expected_size` when given), its size
     checked before it is read: DatasetError naming it otherwise; FileNotFoundError when it is absent."""
-    if storage.is_remote(uri):
-        parent, name = storage.parent_and_name(uri)
-        publisher = storage.publisher_for(parent)
-        found = publisher.checksum(name)
-        if found is None:
-            raise FileNotFoundError(uri)
-        _check_size(uri, found[0], max_bytes, expected_size)
-        content = publisher.read(name)
-        if content is None:
-            raise FileNotFoundError(uri)
-    else:
-        try:
-            content = storage.read_regular_file(uri, max_bytes if expected_size is None else expected_size)
-        except storage.FileReadError as error:
-            if error.size is not None:
-                _check_size(uri, error.size, max_bytes, expected_size)
-            raise DatasetError(str(error)) from error
+    try:
+        content = storage.read_bounded(uri, max_bytes if expected_size is None else expected_size)
+    except storage.FileReadError as error:
+        if error.size is not None:
+            _check_size(uri, error.size, max_bytes, expected_size)
+        raise DatasetError(str(error)) from error
     _check_size(uri, len(content), max_bytes, expected_size)
     return content
 

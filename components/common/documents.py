@@ -112,22 +112,11 @@ def read(
 
 def read_bytes(location: str, kind: str, max_bytes: int = MAX_DOCUMENT_BYTES, root: str | Path | None = None) -> bytes:
     """The bytes of a document, bounded, from a regular file (whose real path stays inside `root`) or an object."""
-    if storage.is_remote(location):
-        parent, name = storage.parent_and_name(location)
-        publisher = storage.publisher_for(parent)
-        found = publisher.checksum(name)
-        if found is None:
-            raise FileNotFoundError(location)
-        if found[0] > max_bytes:
-            raise DocumentError(f"{location}: {found[0]:,} bytes, more than a {kind} may have ({max_bytes:,})")
-        content = publisher.read(name)
-        if content is None:
-            raise FileNotFoundError(location)
-        return check_size(content, location, kind, max_bytes)
-    if root is not None and not confined(os.path.realpath(location), os.path.realpath(root)):
+    local = not storage.is_remote(location)
+    if local and root is not None and not confined(os.path.realpath(location), os.path.realpath(root)):
         raise DocumentError(f"{location}: a link leading out of {root}; a {kind} is read only from inside it")
     try:
-        return storage.read_regular_file(location, max_bytes)
+        return storage.read_bounded(location, max_bytes)
     except storage.FileReadError as error:
         raise DocumentError(f"{error}; expected a {kind}") from error
     except IsADirectoryError as error:

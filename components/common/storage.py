@@ -206,6 +206,27 @@ def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
     return content
 
 
+def read_bounded(uri: str, max_bytes: int) -> bytes:
+    """A local regular file or a remote object of at most `max_bytes`, its size checked before it is read (a remote
+    object's from its metadata): FileReadError (with the size, when known) otherwise; FileNotFoundError when absent.
+    The one bounded read of the documents' and the datasets' readers."""
+    if not is_remote(uri):
+        return read_regular_file(uri, max_bytes)
+    parent, name = parent_and_name(uri)
+    publisher = publisher_for(parent)
+    found = publisher.checksum(name)
+    if found is None:
+        raise FileNotFoundError(uri)
+    if found[0] > max_bytes:
+        raise FileReadError(f"{uri}: {found[0]:,} bytes, more than the {max_bytes:,} it may have", found[0])
+    content = publisher.read(name)
+    if content is None:
+        raise FileNotFoundError(uri)
+    if len(content) > max_bytes:
+        raise FileReadError(f"{uri}: more than the {max_bytes:,} bytes it may have", len(content))
+    return content
+
+
 def read_bytes(uri: str) -> bytes:
     """The whole content of a local file or remote object; FileNotFoundError names it when absent."""
     if is_remote(uri):

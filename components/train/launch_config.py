@@ -40,47 +40,40 @@ IMAGE_REFERENCE = re.compile(
 )
 
 
+def _check(value: str, field_name: str, pattern: re.Pattern, longest: int, what: str) -> str:
+    """`value` if it matches `pattern` and has at most `longest` characters; else one line saying `what` it must be."""
+    if not pattern.fullmatch(value) or len(value) > longest:
+        raise ValueError(f"{field_name}: {value[:120]!r} is not {what}")
+    return value
+
+
 def check_namespace(name: str, field_name: str) -> str:
     """A namespace name: a DNS-1123 label (no dots, at most 63 characters), as the API server requires."""
-    if not DNS_1123_LABEL.fullmatch(name) or len(name) > 63:
-        raise ValueError(
-            f"{field_name}: {name[:80]!r} is not a namespace name (at most 63 lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit; no dots)"
-        )
-    return name
+    return _check(name, field_name, DNS_1123_LABEL, 63, "a namespace name (at most 63 lowercase letters, digits and "
+                  "'-', starting and ending with a letter or digit; no dots)")  # fmt: skip
 
 
 def check_label_value(value: str, field_name: str) -> str:
     """A label value (the job carries it as one): at most 63 characters, alphanumerics, '-', '_' and '.' inside."""
-    if not LABEL_VALUE.fullmatch(value) or len(value) > 63:
-        raise ValueError(
-            f"{field_name}: {value[:80]!r} cannot be a Kubernetes label value (at most 63 characters: letters, digits, "
-            "'-', '_' and '.', starting and ending with a letter or digit)"
-        )
-    return value
+    return _check(value, field_name, LABEL_VALUE, 63, "a Kubernetes label value (at most 63 characters: letters, "
+                  "digits, '-', '_' and '.', starting and ending with a letter or digit)")  # fmt: skip
 
 
 def check_image_reference(reference: str, field_name: str) -> str:
-    """An image reference the kubelet can parse (a lowercase repository, an optional tag and digest)."""
+    """An image reference the kubelet can parse (a lowercase repository, an optional tag and digest; the name before
+    the tag at most 255 characters)."""
     without_digest = reference.split("@", 1)[0]
     last = without_digest.rsplit("/", 1)[-1]
-    name = without_digest[: len(without_digest) - len(last)] + last.split(":", 1)[0]
-    if not IMAGE_REFERENCE.fullmatch(reference) or len(name) > 255:
-        raise ValueError(
-            f"{field_name}: {reference[:120]!r} is not an image reference the kubelet can pull "
-            "([registry[:port]/]repository[:tag][@sha256:digest], the repository in lowercase)"
-        )
-    return reference
+    tag = last.partition(":")[2]
+    longest = 255 + (len(reference) - len(without_digest)) + (len(tag) + 1 if tag else 0)
+    return _check(reference, field_name, IMAGE_REFERENCE, longest, "an image reference the kubelet can pull "
+                  "([registry[:port]/]repository[:tag][@sha256:digest], the repository in lowercase)")  # fmt: skip
 
 
 def check_object_name(name: str, field_name: str) -> str:
     """A Kubernetes object name (secret, service account, runtime, namespace): a DNS-1123 subdomain."""
-    if not DNS_1123_SUBDOMAIN.fullmatch(name) or len(name) > 253:
-        raise ValueError(
-            f"{field_name}: {name!r} is not a Kubernetes name (lowercase letters, digits, '-' and '.', starting and "
-            "ending with a letter or digit)"
-        )
-    return name
+    return _check(name, field_name, DNS_1123_SUBDOMAIN, 253, "a Kubernetes name (lowercase letters, digits, '-' and "
+                  "'.', starting and ending with a letter or digit)")  # fmt: skip
 
 
 @dataclass(frozen=True)
