@@ -469,3 +469,19 @@ def test_two_workers_train_the_muon_recipe_to_identical_weights(synthetic_data, 
     assert completed.returncode == 0, completed.stderr[-3000:]
     digests = re.findall(r"\[(worker-\d)\].*weights sha256 ([0-9a-f]{64})", completed.stderr)
     assert len(digests) == 2 and digests[0][1] == digests[1][1], "the two workers ended with different weights"
+
+
+def test_two_workers_leave_together_on_a_loaded_machine(synthetic_data, tmp_path):
+    """The chief hosts the cluster's coordination service: it leaves last, after every other worker has said it is
+    leaving, so no worker outlives the service and aborts on a refused heartbeat ("StartAbort UNAVAILABLE"), which
+    a loaded machine made likely (a busy process beside each core)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        completed = run_training(tiny_train_config(synthetic_data, tmp_path / "model", workers=2, train_steps=4))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-3000:]
+    assert not re.search(r"StartAbort|unhealthy|Failed to send RPC to coordination service", output), output[-3000:]

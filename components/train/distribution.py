@@ -270,13 +270,41 @@ END_OF_TRAINING_TIMEOUT_SECONDS = 120
 
 def wait_for_every_worker_to_finish(cluster: Cluster | None) -> None:
     """At the end of a multi-worker run: every worker waits until all have finished (the coordination service's
-    barrier), so that they can all leave at once. A worker that left alone would leave the others' heartbeats to the
-    service it hosted failing for half a minute ("StartAbort UNAVAILABLE ... coordination service")."""
+    barrier), so that they can all leave at once (`leave_in_order`)."""
+    global _FINISHED_TOGETHER
     if cluster is None or cluster.size < 2:
         return
     from tensorflow.python.eager import context
 
     context.context().wait_at_barrier(END_OF_TRAINING_BARRIER, END_OF_TRAINING_TIMEOUT_SECONDS * 1000)
+    _FINISHED_TOGETHER = cluster
+
+
+_FINISHED_TOGETHER: Cluster | None = None  # the cluster whose end-of-training barrier this worker passed
+LEFT_KEY = "cifar10-pipeline/left"
+LEAVE_GRACE_SECONDS = 0.5
+
+
+def leave_in_order() -> None:
+    """Just before a worker that finished with the others exits: the chief, whose process hosts the coordination
+    service, leaves last. A worker that outlived the service would find its heartbeat refused and abort with
+    "StartAbort UNAVAILABLE ... coordination service" (on a loaded machine, where the chief's exit can be the
+    quicker), or wait out the heartbeat timeout. So every other worker records in the service that it leaves, then
+    exits at once (the caller's os._exit); the chief waits for every record (bounded), and a moment more."""
+    cluster = _FINISHED_TOGETHER
+    if cluster is None:
+        return
+    from tensorflow.python.eager import context
+
+    if not cluster.is_chief:
+        context.context().set_config_key_value(f"{LEFT_KEY}/{cluster.name}", "1")
+        return
+    for peer in cluster.peers():
+        try:
+            context.context().get_config_key_value(f"{LEFT_KEY}/{peer}", END_OF_TRAINING_TIMEOUT_SECONDS * 1000)
+        except Exception as error:  # a worker that died after the barrier: nothing is left to wait for
+            logger.warning("%s did not say it was leaving (%s)", peer, str(error).splitlines()[0][:200])
+    time.sleep(LEAVE_GRACE_SECONDS)  # their exit follows their record within milliseconds
 
 
 def create_strategy(cluster: Cluster | None):

@@ -135,6 +135,10 @@ def run(config: TrainConfig, launch: LaunchConfig | None = None) -> int:
 def leave_at_once(code: int) -> None:
     """End a worker of a cluster now: everything it writes is written (atomically, and synced), and TensorFlow's
     teardown of a cluster's runtime can take half a minute of heartbeats to a service that is gone."""
+    if code == exit_codes.SUCCESS:
+        from components.train.distribution import leave_in_order
+
+        leave_in_order()  # the chief, host of the cluster's coordination service, last
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     logging.shutdown()
