@@ -91,6 +91,22 @@ def test_tensorflows_coordination_barrier():
     )
 
 
+@pytest.mark.parametrize(
+    ("method", "parameters"),
+    [("set_config_key_value", ["self", "key", "value"]), ("get_config_key_value", ["self", "key", "timeout_in_ms"])],
+)
+def test_tensorflows_coordination_key_value_store(method, parameters):
+    from tensorflow.python.eager import context
+
+    symbol = f"tensorflow.python.eager.context.Context.{method}"
+    user = "components/train/distribution.py leave_in_order"
+    found = getattr(context.Context, method, None)
+    assert found is not None, moved(symbol, user, "tensorflow-cpu", "gone")
+    assert parameters_of(found) == parameters, moved(
+        symbol, user, "tensorflow-cpu", f"parameters {parameters_of(found)}"
+    )
+
+
 @pytest.mark.parametrize("name", ["SGD", "AdamW"])
 def test_keras_per_variable_update_step(name):
     import keras
