@@ -90,7 +90,7 @@ def test_baseline_from_a_metrics_file_or_a_pointer(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"acc": 0.93}))
     assert gate.read_baseline_accuracy(str(tmp_path / "metrics.json")) == 0.91
     assert gate.read_baseline_accuracy(str(tmp_path / "current.json")) == 0.93
-    with pytest.raises(ValueError, match=r"bad.json: no field 'accuracy'"):
+    with pytest.raises(ValueError, match=r"bad.json: not a valid baseline: no field accuracy"):
         gate.read_baseline_accuracy(str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match=r"missing.json does not exist"):
         gate.read_baseline_accuracy(str(tmp_path / "missing.json"))
