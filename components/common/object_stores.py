@@ -530,6 +530,22 @@ def _transient(error: BaseException) -> str | None:
     return None
 
 
+_CUT_SHORT = frozenset({"IncompleteRead", "ResponseStreamingError", "IncompleteReadError", "ChunkedEncodingError",
+                        "ProtocolError", "ConnectionResetError", "ReadTimeoutError", "ReadTimeout"})  # fmt: skip
+
+
+def _cut_short(error: BaseException) -> bool:
+    """Whether `error` (or its cause) is a body cut short after the store had answered: what the clients do not
+    retry, since the call itself succeeded."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__name__ in _CUT_SHORT:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def retried_read(uri: str, read: Callable[[], Any]) -> Any:
     """`read()` again, with backoff, when a transient failure cut it short (a body that ended early, a reset):
     the clients retry their calls, not the reading of a body already answered."""
@@ -537,8 +553,8 @@ def retried_read(uri: str, read: Callable[[], Any]) -> Any:
         try:
             return read()
         except Exception as error:
-            if _transient(error) is None or attempt == RETRIES - 1:
-                raise
+            if not _cut_short(error) or attempt == RETRIES - 1:
+                raise  # the client already retried the call itself (5xx, throttling): not again on top of it
             delay = RETRY_BASE_SECONDS * 2**attempt
             logger.warning("%s: %s; reading it again in %.1f s", uri, _transient(error), delay)
             time.sleep(delay)
