@@ -283,6 +283,7 @@ def wait_for_every_worker_to_finish(cluster: Cluster | None) -> None:
 _FINISHED_TOGETHER: Cluster | None = None  # the cluster whose end-of-training barrier this worker passed
 LEFT_KEY = "cifar10-pipeline/left"
 LEAVE_GRACE_SECONDS = 0.5
+LEAVE_WAIT_SECONDS = 10.0  # how long the chief waits for the others' records; then it leaves as it always could
 
 
 def leave_in_order() -> None:
@@ -301,7 +302,7 @@ def leave_in_order() -> None:
         return
     for peer in cluster.peers():
         try:
-            context.context().get_config_key_value(f"{LEFT_KEY}/{peer}", END_OF_TRAINING_TIMEOUT_SECONDS * 1000)
+            context.context().get_config_key_value(f"{LEFT_KEY}/{peer}", int(LEAVE_WAIT_SECONDS * 1000))
         except Exception as error:  # a worker that died after the barrier: nothing is left to wait for
             logger.warning("%s did not say it was leaving (%s)", peer, str(error).splitlines()[0][:200])
     time.sleep(LEAVE_GRACE_SECONDS)  # their exit follows their record within milliseconds
