@@ -111,7 +111,7 @@ def test_object_store_source_and_output_round_trip(tmp_path, archive, object_sto
 
     names = storage.publisher_for(output).list()
     shards = sorted(shard.path for split in result.manifest.splits.values() for shard in split.shards)
-    assert names == sorted(["manifest.json", *shards])
+    assert names == sorted(["manifest.json", "statistics.json", *shards])
     assert result.manifest.splits == local.manifest.splits, "remote and local outputs hold the same shards"
     verified = open_dataset(output)
     official = builders.official_data(per_batch=10)
@@ -235,4 +235,4 @@ def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, 
     winner = next(outcome for outcome in outcomes if not isinstance(outcome, Exception))
     assert verified.manifest_sha256 == winner.manifest_sha256
     listed = {shard.path for split in verified.manifest.splits.values() for shard in split.shards}
-    assert set(storage.publisher_for(output).list()) == listed | {"manifest.json"}
+    assert set(storage.publisher_for(output).list()) == listed | {"manifest.json", "statistics.json"}

@@ -27,6 +27,9 @@ from components.common.compression import gunzip_bounded
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+STATISTICS_NAME = (
+    "statistics.json"  # beside the manifest, which holds its SHA-256 (components/prepare_data/statistics.py)
+)
 SPLITS = ("train", "validation", "eval")
 
 
@@ -71,6 +74,7 @@ class Manifest:
             records.FEATURE_ID: "bytes: stable example id, UTF-8",
         }
     )
+    statistics: dict[str, str] | None = None  # {"path": "statistics.json", "sha256": ...}; None: prepared before them
 
     @property
     def num_classes(self) -> int:
@@ -241,6 +245,8 @@ def _checked_manifest(cls, raw, fields: _Fields) -> Manifest:
             )
         splits[split_name] = SplitInfo(num_examples, list(class_counts), shards)
     optional = {"record_schema": record_schema} if record_schema is not None else {}
+    if raw.get("statistics") is not None:
+        optional["statistics"] = _checked_statistics_entry(fields.get(raw, "statistics", "", dict), fields)
     return cls(
         schema_version=version,
         dataset=fields.get(raw, "dataset", "", str),
@@ -253,6 +259,16 @@ def _checked_manifest(cls, raw, fields: _Fields) -> Manifest:
         splits=splits,
         **optional,
     )
+
+
+def _checked_statistics_entry(entry: dict, fields: _Fields) -> dict[str, str]:
+    if set(entry) != {"path", "sha256"}:
+        raise fields.fail("statistics", f"expected {{path, sha256}}, got fields {sorted(entry)[:5]}")
+    if entry["path"] != STATISTICS_NAME:
+        raise fields.fail("statistics.path", f"{str(entry['path'])[:80]!r} is not {STATISTICS_NAME}")
+    if not isinstance(entry["sha256"], str) or not _SHA256.fullmatch(entry["sha256"]):
+        raise fields.fail("statistics.sha256", f"{str(entry['sha256'])[:80]!r} is not 64 lowercase hex digits")
+    return dict(entry)
 
 
 def check_label_names(names: list, fail) -> None:

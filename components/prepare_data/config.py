@@ -70,6 +70,15 @@ class PrepareDataConfig:
     synthetic_classes: int = field(
         default=10, metadata={"range": "[2, 100]", "help": "with source 'synthetic': number of classes"}
     )
+    leakage: str = field(
+        default="keep",
+        metadata={
+            "help": "what to do with leaking images (a validation or test image with a near-duplicate in the training "
+            "split): keep them (they are counted and listed in statistics.json), drop_from_train (remove the training "
+            "copies) or drop_from_eval (remove the leaking validation and test images)",
+            "choices": ("keep", "drop_from_train", "drop_from_eval"),
+        },
+    )
     force: bool = field(default=False, metadata={"help": "rewrite even when the published dataset already matches"})
     assume_single_writer: bool = field(
         default=False,
@@ -120,6 +129,7 @@ class PrepareDataConfig:
             "shuffle": self.shuffle,
             "examples_per_shard": self.examples_per_shard,
             "compression": self.compression,
+            "leakage": self.leakage,
         }
         if self.source == "synthetic":
             parameters.update(

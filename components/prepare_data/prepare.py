@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from components.common import file_errors, records, storage
 from components.common.dataset import (
     MANIFEST_NAME,
+    STATISTICS_NAME,
     Manifest,
     ShardInfo,
     SplitInfo,
@@ -34,6 +36,7 @@ from components.common.dataset import (
 )
 from components.common.progress import Progress
 from components.prepare_data import fetch, splits, synthetic
+from components.prepare_data import statistics as data_statistics
 from components.prepare_data.config import OFFICIAL_SHA256, OFFICIAL_URL, PrepareDataConfig
 from components.prepare_data.safe_io import DirTree, FileTree, SourceError, TarTree, check_source_size
 from components.prepare_data.sources import RawDataset, check_classes_present, read_tree, resized_dataset
@@ -156,17 +159,23 @@ def _matches(existing: Manifest | None, source_sha256: str, parameters: dict) ->
         and existing.schema_version == records.SCHEMA_VERSION
         and existing.source.get("sha256") == source_sha256
         and existing.parameters == parameters
+        and existing.statistics is not None  # prepared before statistics were: prepared again, to have them
     )
 
 
 def _damaged_shards(publisher: storage.Publisher, manifest: Manifest) -> list[str]:
-    """Names of the manifest's shards that are missing or differ from it (by size and CRC32C)."""
-    return [
+    """Names of the manifest's shards (and statistics) that are missing or differ from it (shards by size and
+    CRC32C, the statistics by SHA-256)."""
+    damaged = [
         shard.path
         for split in manifest.splits.values()
         for shard in split.shards
         if publisher.checksum(shard.path) != (shard.size_bytes, shard.crc32c)
     ]
+    statistics, _version = publisher.read_versioned(STATISTICS_NAME)
+    if statistics is None or hashlib.sha256(statistics).hexdigest() != manifest.statistics["sha256"]:
+        damaged.append(STATISTICS_NAME)
+    return damaged
 
 
 def _published_manifest(publisher: storage.Publisher) -> tuple[Manifest | None, bytes | None, str]:
@@ -206,13 +215,22 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
                 f"{resolved.uri}: the {split_name} split is empty (split sizes {given}); nothing to publish"
             )
     check_classes_present(raw.label_names, named_splits["train"].labels, f"{resolved.uri} (train split)")
+    removed = None
+    if config.leakage != "keep":  # the leaks must be known before the shards are written: a pass of its own
+        named_splits, removed = data_statistics.remove_leaks(named_splits, raw.label_names, config)
+        check_classes_present(raw.label_names, named_splits["train"].labels, f"{resolved.uri} (train, leaks removed)")
     total = sum(len(split) for split in named_splits.values())
     progress = Progress("encode and publish", total, unit="images", logger=logger)
 
     key = dataset_key(resolved.sha256, parameters)
     written: set[str] = set()  # this run's shards: removed again if it does not publish its manifest
     try:
-        split_infos = _publish_shards(publisher, named_splits, key, config, len(raw.label_names), progress, written)
+        split_infos, described = _publish_shards(
+            publisher, named_splits, key, config, raw.label_names, progress, written
+        )
+        if removed is not None:
+            described["leakage_removed"] = removed
+        statistics_content = data_statistics.to_json(described)
         manifest = Manifest(
             schema_version=records.SCHEMA_VERSION,
             dataset=raw.dataset,
@@ -223,9 +241,12 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
             compression=config.compression,
             parameters=parameters,
             splits=split_infos,
+            statistics={"path": STATISTICS_NAME, "sha256": hashlib.sha256(statistics_content).hexdigest()},
         )
         content = manifest.to_json()
         publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
+        # After the manifest, which records its SHA-256: a writer that lost the race for the manifest never writes it
+        publisher.publish(STATISTICS_NAME, statistics_content)
     except BaseException:  # a lost race, a full disk, a signal: leave no shard of this run behind
         _remove_shards_not_published(publisher, written, "unpublished")
         raise
@@ -239,31 +260,42 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     return PrepareResult(config.output, manifest, manifest_digest(content), reused=False)
 
 
-def _publish_shards(publisher, named_splits, key, config, num_classes, progress, written) -> dict[str, SplitInfo]:
-    """Encode and publish every split's shards (on threads); `written` collects each name as it is started."""
-    split_infos: dict[str, SplitInfo] = {}
-    with ThreadPoolExecutor(PUBLISH_THREADS) as pool:
-        pending: dict[str, list] = {}
-        for split_name, split in named_splits.items():
-            parts = shard_slices(len(split), config.examples_per_shard)
-            pending[split_name] = []
-            for index, part in enumerate(parts):
-                name = shard_name(split_name, key, index, len(parts), config.compression)
-                content = records.encode_shard(
-                    split.images(part), split.labels[part], split.ids[part], config.compression
-                )
-                written.add(name)
-                pending[split_name].append(
-                    pool.submit(_publish_shard, publisher, name, content, part.stop - part.start)
-                )
-                progress.advance(part.stop - part.start)
-        for split_name, split in named_splits.items():
-            split_infos[split_name] = SplitInfo(
+def _publish_shards(publisher, named_splits, key, config, label_names, progress, written):
+    """Encode and publish every split's shards (on threads), and describe them (statistics.json's content) from the
+    same gathered pixels (on a thread of its own, in order; the search for duplicates while the last shards are
+    written). Returns the splits' infos and the statistics; `written` collects each shard's name as it is started."""
+    statistics = {name: data_statistics.SplitStatistics(len(label_names)) for name in named_splits}
+    pending: dict[str, list] = {name: [] for name in named_splits}
+    with ThreadPoolExecutor(PUBLISH_THREADS) as pool, ThreadPoolExecutor(1) as describing:
+        # One BLAS thread while shards are encoded: the statistics keep to one core, the encoding to the other.
+        with threadpool_limits(limits=1, user_api="blas"):
+            described = []
+            for split_name, split in named_splits.items():
+                parts = shard_slices(len(split), config.examples_per_shard)
+                for index, part in enumerate(parts):
+                    name = shard_name(split_name, key, index, len(parts), config.compression)
+                    images, labels, ids = split.images(part), split.labels[part], split.ids[part]
+                    if len(described) >= 2:  # at most two shards' pixels wait for their statistics
+                        described[-2].result()
+                    described.append(
+                        describing.submit(statistics[split_name].add, images, labels, ids, *split.source_facts(part))
+                    )
+                    content = records.encode_shard(images, labels, ids, config.compression)
+                    written.add(name)
+                    pending[split_name].append(pool.submit(_publish_shard, publisher, name, content, len(labels)))
+                    progress.advance(len(labels))
+            for future in described:
+                future.result()
+        document = data_statistics.document(label_names, statistics)
+        split_infos = {
+            split_name: SplitInfo(
                 num_examples=len(split),
-                class_counts=np.bincount(split.labels, minlength=num_classes).tolist(),
+                class_counts=np.bincount(split.labels, minlength=len(label_names)).tolist(),
                 shards=[future.result() for future in pending[split_name]],
             )
-    return split_infos
+            for split_name, split in named_splits.items()
+        }
+    return split_infos, document
 
 
 def _shard_paths(manifest: Manifest | None) -> set[str]:

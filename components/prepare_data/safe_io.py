@@ -101,28 +101,76 @@ def _decompressed_pieces(content: bytes) -> Iterator[bytes] | None:
     return None
 
 
-def _decompress(content: bytes, origin: str, max_bytes: int) -> bytes:
-    """`content` decompressed, stopping as soon as it grows past a bound."""
+def _decompress(content: bytes, origin: str, max_bytes: int) -> bytes | bytearray:
+    """`content` decompressed, stopping as soon as it grows past a bound. The pieces go straight into one buffer of
+    the size a gzip trailer announces (when it is within the bounds; a larger output continues in a list), so the
+    unpacked archive's memory is written once, not twice (a list of pieces, then their join)."""
     pieces = _decompressed_pieces(content)
     if pieces is None:
         return content
-    chunks, produced = [], 0
+    bound = min(max_bytes, max(EXPANSION_FLOOR, MAX_EXPANSION * len(content)))
+    announced = int.from_bytes(content[-4:], "little") if content[:2] == b"\x1f\x8b" else 0  # size mod 2^32
+    buffer = bytearray(announced if announced <= bound else 0)
+    view = memoryview(buffer)
+    overflow, produced = [], 0
     try:
         for piece in pieces:
-            produced += len(piece)
-            if produced > max_bytes:
+            if produced + len(piece) > max_bytes:
                 raise _too_large_source(origin, max_bytes)
-            if produced > EXPANSION_FLOOR and produced > MAX_EXPANSION * len(content):
+            if produced + len(piece) > EXPANSION_FLOOR and produced + len(piece) > MAX_EXPANSION * len(content):
                 raise SourceError(
                     f"{origin}: unpacks to more than {MAX_EXPANSION} times its {len(content):,} bytes; refusing "
                     "a likely decompression bomb (image data barely compresses)"
                 )
-            chunks.append(piece)
+            fits = max(0, min(len(piece), len(buffer) - produced))
+            view[produced : produced + fits] = piece[:fits]
+            if fits < len(piece):
+                overflow.append(piece[fits:])
+            produced += len(piece)
     except SourceError:
         raise
     except (EOFError, OSError, zlib.error, lzma.LZMAError, ValueError) as error:
         raise SourceError(f"{origin}: archive is truncated or corrupt ({error})") from error
-    return b"".join(chunks)
+    finally:
+        view.release()
+    if overflow:
+        return bytes(buffer) + b"".join(overflow)
+    if produced < len(buffer):
+        del buffer[produced:]
+    return buffer
+
+
+class _MemoryFile(io.RawIOBase):
+    """A read-only, seekable file over bytes or a bytearray, without copying them (io.BytesIO copies a bytearray)."""
+
+    def __init__(self, content: bytes | bytearray):
+        self._view = memoryview(content)
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        origin = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._view)}[whence]
+        self._position = max(0, origin + offset)
+        return self._position
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._position + size)
+        piece = bytes(self._view[self._position : end])
+        self._position = max(self._position, end)
+        return piece
+
+    def readinto(self, target) -> int:
+        piece = self.read(len(target))
+        target[: len(piece)] = piece
+        return len(piece)
 
 
 def check_source_size(path: Path, max_bytes: int) -> None:
@@ -166,7 +214,7 @@ class TarTree(FileTree):
         if len(unpacked) > max_bytes:
             raise _too_large_source(self.origin, max_bytes)
         try:
-            self._archive = tarfile.open(fileobj=io.BytesIO(unpacked), mode="r:")  # noqa: SIM115 (in memory; lives as long as the tree)
+            self._archive = tarfile.open(fileobj=_MemoryFile(unpacked), mode="r:")  # noqa: SIM115 (in memory; lives as long as the tree)
             members = self._archive.getmembers()
         except (tarfile.TarError, EOFError) as error:
             raise SourceError(f"{self.origin}: not a readable tar archive, or truncated ({error})") from error

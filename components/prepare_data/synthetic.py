@@ -1,7 +1,9 @@
 """A small, deterministic, learnable CIFAR-shaped dataset for offline demos and tests.
 
 Each class has its own colour and stripe pattern; every image is its class's pattern, shifted by up to
-four pixels, under Gaussian noise. A small ResNet learns it in a few hundred steps. Outputs made from
+four pixels, over a smooth grey background of its own (a few random low-frequency waves: without it, every image
+of a class would be a near-duplicate of the others, which statistics.json would rightly report), under Gaussian
+noise. A small ResNet learns it in a few hundred steps. Outputs made from
 it are named `synthetic` in every manifest and artifact, so they are never mistaken for CIFAR-10.
 """
 
@@ -15,7 +17,9 @@ import numpy as np
 from components.prepare_data.sources import CIFAR_SHAPE, RawDataset, RawSplit
 
 NOISE_STANDARD_DEVIATION = 48.0
-GENERATOR = "stripes-v1"
+BACKGROUND_AMPLITUDE = 30.0  # of each of BACKGROUND_WAVES waves
+BACKGROUND_WAVES = 4
+GENERATOR = "stripes-v2"
 
 
 def class_prototypes(num_classes: int) -> np.ndarray:
@@ -32,13 +36,25 @@ def class_prototypes(num_classes: int) -> np.ndarray:
     return prototypes
 
 
+def smooth_backgrounds(count: int, rng: np.random.Generator) -> np.ndarray:
+    """float32 [count, 32, 32]: per image a sum of BACKGROUND_WAVES random waves of at most 3 cycles per image."""
+    rows, columns = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
+    backgrounds = np.zeros((count, 32, 32), np.float32)
+    for _ in range(BACKGROUND_WAVES):
+        down, across = rng.uniform(0, 3, size=(2, count, 1, 1))
+        phase = rng.uniform(0, 2 * np.pi, size=(count, 1, 1))
+        backgrounds += np.cos(2 * np.pi * (down * rows + across * columns) / 32 + phase)
+    return BACKGROUND_AMPLITUDE * backgrounds
+
+
 def _generate_split(prototypes: np.ndarray, per_class: int, rng: np.random.Generator, name: str) -> RawSplit:
     num_classes = len(prototypes)
     labels = np.repeat(np.arange(num_classes, dtype=np.int64), per_class)
     shifts = rng.integers(-4, 5, size=(len(labels), 2))
+    backgrounds = smooth_backgrounds(len(labels), rng)
     images = np.empty((len(labels), *CIFAR_SHAPE), np.uint8)
     for index, (label, (down, right)) in enumerate(zip(labels, shifts, strict=True)):
-        pattern = np.roll(prototypes[label], (down, right), axis=(0, 1))
+        pattern = np.roll(prototypes[label], (down, right), axis=(0, 1)) + backgrounds[index][..., None]
         noisy = pattern + rng.normal(0.0, NOISE_STANDARD_DEVIATION, CIFAR_SHAPE)
         images[index] = np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
     return RawSplit.from_array(images, labels, [f"synthetic/{name}/{index:06d}" for index in range(len(labels))])

@@ -1,0 +1,510 @@
+"""What a prepared dataset holds, as data: counts, pixels, sizes, duplicates and leakage (statistics.json).
+
+Computed by prepare_data from the pixels it gathers anyway, a shard's worth at a time, before the shards are written
+(so that leaking images can be dropped from them): per split and class the counts; per channel the mean and standard
+deviation, overall and per class; per class a mean 8x8 thumbnail (what the class looks like, to notice labels that
+moved); the images' sizes, aspect ratios and colour conversions as the source had them, before any resize; exact
+duplicates (the same pixels) and near-duplicates within each split and across splits. A near-duplicate of a
+validation or test image in the training split is leakage, and `leakage` counts, per split other than train, the
+images that have one.
+
+Near-duplicates, the method. Each image becomes a 63-value descriptor: its luminance at 32x32, the 8x8 lowest
+frequencies of its 2-D DCT (pHash's coefficients) without the DC term, each weighted by (u^2 + v^2)^(1/4) (which
+flattens halfway the 1/f amplitude spectrum every natural image has, so that unrelated images stop looking alike
+merely for having a bright sky above a dark ground), scaled to unit length. Two images are near-duplicates when
+their descriptors' cosine similarity is at least NEAR_DUPLICATE_THRESHOLD. What this is robust to, and why:
+brightness (adding a constant moves only the DC term, which is dropped), contrast (scaling all pixels scales every
+coefficient, undone by the unit length), JPEG re-encoding (it changes high frequencies; the 8x8 lowest barely), a
+one-pixel shift (mostly: a shift turns the phase of the lowest frequencies least). It is the continuous form of the
+perceptual hash pHash, compared by cosine rather than by Hamming distance of sign bits: on 32x32 images the sign bits
+of near-duplicates differ in 8-16 of 64 places, so a bit hash cannot tell them from unrelated images, while the
+cosine can. Measured on CIFAR-10 (docs/prepare_data.md): JPEG quality 50 keeps 98% of images above 0.99, +30
+brightness above 0.99, and the threshold 0.9 finds 2.9% of the test images in the training set, close to the 3.3%
+Barz and Denzler found by hand.
+
+The search (`near_duplicate_pairs`) runs once over the images of all splits together: exhaustive up to
+EXHAUSTIVE_LIMIT images, beyond that within cells of similar descriptors (99.7% of the exhaustive search's pairs on
+CIFAR-10, in a twentieth of its time); the pairs are then sorted into within-split and across-split comparisons.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from components.common.progress import Progress
+
+logger = logging.getLogger(__name__)
+
+STATISTICS_VERSION = 1
+FEATURE_SIDE = 32  # descriptors are computed at 32x32 luminance, whatever the image size
+DCT_SIZE = 8
+NEAR_DUPLICATE_THRESHOLD = 0.9
+THUMBNAIL_SIDE = 8  # class mean images: 8x8x3 values each
+LISTED_PAIRS = 500  # pairs listed per comparison (all are counted)
+LISTED_LEAKING = 20_000  # ids of leaking images listed per split (all are counted): at most about 1 MB
+EXHAUSTIVE_LIMIT = 8192  # images up to which every pair is compared
+SEARCH_CELLS = 256
+SEARCH_PROBES = 4
+SEARCH_BLOCK = 2048
+CHUNK_BYTES = 32 << 20  # of float pixels converted at a time
+LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def _dct_basis(size: int, count: int) -> np.ndarray:
+    """The first `count` orthonormal DCT-II basis vectors of length `size`, [count, size]."""
+    positions = np.arange(size)
+    basis = np.cos(np.pi * (2 * positions[None, :] + 1) * np.arange(count)[:, None] / (2 * size))
+    basis[:1] *= 1 / math.sqrt(2)
+    return (basis * math.sqrt(2 / size)).astype(np.float32)
+
+
+_BASIS = _dct_basis(FEATURE_SIDE, DCT_SIZE)
+_FREQUENCIES = np.add.outer(np.arange(DCT_SIZE) ** 2, np.arange(DCT_SIZE) ** 2).ravel()[1:]
+_WEIGHTS = (_FREQUENCIES.astype(np.float32)) ** 0.25
+
+
+def descriptors(pixels: np.ndarray) -> np.ndarray:
+    """float32 [n, 63] unit descriptors of float32 [n, 32, 32, 3] pixels (a flat image's is all zeros)."""
+    return _reduced(pixels)[0]
+
+
+_POOL = np.kron(np.eye(THUMBNAIL_SIDE), np.ones(FEATURE_SIDE // THUMBNAIL_SIDE)).astype(np.float32) / (
+    FEATURE_SIDE // THUMBNAIL_SIDE
+)  # [8, 32]: averages of 4 neighbours
+# One matrix product over each row of RGB pixels gives both the luminance's DCT along the row (8 values) and the
+# row's 4-pixel colour averages (8 x 3 values): a single pass over the pixels.
+_ALONG_ROWS = np.concatenate(
+    [np.kron(_BASIS.T, LUMA[:, None]), np.kron(_POOL.T, np.eye(3, dtype=np.float32))], axis=1
+).astype(np.float32)  # [32 * 3, 8 + 8 * 3]
+
+
+def _reduced(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The descriptors float32 [n, 63] and the 8x8 thumbnails float32 [n, 8 * 8 * 3] of float32 [n, 32, 32, 3]
+    pixels: one matrix product along the rows, two small ones down the columns."""
+    count = len(pixels)
+    along_rows = (pixels.reshape(-1, FEATURE_SIDE * 3) @ _ALONG_ROWS).reshape(count, FEATURE_SIDE, -1)
+    across = np.ascontiguousarray(along_rows.transpose(0, 2, 1))  # [n, 8 + 24, 32 rows]
+    down = (across.reshape(-1, FEATURE_SIDE) @ np.concatenate([_BASIS, _POOL]).T).reshape(count, -1, 2 * DCT_SIZE)
+    coefficients = down[:, :DCT_SIZE, :DCT_SIZE].transpose(0, 2, 1).reshape(count, -1)[:, 1:] * _WEIGHTS  # no DC
+    norms = np.linalg.norm(coefficients, axis=1, keepdims=True)
+    features = np.where(norms > 1e-3, coefficients / np.maximum(norms, 1e-3), 0).astype(np.float32)
+    thumbnails = down[:, DCT_SIZE:, DCT_SIZE:].reshape(count, THUMBNAIL_SIDE, 3, THUMBNAIL_SIDE).transpose(0, 3, 1, 2)
+    return features, thumbnails.reshape(count, -1)
+
+
+def at_feature_size(images: np.ndarray) -> np.ndarray:
+    """float32 [n, 32, 32, 3]: the images at the descriptors' size (area averages when a multiple, else resized)."""
+    height, width = images.shape[1:3]
+    if (height, width) == (FEATURE_SIDE, FEATURE_SIDE):
+        return images.astype(np.float32)
+    if height % FEATURE_SIDE == 0 and width % FEATURE_SIDE == 0:
+        blocks = images.reshape(
+            len(images), FEATURE_SIDE, height // FEATURE_SIDE, FEATURE_SIDE, width // FEATURE_SIDE, 3
+        )
+        return blocks.mean(axis=(2, 4), dtype=np.float32)
+    from components.prepare_data.sources import resized_in_batches
+
+    return resized_in_batches(images, (FEATURE_SIDE, FEATURE_SIDE)).astype(np.float32)
+
+
+@dataclass
+class SplitStatistics:
+    """Running sums over one split's images, added a batch at a time; `summary()` gives the JSON form."""
+
+    num_classes: int
+    count: int = 0
+    class_counts: np.ndarray = None
+    channel_sum: np.ndarray = None  # float64 [3]
+    channel_square_sum: np.ndarray = None
+    class_channel_sum: np.ndarray = None  # float64 [classes, 3]: sums of the images' mean colours
+    class_thumbnail_sum: np.ndarray = None  # float64 [classes, 8*8*3]
+    pixels_per_image: int = 0
+    sizes: Counter = field(default_factory=Counter)  # "WxH" as the source had them
+    aspects: Counter = field(default_factory=Counter)
+    conversions: Counter = field(default_factory=Counter)  # colour kinds other than RGB
+    ids: list[str] = field(default_factory=list)
+    labels: list[np.ndarray] = field(default_factory=list)
+    digests: list[np.ndarray] = field(default_factory=list)  # uint64 [n, 2] per batch
+    features: list[np.ndarray] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.class_counts = np.zeros(self.num_classes, np.int64)
+        self.channel_sum = np.zeros(3)
+        self.channel_square_sum = np.zeros(3)
+        self.class_channel_sum = np.zeros((self.num_classes, 3))
+        self.class_thumbnail_sum = np.zeros((self.num_classes, THUMBNAIL_SIDE * THUMBNAIL_SIDE * 3))
+
+    def add(self, images: np.ndarray, labels: np.ndarray, ids: list[str], sizes, colors) -> None:
+        """One batch: uint8 [n, H, W, 3] images as they will be written, their labels and ids, and the (height,
+        width) [n, 2] and colour kind [n] each had in the source (colours None: all RGB). Pixels are converted to
+        floats CHUNK_BYTES at a time, whatever the images' size."""
+        chunk = max(1, CHUNK_BYTES // (4 * images[0].size)) if len(images) else 1
+        for start in range(0, len(images), chunk):
+            part = slice(start, start + chunk)
+            self._add(images[part], labels[part], ids[part], sizes[part], colors, part)
+
+    def _add(self, images: np.ndarray, labels: np.ndarray, ids: list[str], sizes, colors, part: slice) -> None:
+        count = len(images)
+        self.count += count
+        self.class_counts += np.bincount(labels, minlength=self.num_classes)
+        self.ids.extend(ids)
+        self.labels.append(np.asarray(labels))
+        self.digests.append(pixel_digests(images))
+        as_float = images.astype(np.float32)
+        values = as_float.reshape(-1, 3)
+        self.pixels_per_image = values.shape[0] // count
+        self.channel_sum += (np.ones(values.shape[0], np.float32) @ values).astype(np.float64)  # BLAS: fast
+        for channel in range(3):
+            plane = values[:, channel]
+            self.channel_square_sum[channel] += float(np.dot(plane, plane))
+        small = as_float if images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE) else at_feature_size(images)
+        features, thumbnails = _reduced(small)
+        self.features.append(features)
+        image_means = thumbnails.reshape(count, -1, 3).mean(axis=1)
+        one_hot = np.zeros((count, self.num_classes), np.float32)
+        one_hot[np.arange(count), labels] = 1
+        self.class_channel_sum += one_hot.T @ image_means
+        self.class_thumbnail_sum += one_hot.T @ thumbnails
+        distinct, counts = np.unique(np.asarray(sizes).reshape(-1, 2), axis=0, return_counts=True)
+        for (height, width), number in zip(distinct.tolist(), counts.tolist(), strict=True):
+            self.sizes[f"{width}x{height}"] += number
+            self.aspects[aspect_ratio(width, height)] += number
+        if colors is not None:
+            self.conversions.update(color for color in colors[part] if color != "RGB")
+
+    def all_features(self) -> np.ndarray:
+        return np.concatenate(self.features) if self.features else np.zeros((0, _WEIGHTS.size), np.float32)
+
+    def summary(self) -> dict:
+        pixels = max(1, self.count * self.pixels_per_image)
+        mean = self.channel_sum / pixels
+        variance = np.maximum(self.channel_square_sum / pixels - mean**2, 0)
+        counts = np.maximum(self.class_counts, 1)[:, None]
+        return {
+            "count": self.count,
+            "class_counts": self.class_counts.tolist(),
+            "channel_mean": _rounded(mean),
+            "channel_std": _rounded(np.sqrt(variance)),
+            "class_channel_mean": [_rounded(row) for row in self.class_channel_sum / counts],
+            "class_thumbnails": [_rounded(row, 1) for row in self.class_thumbnail_sum / counts],
+            "source_sizes": dict(self.sizes.most_common(50)),
+            "source_aspect_ratios": dict(self.aspects.most_common(50)),
+            "distinct_source_sizes": len(self.sizes),
+            "converted_to_rgb": dict(sorted(self.conversions.items())),
+        }
+
+
+def pixel_digests(images: np.ndarray) -> np.ndarray:
+    """uint64 [n, 2]: two 64-bit multiply-add hashes of each image's bytes (fixed random odd multipliers): images
+    with the same pixels have the same digests; others, with a chance of 2^-128 per pair."""
+    count = len(images)
+    flat = images.reshape(count, -1)
+    padding = (-flat.shape[1]) % 8
+    if padding:
+        flat = np.concatenate([flat, np.zeros((count, padding), np.uint8)], axis=1)
+    words = np.ascontiguousarray(flat).view(np.uint64)
+    multipliers = _digest_multipliers(words.shape[1])
+    with np.errstate(over="ignore"):
+        return np.stack([(words * multipliers[0]).sum(axis=1), (words * multipliers[1]).sum(axis=1)], axis=1)
+
+
+def _digest_multipliers(count: int) -> np.ndarray:
+    rng = np.random.default_rng(20201)
+    return rng.integers(0, np.iinfo(np.uint64).max, size=(2, count), dtype=np.uint64, endpoint=True) | np.uint64(1)
+
+
+def aspect_ratio(width: int, height: int) -> str:
+    """'4:3', '1:1': the ratio in lowest terms, or to two decimals when those terms are large."""
+    divisor = math.gcd(width, height) or 1
+    across, down = width // divisor, height // divisor
+    return f"{across}:{down}" if max(across, down) <= 32 else f"{width / height:.2f}:1"
+
+
+def _rounded(values, digits: int = 4) -> list[float]:
+    return [round(float(value), digits) for value in values]
+
+
+def near_duplicate_pairs(features: np.ndarray, threshold: float = NEAR_DUPLICATE_THRESHOLD, seed: int = 0):
+    """(i, j, similarity), i < j, of the descriptors whose cosine similarity is at least `threshold`.
+
+    Up to EXHAUSTIVE_LIMIT images every pair is compared. Beyond, the descriptors are grouped into cells around
+    SEARCH_CELLS centres (a few rounds of spherical k-means on a sample), and each image is compared with the images
+    of its SEARCH_PROBES nearest cells: a near-duplicate pair lies so close (cosine 0.9 is an angle of 26 degrees,
+    where unrelated images are 80 to 90 apart) that its images almost always share a cell. On CIFAR-10's 60,000
+    images this finds 99.7% of the pairs an exhaustive comparison finds, in a twentieth of its time."""
+    if len(features) <= EXHAUSTIVE_LIMIT:
+        return _pairs_exhaustive(features, threshold)
+    centres = _cell_centres(features, seed)
+    scores = features @ centres.T
+    primary = scores.argmax(axis=1)
+    probed = np.empty((len(features), SEARCH_PROBES), np.int64)
+    for probe in range(SEARCH_PROBES):  # the nearest cells, nearest first (argmax beats a partial sort here)
+        probed[:, probe] = scores.argmax(axis=1)
+        scores[np.arange(len(features)), probed[:, probe]] = -np.inf
+    members_by_cell = _grouped(primary, len(centres))
+    probers_by_cell = _grouped(probed.ravel(), len(centres), np.repeat(np.arange(len(features)), SEARCH_PROBES))
+    found_left, found_right, found_similarity = [], [], []
+    for cell in range(len(centres)):
+        members, probers = members_by_cell[cell], probers_by_cell[cell]
+        if not len(members) or not len(probers):
+            continue
+        similarity = features[probers] @ features[members].T
+        candidates = np.flatnonzero(similarity.max(axis=1) >= threshold)  # few rows: look only at those
+        hit_rows, columns = np.nonzero(similarity[candidates] >= threshold)
+        rows = candidates[hit_rows]
+        left, right = probers[rows], members[columns]
+        keep = left != right
+        found_left.append(np.minimum(left, right)[keep])
+        found_right.append(np.maximum(left, right)[keep])
+        found_similarity.append(similarity[rows, columns][keep])
+    return _distinct_pairs(found_left, found_right, found_similarity, len(features))
+
+
+def _pairs_exhaustive(features: np.ndarray, threshold: float):
+    found_left, found_right, found_similarity = [], [], []
+    for start in range(0, len(features), SEARCH_BLOCK):
+        similarity = features[start : start + SEARCH_BLOCK] @ features[start:].T  # the columns from the block on
+        rows, columns = np.nonzero(similarity >= threshold)
+        keep = columns > rows
+        rows, columns = rows[keep], columns[keep]
+        found_left.append(rows + start)
+        found_right.append(columns + start)
+        found_similarity.append(similarity[rows, columns])
+    return _distinct_pairs(found_left, found_right, found_similarity, len(features))
+
+
+def _distinct_pairs(lefts: list, rights: list, similarities: list, count: int):
+    if not lefts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    keys = np.concatenate(lefts).astype(np.int64) * count + np.concatenate(rights)
+    keys, first = np.unique(keys, return_index=True)
+    return keys // count, keys % count, np.concatenate(similarities)[first]
+
+
+def _cell_centres(features: np.ndarray, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    sample = features[rng.choice(len(features), min(len(features), 20 * SEARCH_CELLS * 4), replace=False)]
+    centres = sample[rng.choice(len(sample), SEARCH_CELLS, replace=False)].copy()
+    for _ in range(5):
+        nearest = (sample @ centres.T).argmax(axis=1)
+        members = np.zeros((len(sample), len(centres)), np.float32)
+        members[np.arange(len(sample)), nearest] = 1
+        sums = members.T @ sample
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        centres = np.where(norms > 0, sums / np.maximum(norms, 1e-9), centres)
+    return centres
+
+
+def _grouped(cells: np.ndarray, count: int, values: np.ndarray | None = None) -> list[np.ndarray]:
+    """values (default: positions) grouped by their cell, for cells 0..count-1."""
+    order = np.argsort(cells, kind="stable")
+    bounds = np.searchsorted(cells[order], np.arange(count + 1))
+    ordered = order if values is None else values[order]
+    return [ordered[bounds[cell] : bounds[cell + 1]] for cell in range(count)]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The duplicates of one split within itself, or of one split in another."""
+
+    split: str
+    other: str  # == split: within it
+    left: np.ndarray  # indices in `split`
+    right: np.ndarray  # indices in `other`
+    similarity: np.ndarray
+    exact: np.ndarray  # bool: the same pixels
+
+    @property
+    def images_with_duplicate(self) -> np.ndarray:
+        """Indices (in `split`) of the images that have a near-duplicate (within: either of a pair)."""
+        found = self.left if self.split != self.other else np.concatenate([self.left, self.right])
+        return np.unique(found)
+
+    def summary(self, ids: dict[str, list[str]]) -> dict:
+        order = np.lexsort((-self.similarity, ~self.exact))[:LISTED_PAIRS]  # exact first, then most similar
+        return {
+            "split": self.split,
+            "other": self.other,
+            "near_duplicate_pairs": len(self.left),
+            "exact_duplicate_pairs": int(self.exact.sum()),
+            "images_with_near_duplicate": len(self.images_with_duplicate),
+            "pairs": [
+                {
+                    "id": ids[self.split][self.left[index]],
+                    "other_id": ids[self.other][self.right[index]],
+                    "similarity": round(float(self.similarity[index]), 4),
+                    "exact": bool(self.exact[index]),
+                }
+                for index in order
+            ],
+        }
+
+
+def comparisons(statistics: dict[str, SplitStatistics]) -> list[Comparison]:
+    """Every split within itself and against each other (train last), from one search over all images."""
+    names = list(statistics)
+    counts = [statistics[name].count for name in names]
+    offsets = np.cumsum([0, *counts])
+    features = np.concatenate([statistics[name].all_features() for name in names])
+    left, right, similarity = near_duplicate_pairs(features)
+    digests = np.concatenate(
+        [batch for name in names for batch in statistics[name].digests] or [np.zeros((0, 2), np.uint64)]
+    )
+    exact_pairs = _exact_pairs(digests)
+    if exact_pairs.size:  # the same pixels are near-duplicates too (a flat image's descriptor is zero: add them)
+        known = set((left * len(features) + right).tolist())
+        missing = exact_pairs[
+            [key not in known for key in (exact_pairs[:, 0] * len(features) + exact_pairs[:, 1]).tolist()]
+        ]
+        left = np.concatenate([left, missing[:, 0]])
+        right = np.concatenate([right, missing[:, 1]])
+        similarity = np.concatenate([similarity, np.ones(len(missing), np.float32)])
+    exact_keys = set((exact_pairs[:, 0] * len(features) + exact_pairs[:, 1]).tolist()) if exact_pairs.size else set()
+    exact = np.array([key in exact_keys for key in (left * len(features) + right).tolist()], bool)
+    split_of = np.searchsorted(offsets, np.arange(len(features)), side="right") - 1
+    ordered = sorted(range(len(names)), key=lambda index: names[index] == "train")  # train is the "other" side
+    found = []
+    for position, first in enumerate(ordered):
+        for second in ordered[position:]:
+            if names[first] != names[second] and names[first] == "train":
+                continue
+            chosen = _between(split_of, left, right, first, second)
+            one, two = left[chosen], right[chosen]
+            swap = split_of[one] != first  # pairs are stored (smaller index, larger): put `first`'s image left
+            one, two = np.where(swap, two, one), np.where(swap, one, two)
+            found.append(
+                Comparison(
+                    names[first],
+                    names[second],
+                    one - offsets[first],
+                    two - offsets[second],
+                    similarity[chosen],
+                    exact[chosen],
+                )
+            )
+    return found
+
+
+def _between(split_of: np.ndarray, left: np.ndarray, right: np.ndarray, first: int, second: int) -> np.ndarray:
+    a, b = split_of[left], split_of[right]
+    return ((a == first) & (b == second)) | ((a == second) & (b == first))
+
+
+def _exact_pairs(digests: np.ndarray) -> np.ndarray:
+    """[k, 2] (i, j), i < j, of images with the same pixels (the same digests)."""
+    order = np.lexsort((digests[:, 1], digests[:, 0]))
+    ordered = digests[order]
+    starts = np.flatnonzero(np.r_[True, (ordered[1:] != ordered[:-1]).any(axis=1)]) if len(order) else order
+    sizes = np.diff(np.r_[starts, len(order)])
+    pairs = [
+        pair
+        for start, size in zip(starts[sizes > 1].tolist(), sizes[sizes > 1].tolist(), strict=True)
+        for pair in itertools.combinations(sorted(order[start : start + size].tolist()), 2)
+    ]
+    return np.array(pairs, np.int64).reshape(-1, 2)
+
+
+def dataset_statistics(
+    label_names: list[str], statistics: dict[str, SplitStatistics]
+) -> tuple[dict, dict[str, Comparison]]:
+    """The statistics document, and per split other than train its comparison with the training split."""
+    ids = {name: split.ids for name, split in statistics.items()}
+    found = comparisons(statistics)
+    leaks = {
+        comparison.split: comparison
+        for comparison in found
+        if comparison.other == "train" and comparison.split != "train"
+    }
+    leaking = {name: comparison.images_with_duplicate for name, comparison in leaks.items()}
+    document = {
+        "schema_version": STATISTICS_VERSION,
+        "label_names": list(label_names),
+        "method": {
+            "descriptor": f"{DCT_SIZE}x{DCT_SIZE} lowest DCT frequencies of the 32x32 luminance, 1/f-flattened",
+            "near_duplicate_threshold": NEAR_DUPLICATE_THRESHOLD,
+            "exact": "the same pixels",
+        },
+        "splits": {name: split.summary() for name, split in statistics.items()},
+        "duplicates": [comparison.summary(ids) for comparison in found],
+        "leakage": {name: len(indices) for name, indices in leaking.items()},
+        "leaking_ids": {
+            name: [ids[name][index] for index in indices[:LISTED_LEAKING]] for name, indices in leaking.items()
+        },
+    }
+    return document, leaks
+
+
+def describe(named_splits: dict, label_names: list[str], batch: int) -> dict[str, SplitStatistics]:
+    """Statistics of the splits (RawSplit), gathering their pixels `batch` images at a time (a pass of its own)."""
+    progress = Progress("statistics", sum(len(split) for split in named_splits.values()), unit="images", logger=logger)
+    statistics = {}
+    for name, split in named_splits.items():
+        statistics[name] = SplitStatistics(len(label_names))
+        for start in range(0, len(split), batch):
+            part = slice(start, start + batch)
+            sizes, colors = split.source_facts(part)
+            statistics[name].add(split.images(part), split.labels[part], split.ids[part], sizes, colors)
+            progress.advance(len(split.labels[part]))
+    return statistics
+
+
+def document(label_names: list[str], statistics: dict[str, SplitStatistics]) -> dict:
+    """statistics.json's content; says so in the log when a split leaks."""
+    described, _leaks = dataset_statistics(label_names, statistics)
+    for name, count in described["leakage"].items():
+        if count:
+            logger.warning(
+                "leakage: %d of the %d %s images have a near-duplicate in the training split (e.g. %s and %s)",
+                count,
+                statistics[name].count,
+                name,
+                *_first_pair(described, name),
+            )
+    return described
+
+
+def _first_pair(described: dict, split: str) -> tuple[str, str]:
+    for comparison in described["duplicates"]:
+        if comparison["split"] == split and comparison["other"] == "train" and comparison["pairs"]:
+            return comparison["pairs"][0]["id"], comparison["pairs"][0]["other_id"]
+    return "?", "?"
+
+
+LEAKAGE_CHOICES = ("keep", "drop_from_train", "drop_from_eval")
+
+
+def remove_leaks(named_splits: dict, label_names: list[str], config) -> tuple[dict, dict]:
+    """The splits with leaking images removed as `config.leakage` says, and what was removed: "drop_from_train"
+    removes from the training split every image that is a near-duplicate of a validation or test image;
+    "drop_from_eval" removes from the validation and test splits every image that has one in training."""
+    statistics = describe(named_splits, label_names, config.examples_per_shard)
+    _document, leaks = dataset_statistics(label_names, statistics)
+    if config.leakage == "drop_from_train":
+        found = [leak.right for leak in leaks.values()]
+        removing = {"train": np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)}
+    else:
+        removing = {name: leak.images_with_duplicate for name, leak in leaks.items()}
+    kept = dict(named_splits)
+    for name, indices in removing.items():
+        mask = np.ones(len(kept[name]), bool)
+        mask[indices] = False
+        kept[name] = kept[name].take(np.flatnonzero(mask))
+        logger.info("leakage=%s: removed %d images from the %s split", config.leakage, len(indices), name)
+    removed = {
+        "mode": config.leakage,
+        "leakage_before": {name: len(leak.images_with_duplicate) for name, leak in leaks.items()},
+        "images_removed": {name: len(indices) for name, indices in removing.items()},
+    }
+    return kept, removed
+
+
+def to_json(document: dict) -> bytes:
+    import json
+
+    return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
