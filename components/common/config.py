@@ -89,6 +89,8 @@ def _check_value(name: str, value: Any, annotation: Any) -> None:
         valid, expected = isinstance(value, bool), "true or false"
     elif annotation is str:
         valid, expected = isinstance(value, str), "a string"
+    elif annotation is dict:
+        valid, expected = isinstance(value, dict), "a JSON object"
     else:
         return
     if not valid:
@@ -103,9 +105,21 @@ def _converter(annotation: Any, optional: bool):
             return None
         if annotation is bool:
             return parse_bool(text)
+        if annotation is dict:
+            return _json_object(text)
         return annotation(text)
 
     return convert
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error.msg}): {text[:80]!r}") from error
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'expected a JSON object like {{"name": value}}, got {text[:80]!r}')
+    return value
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) -> None:

@@ -70,3 +70,13 @@ def ready_version(pointer: dict | None) -> dict | None:
     if pointer is None or pointer.get("state") != "ready":
         return None
     return {key: value for key, value in pointer.items() if key != "promoting"}
+
+
+def read_pointer(root: str) -> tuple[dict | None, str]:
+    """The pointer as stored (None when nothing was promoted yet) and its version, for the compare-and-swap."""
+    content, version = storage.publisher_for(root).read_versioned(POINTER)
+    return (parse_pointer(content, root) if content is not None else None), version
+
+
+def read_ready(root: str) -> dict | None:
+    return ready_version(read_pointer(root)[0])

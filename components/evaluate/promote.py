@@ -38,7 +38,15 @@ from components.common import documents, storage
 from components.evaluate import canary, serving_ops
 from components.evaluate.export import CHECKPOINT_FOLDER, export_saved_model
 from components.evaluate.gate import Decision
-from components.evaluate.pointer import POINTER, SERVING_DECLARATION, SERVING_SCHEMA, parse_pointer, ready_version
+from components.evaluate.pointer import (  # noqa: F401 (read_pointer, read_ready: this module's callers use them)
+    POINTER,
+    SERVING_DECLARATION,
+    SERVING_SCHEMA,
+    parse_pointer,
+    read_pointer,
+    read_ready,
+    ready_version,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,16 +91,6 @@ class Promotion:
 class PromotionOutcome:
     promotion: Promotion | None  # None: not promoted (decided again against a newer version, and not better)
     decision: Decision | None = None  # the decision taken again, when the pointer had moved
-
-
-def read_pointer(root: str) -> tuple[dict | None, str]:
-    """The pointer as stored (None when nothing was promoted yet) and its version, for the compare-and-swap."""
-    content, version = storage.publisher_for(root).read_versioned(POINTER)
-    return (parse_pointer(content, root) if content is not None else None), version
-
-
-def read_ready(root: str) -> dict | None:
-    return ready_version(read_pointer(root)[0])
 
 
 def _encode(pointer: dict) -> bytes:
