@@ -31,6 +31,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 PUBLISHED_COMPONENT_FILES = (
     "prepare_data/component.yaml",
     "prepare_data/source_fingerprint.yaml",
+    "evaluate/check_data.yaml",
     "train/component.yaml",
     "train/launch_training_job.yaml",
     "evaluate/component.yaml",

@@ -253,6 +253,11 @@ def check_cron(expression: str) -> str:
     return expression
 
 
+# A schedule's own defaults: it warm-starts from the promoted model, and promotes nothing trained on data the data check
+# finds changed (a one-off run only warns).
+SCHEDULE_DEFAULTS = {"warm_start_from_promoted": True, "data_check": "block"}
+
+
 def schedule(
     pipeline,
     parameters: dict[str, Any],
@@ -268,7 +273,7 @@ def schedule(
     check_cron(cron)
     if not parameters.get("promotion_root"):
         raise CommandError("a schedule needs --promotion-root (a gs:// folder) to warm-start from and to promote to")
-    parameters = {"warm_start_from_promoted": True, **parameters}
+    parameters = {**SCHEDULE_DEFAULTS, **parameters}
     check_parameters(pipeline, parameters)
     endpoint = kfp_endpoint.connect(endpoint_config)
     package = compile_pipeline(pipeline)
@@ -372,7 +377,7 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     recurring.add_argument("--cron", required=True, help="six fields, seconds first: '0 0 3 * * *'")
     recurring.add_argument("--name", default=f"{pipeline.name}-retraining")
     recurring.add_argument("--max-concurrency", type=int, default=1)
-    add_parameter_options(recurring, pipeline)
+    add_parameter_options(recurring, pipeline, SCHEDULE_DEFAULTS)
     board = commands.add_parser(
         "tensorboard", help="TensorBoard on a model directory (local, gs:// or s3://)", allow_abbrev=False
     )

@@ -1,7 +1,7 @@
 """The cifar10-pipeline KFP pipeline: wiring only. Entry points: compile, local-run, run, schedule, tensorboard.
 
-source fingerprint -> prepare_data -> (warm start?) -> train (a TrainJob or TFJob, or in the step's pod) -> evaluate
--> if blessed: promote; and, when the run ends however it ends, delete its training job if one is left
+source fingerprint -> prepare_data -> check the data -> (warm start?) -> train (a TrainJob or TFJob, or in the step's
+pod) -> evaluate -> if blessed: promote; and, when the run ends however it ends, delete its training job if one is left
 
 python -m pipeline.pipeline compile
 python -m pipeline.pipeline local-run --source synthetic --train-steps 200
@@ -16,7 +16,12 @@ from collections.abc import Callable
 from kfp import dsl, kubernetes
 
 from components.common.kfp_parameters import parameter_defaults
-from components.evaluate.component import evaluate_component, promote_component, warm_start_component
+from components.evaluate.component import (
+    check_data_component,
+    evaluate_component,
+    promote_component,
+    warm_start_component,
+)
 from components.evaluate.config import EvaluateConfig
 from components.images import PUBLISHED_COMPONENT_FILES, image
 from components.prepare_data.component import prepare_data_component, source_fingerprint_component
@@ -65,6 +70,7 @@ def evaluate_and_promote(
     serving_version: str,
     object_store_secret: str,
     image_pull_secret: str,
+    data_blocking: str,
 ):
     """Evaluate the trained model; promote it when blessed and a promotion root is set."""
     evaluation = evaluate_component(
@@ -74,6 +80,7 @@ def evaluate_and_promote(
         accuracy_threshold=accuracy_threshold,
         baseline_tolerance=baseline_tolerance,
         promotion_root=promotion_root,
+        data_blocking=data_blocking,
     ).set_display_name("evaluate")
     evaluation.set_caching_options(False)
     evaluation.set_cpu_request("2").set_memory_request("4Gi")
@@ -158,6 +165,10 @@ def cifar10_pipeline(
     source_sha256: str = PREPARE.source_sha256,
     validation_fraction: float = 0.0,  # the pipeline's own choice: train on all 50,000, as published results do
     resize: str = "",
+    leakage: str = PREPARE.leakage,
+    data_check: str = "warn",  # a schedule's default is "block" (pipeline/commands.py SCHEDULE_DEFAULTS)
+    data_reference: str = "",
+    data_thresholds: dict = {},  # noqa: B006 (KFP parameters take literal defaults)
     preset: str = "",
     workers: int = 2,  # the pipeline's own choice: it exists to train on several workers
     launcher: str = "auto",
@@ -195,6 +206,16 @@ def cifar10_pipeline(
             curves during training); 0 trains on all of it, -1 keeps the source's own (CIFAR-10's data batch 5).
         resize: HEIGHTxWIDTH (or N): resize every image to it, as Keras's image_dataset_from_directory(image_size)
             does; the model's input size is then that ("": the images' own size, one for all).
+        leakage: Test images with a near-duplicate in the training split: "keep" (counted in the dataset's
+            statistics; the report shows the accuracy without them too), "drop_from_train" (remove their training
+            copies) or "drop_from_eval" (remove them from the evaluation).
+        data_check: What a data check error does (the data against the promoted model's, or data_reference): "warn"
+            (say it), "block" (no promotion, the decision names the finding; a schedule's default) or "fail" (stop
+            the run before training).
+        data_reference: The statistics to check the data against: a statistics.json, a promoted version's
+            data_statistics.json or a prepared dataset ("": the promoted model's training data).
+        data_thresholds: The data check's thresholds by name, e.g. {"channel_mean_shift": 0.5} (components/common/
+            data_statistics.py DataCheckConfig).
         preset: A training recipe: "fast" (airbench94_muon: 94% on CIFAR-10 in 8 epochs, published), "airbench94"
             (its predecessor: 94% in 10 epochs), or "estimator" (the CIFAR-10 estimator example's ResNet recipe); its
             values apply wherever a parameter is left at its default.
@@ -244,12 +265,23 @@ def cifar10_pipeline(
             validation_fraction=validation_fraction,
             synthetic_train_per_class=synthetic_train_per_class,
             resize=resize,
+            leakage=leakage,
             source_fingerprint=fingerprint.output,
         ).set_display_name("prepare data")
         data.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
         data.set_cpu_request("2").set_memory_request("8Gi").set_memory_limit("8Gi")
         with_pod_settings(data, object_store_secret, image_pull_secret)
         dataset = data.outputs["dataset"]
+
+        check = check_data_component(
+            dataset=dataset,
+            mode=data_check,
+            reference=data_reference,
+            promotion_root=promotion_root,
+            thresholds=data_thresholds,
+        ).set_display_name("check the data")
+        check.set_caching_options(False)  # the promoted model it compares with changes between runs
+        with_pod_settings(check, object_store_secret, image_pull_secret)
 
         start = warm_start_component(
             warm_start=warm_start, promotion_root=promotion_root, from_promoted=warm_start_from_promoted
@@ -268,6 +300,7 @@ def cifar10_pipeline(
             "serving_version": serving_version,
             "object_store_secret": object_store_secret,
             "image_pull_secret": image_pull_secret,
+            "data_blocking": check.outputs["Output"],
         }
         pod_settings = {"object_store_secret": object_store_secret, "image_pull_secret": image_pull_secret}
         # Exactly one branch runs; each trains, then evaluates and promotes its own model.
@@ -284,7 +317,7 @@ def cifar10_pipeline(
                 image_pull_secret=image_pull_secret,
                 queue_name=queue_name,
             ).set_display_name("train (training job)")
-            launched.set_caching_options(False).set_retry(**TRAIN_RETRIES)
+            launched.set_caching_options(False).set_retry(**TRAIN_RETRIES).after(check)  # data_check=fail: no training
             launched.set_cpu_request("250m").set_memory_request("512Mi").set_memory_limit("1Gi")
             kubernetes.set_timeout(launched, LAUNCH_STEP_TIMEOUT_SECONDS)
             kubernetes.use_field_path_as_env(launched, "POD_NAMESPACE", "metadata.namespace")
@@ -294,13 +327,13 @@ def cifar10_pipeline(
             on_gpus = train_on_gpus(
                 **training, cpus=train_step_cpus, memory=train_step_memory, gpus=train_step_gpus, **pod_settings
             ).set_display_name("train on GPUs")
-            on_gpus.set_caching_options(False)
+            on_gpus.set_caching_options(False).after(check)
             evaluate_and_promote(model=on_gpus.output, **gate).set_caching_options(False)
         with dsl.Else(name="cpu-pod"):
             on_cpus = train_on_cpus(
                 **training, cpus=train_step_cpus, memory=train_step_memory, **pod_settings
             ).set_display_name("train on CPUs")
-            on_cpus.set_caching_options(False)
+            on_cpus.set_caching_options(False).after(check)
             evaluate_and_promote(model=on_cpus.output, **gate).set_caching_options(False)
 
 
@@ -313,6 +346,7 @@ PUBLISHED_COMPONENTS = dict(
         (
             prepare_data_component,
             source_fingerprint_component,
+            check_data_component,
             train_component,
             launch_training_job_component,
             evaluate_component,

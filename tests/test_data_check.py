@@ -126,7 +126,7 @@ def test_near_duplicates_survive_jpeg_a_shift_and_brightness_and_unrelated_image
         similarity = (originals * descriptor(variant)).sum(axis=1)
         kept = np.mean(similarity >= statistics.NEAR_DUPLICATE_THRESHOLD)
         assert kept >= 0.9, f"{name}: only {kept:.0%} stay near-duplicates of their original"
-    left, right, _similarity = statistics.near_duplicate_pairs(originals)
+    left, _right, _similarity = statistics.near_duplicate_pairs(originals)
     assert len(left) == 0, "distinct images are not near-duplicates"
 
 
@@ -314,3 +314,78 @@ def test_the_command_line_exits_2_with_one_line_on_a_damaged_statistics_file(tmp
     assert "no such file" in capsys.readouterr().err
     assert data_check_main(["--data", dataset, "--thresholds", '{"channel_mean_shift": -1}']) == 2
     assert "channel_mean_shift: -1 is not in (0, 100]" in capsys.readouterr().err
+
+
+# -- a scheduled retraining run: the promoted model's data is the reference ------------------------------------------
+
+
+def trained_model(tmp_path, name: str, dataset: str) -> str:
+    from components.train import loop
+    from tests.builders import tiny_train_config
+
+    model_dir = tmp_path / name
+    loop.train(tiny_train_config(dataset, model_dir, train_steps=6))
+    return str(model_dir)
+
+
+def test_a_scheduled_run_on_changed_data_is_not_promoted_and_on_unchanged_data_is(tmp_path, base):
+    """What `schedule` runs (data_check block): the first promotion records its training data's statistics; a later
+    run on brighter images is not promoted, the decision naming the finding; a run on another sample of the same
+    data is."""
+    from components.evaluate.config import EvaluateConfig
+    from components.evaluate.evaluate import evaluate
+
+    first_data, _statistics = base
+    root = str(tmp_path / "models")
+    first = evaluate(EvaluateConfig(data=first_data, model_dir=trained_model(tmp_path, "first", first_data),
+                                    promote_to=root, baseline_tolerance=1.0))  # fmt: skip
+    assert first.promotion.version == 1
+    recorded = data_statistics.read_statistics(f"{root}/1/{data_statistics.PROMOTED_STATISTICS}")
+    assert recorded["splits"]["train"]["count"] == TRAIN * len(CLASSES)
+
+    def brighter(split, label, images):
+        return np.clip(images.astype(int) + 40, 0, 255).astype(np.uint8)
+
+    runs = {
+        "changed": prepared(tmp_path, "changed", write_dataset(tmp_path / "changed", seed=3, change=brighter))[0],
+        "unchanged": prepared(tmp_path, "unchanged", write_dataset(tmp_path / "unchanged", seed=3))[0],
+    }
+    outcomes = {}
+    for name, data in runs.items():
+        checked = check_data(CheckDataConfig(data=data, mode="block", promotion_root=root))
+        assert checked.reference == "the training data of promoted version 1"
+        outcomes[name] = evaluate(
+            EvaluateConfig(data=data, model_dir=trained_model(tmp_path, name, data), promote_to=root,
+                           baseline_tolerance=1.0, data_blocking=checked.blocking or None)
+        )  # fmt: skip
+    changed, unchanged = outcomes["changed"], outcomes["unchanged"]
+    assert not changed.decision.blessed and changed.promotion is None
+    assert changed.decision.reasons[-1].startswith("data check: train: the red channel's mean is")
+    assert unchanged.decision.blessed and unchanged.promotion.version == 2
+    assert "Class balance of the eval split" in unchanged.report_html  # the report's data section
+
+
+def test_the_report_shows_the_accuracy_without_the_leaking_images_and_the_pairs(tmp_path):
+    from components.evaluate.config import EvaluateConfig
+    from components.evaluate.evaluate import evaluate
+
+    def plant(split, label, images):
+        if split == "train":
+            return np.concatenate([images[:-2], drawn_images(label, TEST, 1000)[:2]])
+        return images
+
+    data, described = prepared(tmp_path, "leaky", write_dataset(tmp_path / "leaky", change=plant))
+    assert described["leakage"] == {"eval": 8}
+    result = evaluate(EvaluateConfig(data=data, model_dir=trained_model(tmp_path, "model", data)))
+    from components.common.dataset import open_dataset
+
+    ids, labels = [], []
+    for _images, batch_labels, batch_ids in open_dataset(data).tf_dataset("eval", 1000, with_ids=True):
+        ids += [example_id.decode() for example_id in batch_ids.numpy()]
+        labels += batch_labels.numpy().tolist()
+    kept = ~np.isin(ids, described["leaking_ids"]["eval"])
+    right = result.final.probabilities.argmax(1) == np.array(labels)
+    assert result.without_leaks == {"accuracy": pytest.approx(right[kept].mean()), "leaking_images": 8}
+    page = result.report_html
+    assert "without the 8 that have a near-duplicate in the training split" in page
+    assert page.count('alt="its training near-duplicate"') == 8 and page.count('alt="test image"') == 8

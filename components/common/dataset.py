@@ -353,15 +353,16 @@ class VerifiedDataset:
     manifest_sha256: str
     files: dict[str, list[str]]
 
-    def tf_dataset(self, split: str, batch_size: int | None = None):
-        """A `tf.data.Dataset` of (uint8 image [H, W, C], int64 label), batched when `batch_size` is given."""
+    def tf_dataset(self, split: str, batch_size: int | None = None, with_ids: bool = False):
+        """A `tf.data.Dataset` of (uint8 image [H, W, C], int64 label) (and the string id, `with_ids`), batched when
+        `batch_size` is given."""
         import tensorflow as tf
 
         compression = "" if self.manifest.compression == records.COMPRESSION_NONE else self.manifest.compression
         shape = self.manifest.image_shape
         dataset = tf.data.TFRecordDataset(self.files[split], compression_type=compression)
         dataset = dataset.batch(batch_size or 1024).map(
-            lambda serialized: records.parse_batch(serialized, shape), num_parallel_calls=tf.data.AUTOTUNE
+            lambda serialized: records.parse_batch(serialized, shape, with_ids), num_parallel_calls=tf.data.AUTOTUNE
         )
         return dataset if batch_size else dataset.unbatch()
 

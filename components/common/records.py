@@ -365,14 +365,17 @@ class RecordChecker:
         return features[FEATURE_LABEL][1][0]
 
 
-def parse_batch(serialized, image_shape: Sequence[int]):
-    """Parse a batch of serialized records into (uint8 images [B, H, W, C], int64 labels [B])."""
+def parse_batch(serialized, image_shape: Sequence[int], with_ids: bool = False):
+    """Parse a batch of serialized records into (uint8 images [B, H, W, C], int64 labels [B]), and string ids [B]
+    `with_ids`."""
     import tensorflow as tf
 
-    parsed = tf.io.parse_example(
-        serialized,
-        {FEATURE_IMAGE: tf.io.FixedLenFeature([], tf.string), FEATURE_LABEL: tf.io.FixedLenFeature([], tf.int64)},
-    )
+    features = {FEATURE_IMAGE: tf.io.FixedLenFeature([], tf.string), FEATURE_LABEL: tf.io.FixedLenFeature([], tf.int64)}
+    if with_ids:
+        features[FEATURE_ID] = tf.io.FixedLenFeature([], tf.string)
+    parsed = tf.io.parse_example(serialized, features)
     images = tf.io.decode_raw(parsed[FEATURE_IMAGE], tf.uint8)
     images = tf.reshape(images, [-1, *image_shape])
+    if with_ids:
+        return images, parsed[FEATURE_LABEL], parsed[FEATURE_ID]
     return images, parsed[FEATURE_LABEL]

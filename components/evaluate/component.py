@@ -20,13 +20,15 @@ def evaluate_component(
     baseline: str = "",
     baseline_tolerance: float = 0.0,
     promotion_root: str = "",
+    data_blocking: str = "",
 ) -> bool:
     """Evaluate the model's latest checkpoint (`mode` "all": every kept checkpoint, the last one gated); returns
     whether it is blessed for promotion.
 
     `evaluation` holds the summary JSON and, in its metadata, the decision and its reasons and what the
     promote step needs. With `promotion_root`, its current.json is the baseline (unless `baseline` is given)
-    and its version is recorded, so the promote step only succeeds if nobody promoted in between.
+    and its version is recorded, so the promote step only succeeds if nobody promoted in between. `data_blocking`
+    (check_data_component's output): a data check finding that blocks promotion, named in the decision.
     """
     from components.common.cli import component_errors
     from components.evaluate.kfp_run import EXPECTED_ERRORS, run_evaluate
@@ -46,7 +48,29 @@ def evaluate_component(
             baseline=baseline,
             baseline_tolerance=baseline_tolerance,
             promotion_root=promotion_root,
+            data_blocking=data_blocking,
         )
+
+
+@dsl.component(base_image=image("evaluate"), install_kfp_package=False)
+def check_data_component(
+    dataset: dsl.Input[dsl.Dataset],
+    findings: dsl.Output[dsl.Artifact],
+    visualization: dsl.Output[dsl.Markdown],
+    mode: str = "warn",
+    reference: str = "",
+    promotion_root: str = "",
+    thresholds: dict = {},  # noqa: B006 (KFP parameters take literal defaults)
+) -> str:
+    """Check the dataset's statistics against `reference` ("": the promoted model's training data under
+    `promotion_root`). `mode` "warn" logs the findings, "block" returns the one that blocks promotion (pass it to
+    evaluate_component's data_blocking), "fail" stops the run on it. `findings` holds them as JSON; `visualization`
+    shows the statistics beside the reference's, and the findings."""
+    from components.common.cli import component_errors
+    from components.evaluate.kfp_run import EXPECTED_ERRORS, run_check_data
+
+    with component_errors("data check", EXPECTED_ERRORS):
+        return run_check_data(dataset, findings, visualization, mode, reference, promotion_root, thresholds)
 
 
 @dsl.component(base_image=image("evaluate"), install_kfp_package=False)

@@ -86,6 +86,13 @@ class EvaluateConfig:
             "help": "when blessed: export a SavedModel under this folder (or gs://, s3://) and point current.json at it"
         },
     )
+    data_blocking: str | None = field(
+        default=None,
+        metadata={
+            "help": "what the data check found that blocks promotion (its step's output with --data-check block): "
+            "the model is then not blessed, and the decision names it"
+        },
+    )
     serving_version: str | None = field(
         default=None,
         metadata={

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from components.common import storage
+from components.common import data_statistics, storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
 from components.common.model import build_model, model_spec_of, predict_logits, weights_sha256
@@ -67,6 +67,7 @@ class EvaluationResult:
     baseline_accuracy: float | None = None
     pointer_version: str = storage.ABSENT  # of the current-model pointer the gate compared with
     record: dict | None = None  # what a promotion writes into the pointer
+    without_leaks: dict | None = None  # {"accuracy", "leaking_images"}: on the images without a training near-duplicate
 
     @property
     def final(self) -> CheckpointResult:
@@ -95,6 +96,7 @@ class EvaluationResult:
             "baseline_accuracy": self.baseline_accuracy,
             "history": [{"step": r.step, **r.metrics.scalars()} for r in self.results],
             "promotion": None if self.promotion is None else self.promotion.__dict__,
+            "without_leaks": self.without_leaks,
         }
 
 
@@ -120,7 +122,10 @@ class Evaluator:
         self.label_names = manifest.label_names
         self.model_spec = model_spec_of(self.train_config)
         self.model = build_model(self.model_spec)
-        self.images, self.labels = self._load_split()
+        self.images, self.labels, self.ids = self._load_split()
+        self.statistics = data_statistics.dataset_statistics(config.data, manifest)  # None: prepared before them
+        leaking = set((self.statistics or {}).get("leaking_ids", {}).get(config.split, []))
+        self.leaking = np.array([example_id in leaking for example_id in self.ids], bool)
         # The views the model was trained to be evaluated with (airbench's), unless the configuration says otherwise.
         self.test_time_augmentation = config.test_time_augmentation or self.model_spec.test_time_augmentation
         self.predict = tf.function(
@@ -156,12 +161,21 @@ class Evaluator:
                 announced = True
             time.sleep(min(config.poll_seconds, max(0.0, deadline - time.monotonic())))
 
-    def _load_split(self) -> tuple[np.ndarray, np.ndarray]:
-        images, labels = [], []
-        for batch_images, batch_labels in self.dataset.tf_dataset(self.config.split, batch_size=4096):
+    def _load_split(self) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        images, labels, ids = [], [], []
+        for batch_images, batch_labels, batch_ids in self.dataset.tf_dataset(self.config.split, 4096, with_ids=True):
             images.append(batch_images.numpy())
             labels.append(batch_labels.numpy())
-        return np.concatenate(images), np.concatenate(labels)
+            ids.extend(example_id.decode() for example_id in batch_ids.numpy())
+        return np.concatenate(images), np.concatenate(labels), ids
+
+    def without_leaks(self, probabilities: np.ndarray) -> dict | None:
+        """The accuracy on the images that have no near-duplicate in the training split (None when none leaks)."""
+        if not self.leaking.any() or self.leaking.all():
+            return None
+        kept = ~self.leaking
+        accuracy = float(np.mean(probabilities[kept].argmax(axis=1) == self.labels[kept]))
+        return {"accuracy": accuracy, "leaking_images": int(self.leaking.sum())}
 
     def probabilities(self) -> np.ndarray:
         batches = []
@@ -286,6 +300,7 @@ class Evaluator:
             baseline_accuracy=baseline.accuracy,
             pointer_version=pointer_version,
             record=record,
+            without_leaks=self.without_leaks(final.probabilities),
         )
         self._write_outputs(result)
         return result
@@ -312,6 +327,8 @@ class Evaluator:
         decision = gate.decide(
             accuracy, config.accuracy_threshold, baseline.accuracy, config.baseline_tolerance, baseline.description
         )
+        if config.data_blocking:  # the data check's finding: whatever the accuracy, not on this data
+            decision = gate.Decision(False, [*decision.reasons, config.data_blocking])
         return decision, baseline
 
     def not_a_successor(self, promoted: dict | None) -> str | None:
@@ -365,6 +382,7 @@ class Evaluator:
             test_time_augmentation=self.test_time_augmentation,
             resize=bool(self.train_config.get("resolved", {}).get("resize_images")),
             canary=Canary.from_evaluation(self.images, probabilities, self.labels, self.label_names),
+            data_statistics=None if self.statistics is None else json.dumps(self.statistics, sort_keys=True).encode(),
         )
 
         def decide_again(promoted: dict | None) -> gate.Decision:
@@ -413,6 +431,12 @@ class Evaluator:
         if promotion:
             facts["promoted as"] = f"{promotion.version} ({promotion.saved_model})"
         warning = "Synthetic data: these numbers say nothing about CIFAR-10." if manifest.synthetic else None
+        leaks = self.without_leaks(probabilities)
+        if leaks is not None:
+            facts["without leaking images"] = (
+                f"accuracy {leaks['accuracy']:.4f} on the {len(self.labels) - leaks['leaking_images']} images without "
+                f"a near-duplicate in training ({final.metrics.accuracy:.4f} with the {leaks['leaking_images']})"
+            )
         return report.render(
             report.ReportContent(
                 title=f"Evaluation of {Path(self.config.model_dir).name or self.config.model_dir} at step {final.step}",
@@ -423,8 +447,59 @@ class Evaluator:
                 misclassified_html=grid,
                 history=[(result.step, result.metrics.accuracy) for result in results],
                 warning=warning,
+                data_html=self._data_section(final.metrics.accuracy, leaks),
             )
         )
+
+    def _data_section(self, accuracy: float, leaks: dict | None) -> str:
+        """The report's data section: statistics against the promoted model's data, and the leaking pairs."""
+        if self.statistics is None:
+            return ""
+        from components.evaluate.data_check import reference_statistics
+
+        reference, described = reference_statistics("", self.config.compare_with or self.config.promote_to or "")
+        pairs = self._leaking_pairs()
+        accuracies = None if leaks is None else (accuracy, leaks["accuracy"], leaks["leaking_images"])
+        return report.data_section(self.statistics, reference, described, self.config.split, pairs, accuracies)
+
+    def _leaking_pairs(self, wanted: int = 8) -> list[report.LeakingPair]:
+        """The most similar leaking pairs: this split's image beside its near-duplicate, read from the train shards."""
+        listed = next(
+            (
+                c["pairs"]
+                for c in self.statistics["duplicates"]
+                if c["split"] == self.config.split and c["other"] == "train"
+            ),
+            [],
+        )[:wanted]
+        if not listed:
+            return []
+        position = {example_id: index for index, example_id in enumerate(self.ids)}
+        found = self._training_images({pair["other_id"] for pair in listed})
+        return [
+            report.LeakingPair(
+                self.images[position[pair["id"]]],
+                found.get(pair["other_id"]),
+                pair["id"],
+                pair["other_id"],
+                pair["similarity"],
+            )
+            for pair in listed
+            if pair["id"] in position
+        ]
+
+    def _training_images(self, wanted: set[str]) -> dict[str, np.ndarray]:
+        try:
+            train = open_dataset(self.config.data, splits=("train",), cache_dir=self.config.cache_dir)
+        except ValueError as error:  # the report goes on without the pictures
+            logger.warning("the leaking pairs' training images are not shown: %s", error)
+            return {}
+        found = {}
+        for images, _labels, ids in train.tf_dataset("train", 4096, with_ids=True):
+            for image, example_id in zip(images.numpy(), ids.numpy(), strict=True):
+                if example_id.decode() in wanted:
+                    found[example_id.decode()] = image
+        return found
 
     def _write_outputs(self, result: EvaluationResult) -> None:
         summary = {**result.summary(), "config": config_to_dict(self.config)}

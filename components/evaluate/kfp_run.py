@@ -94,3 +94,26 @@ def run_promote(
         }
     )
     return outcome.promotion.version
+
+
+def run_check_data(
+    dataset: Any, findings: Any, visualization: Any, mode: str, reference: str, promotion_root: str, thresholds: dict
+) -> str:
+    """The data check on the dataset artifact; returns the line that blocks promotion ("" for none)."""
+    from components.common.statistics_view import markdown
+    from components.evaluate.data_check import CheckDataConfig, check_data
+
+    config = CheckDataConfig(
+        data=artifact_location(dataset), mode=mode, reference=reference, promotion_root=promotion_root,
+        thresholds=dict(thresholds),
+    )  # fmt: skip
+    outcome = check_data(config)
+    with open(findings.path, "w") as handle:
+        json.dump(outcome.summary(mode), handle, indent=2)
+    title = f"Data check against {outcome.reference}"
+    with open(visualization.path, "w") as handle:
+        handle.write(markdown(outcome.statistics, outcome.reference_statistics, outcome.findings, title))
+    findings.metadata.update(
+        {"errors": sum(f.severity == "error" for f in outcome.findings), "blocking": outcome.blocking}
+    )
+    return outcome.blocking

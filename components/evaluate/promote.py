@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.common import documents, storage
+from components.common.data_statistics import PROMOTED_STATISTICS
 from components.evaluate import canary, serving_ops
 from components.evaluate.export import CHECKPOINT_FOLDER, export_saved_model
 from components.evaluate.gate import Decision
@@ -77,6 +78,7 @@ class Candidate:
     test_time_augmentation: str = "none"
     resize: bool = False
     canary: canary.Canary | None = None
+    data_statistics: bytes | None = None  # the training data's statistics.json: kept with the version (a reference)
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,8 @@ def promote(
             candidate.model, candidate.label_names, export_dir, candidate.test_time_augmentation, candidate.resize,
             candidate.checkpoint_files,
         )  # fmt: skip
+        if candidate.data_statistics is not None:  # what the next run's data is checked against
+            (export_dir / PROMOTED_STATISTICS).write_bytes(candidate.data_statistics)
         serving = check_serving(export_dir, declared, publisher.uri(""))
         validated = canary.validate(export_dir, candidate.canary) if candidate.canary is not None else None
         extra = {"serving": serving, "canary": validated}

@@ -153,6 +153,8 @@ table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:
 .rejected{background:#fce8e6;border:1px solid #ea4335;padding:1em}
 .grid{display:flex;flex-wrap:wrap;gap:8px}figure{margin:0;width:120px;font-size:11px}
 .warning{background:#fff4ce;padding:.5em}
+.bar{display:inline-block;height:.8em;background:#1a73e8}.reference{display:inline-block;height:.8em;background:#bbb}
+.pair{display:flex;gap:2px}
 """
 
 
@@ -168,6 +170,7 @@ class ReportContent:
     misclassified_html: str
     history: list[tuple[int, float]]  # (step, accuracy) of every evaluated checkpoint
     warning: str | None = None
+    data_html: str = ""  # the data section (data_section)
 
 
 def render(content: ReportContent) -> str:
@@ -199,6 +202,110 @@ def render(content: ReportContent) -> str:
         per_class_table(names, metrics.precision, metrics.recall, metrics.f1, metrics.support),
         "<h2>Misclassified images</h2>",
         content.misclassified_html,
+        content.data_html,
         "</body></html>",
     ]
     return "\n".join(section for section in sections if section)
+
+
+@dataclass(frozen=True)
+class LeakingPair:
+    test_image: np.ndarray  # uint8 [H, W, 3]
+    train_image: np.ndarray | None  # None: not found in the training split's shards
+    test_id: str
+    train_id: str
+    similarity: float
+
+
+def data_section(
+    statistics: dict, reference: dict | None, reference_name: str, split: str, pairs: list[LeakingPair],
+    accuracies: tuple[float, float, int] | None,
+) -> str:  # fmt: skip
+    """The data: class balance bars (against the reference's), channel statistics against the reference, and the
+    leaking pairs side by side, with the accuracy with and without the leaking images (`accuracies`: with, without,
+    how many leak)."""
+    parts = ["<h2>Data</h2>"]
+    if accuracies is not None:
+        with_leaks, without, count = accuracies
+        parts.append(
+            f"<p>Accuracy on all {html.escape(split)} images: <strong>{with_leaks:.4f}</strong>; without the {count} "
+            f"that have a near-duplicate in the training split: <strong>{without:.4f}</strong> (the difference is "
+            "what remembering the training images buys).</p>"
+        )
+    names = statistics["label_names"]
+    theirs = _shares_by_name(reference, split)
+    mine = statistics["splits"].get(split)
+    if mine:
+        total = max(mine["count"], 1)
+        widest = max([count / total for count in mine["class_counts"]] + list(theirs.values()) + [1e-9])
+        rows = []
+        for name, count in zip(names, mine["class_counts"], strict=True):
+            share = count / total
+            bar = f'<span class="bar" style="width:{240 * share / widest:.0f}px"></span>'
+            reference_bar = (
+                f'<br><span class="reference" style="width:{240 * theirs[name] / widest:.0f}px"></span> '
+                f"{theirs[name]:.1%}"
+                if name in theirs
+                else ""
+            )
+            rows.append(
+                f"<tr><th>{html.escape(name)}</th><td>{count:,}</td><td>{bar} {share:.1%}{reference_bar}</td></tr>"
+            )
+        described = f" (grey: {html.escape(reference_name)})" if theirs else ""
+        parts.append(
+            f"<h3>Class balance of the {html.escape(split)} split{described}</h3><table>{''.join(rows)}</table>"
+        )
+    parts.append(_channel_table(statistics, reference, reference_name))
+    if pairs:
+        tiles = []
+        for pair in pairs:
+            images = [pair.test_image] + ([pair.train_image] if pair.train_image is not None else [])
+            shown = "".join(
+                f'<img src="{data_uri(encode_png(_enlarged(image)))}" alt="{html.escape(which, quote=True)}">'
+                for image, which in zip(images, ("test image", "its training near-duplicate"), strict=False)
+            )
+            caption = f"{html.escape(pair.test_id)}<br>~ {html.escape(pair.train_id)} ({pair.similarity:.3f})"
+            tiles.append(
+                f'<figure style="width:220px"><div class="pair">{shown}</div>'
+                f"<figcaption>{caption}</figcaption></figure>"
+            )
+        parts.append(
+            f"<h3>Leaking images: {html.escape(split)} images and their near-duplicates in training</h3>"
+            f'<div class="grid">{"".join(tiles)}</div>'
+        )
+    return "\n".join(parts)
+
+
+def _enlarged(image: np.ndarray) -> np.ndarray:
+    return np.repeat(np.repeat(image, THUMBNAIL_SCALE, axis=0), THUMBNAIL_SCALE, axis=1)
+
+
+def _shares_by_name(statistics: dict | None, split: str) -> dict[str, float]:
+    found = (statistics or {}).get("splits", {}).get(split)
+    if not found:
+        return {}
+    total = max(found["count"], 1)
+    return {name: count / total for name, count in zip(statistics["label_names"], found["class_counts"], strict=True)}
+
+
+def _channel_table(statistics: dict, reference: dict | None, reference_name: str) -> str:
+    header = "<tr><th>split</th><th>channel</th><th>mean</th><th>std</th>"
+    header += (
+        f"<th>{html.escape(reference_name)}: mean</th><th>std</th><th>shift (std devs)</th></tr>"
+        if reference
+        else "</tr>"
+    )
+    rows = []
+    for split, values in statistics["splits"].items():
+        other = (reference or {}).get("splits", {}).get(split)
+        for channel, colour in enumerate(("red", "green", "blue")):
+            row = f"<tr><td>{split}</td><td>{colour}</td><td>{values['channel_mean'][channel]:.1f}</td>"
+            row += f"<td>{values['channel_std'][channel]:.1f}</td>"
+            if reference and other:
+                shift = (values["channel_mean"][channel] - other["channel_mean"][channel]) / max(
+                    other["channel_std"][channel], 1e-6
+                )
+                row += f"<td>{other['channel_mean'][channel]:.1f}</td><td>{other['channel_std'][channel]:.1f}</td>"
+                row += f"<td>{shift:+.2f}</td>"
+            rows.append(row + "</tr>")
+    return f"<h3>Channels</h3><table>{header}{''.join(rows)}</table>"

@@ -12,9 +12,11 @@ from components.images import image
 @dsl.component(base_image=image("prepare_data"), install_kfp_package=False)
 def prepare_data_component(
     dataset: dsl.Output[dsl.Dataset],
+    statistics: dsl.Output[dsl.Markdown],
     source: str = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
     source_sha256: str = "",
     validation_fraction: float = -1.0,
+    leakage: str = "keep",
     examples_per_shard: int = 5000,
     compression: str = "NONE",
     resize: str = "",
@@ -26,7 +28,9 @@ def prepare_data_component(
     """Convert the source to sharded, checksummed TFRecords in the `dataset` artifact.
 
     validation_fraction < 0 keeps the source's own hold-out (data batch 5); source_sha256 "" checks
-    only the official archive's known digest; resize "HxW" resizes every image ("": the images' own size).
+    only the official archive's known digest; resize "HxW" resizes every image ("": the images' own size); leakage
+    "drop_from_train" or "drop_from_eval" removes test images' near-duplicates from training or the test images.
+    `statistics` shows the dataset's statistics.json (class balance, channels, sizes, duplicates and leakage).
     source_fingerprint is only for caching: pass the output of source_fingerprint_component so that a cached
     result is reused only for unchanged source content.
     """
@@ -36,7 +40,9 @@ def prepare_data_component(
     with component_errors("prepare_data", EXPECTED_ERRORS):
         run_prepare_data(
             dataset,
+            statistics,
             source=source,
+            leakage=leakage,
             source_sha256=source_sha256,
             validation_fraction=validation_fraction,
             examples_per_shard=examples_per_shard,

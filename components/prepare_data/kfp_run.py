@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.common import data_statistics
 from components.common.kfp_parameters import config_from_parameters
 from components.common.memory import reuse_freed_memory
+from components.common.statistics_view import markdown
 from components.common.storage import PublishConflictError
 from components.prepare_data.config import PrepareDataConfig
 from components.prepare_data.prepare import PrepareResult, prepare_data
@@ -31,8 +33,9 @@ def dataset_metadata(result: PrepareResult) -> dict[str, Any]:
     }
 
 
-def run_prepare_data(dataset: Any, **options: Any) -> PrepareResult:
-    """Prepare the dataset into `dataset.path` and fill `dataset.metadata` (runs as the step's own process)."""
+def run_prepare_data(dataset: Any, statistics: Any, **options: Any) -> PrepareResult:
+    """Prepare the dataset into `dataset.path`, fill `dataset.metadata` and show its statistics in `statistics` (a
+    Markdown page; runs as the step's own process)."""
     reuse_freed_memory()
     fingerprint = options.pop("source_fingerprint", "")
     config = config_from_parameters(
@@ -40,4 +43,8 @@ def run_prepare_data(dataset: Any, **options: Any) -> PrepareResult:
     )
     result = prepare_data(config)
     dataset.metadata.update({**dataset_metadata(result), "source_fingerprint": fingerprint})
+    described = data_statistics.dataset_statistics(config.output, result.manifest)
+    with open(statistics.path, "w") as handle:
+        handle.write(markdown(described, title=f"Statistics of {result.manifest.dataset} ({config.source})"))
+    dataset.metadata["leakage"] = described["leakage"]
     return result
