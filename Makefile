@@ -18,6 +18,10 @@ THRESHOLD ?= 0.5
 TRAIN_OPTIONS ?=
 # PRESET: fast (airbench94_muon), airbench94, airbench94_muon or estimator (the CIFAR-10 estimator example's ResNet recipe)
 PRESET ?=
+# DATA_CHECK: warn, block or fail (the data check against the promoted model's data; a schedule blocks by default);
+# LEAKAGE: keep, drop_from_train or drop_from_eval (test images with a near-duplicate in training)
+DATA_CHECK ?=
+LEAKAGE ?=
 EXTRA ?=
 # make local-run: RESUME=<run folder or name, or last> continues that run's training; VERBOSE=1 shows every line
 RESUME ?=
@@ -54,7 +58,7 @@ PORT ?=
 # A variable given on the command line must be one of this Makefile's (a typo such as EPOCH=2 would otherwise be
 # ignored and the demo would run), or a setting the programs read from the environment.
 KNOWN_VARIABLES := ROOT PYTHON VENV BIN OUTPUT SOURCE RUNNER WORKERS DEPTH BATCH_SIZE TRAIN_STEPS EPOCHS THRESHOLD \
-	TRAIN_OPTIONS PRESET EXTRA RESUME VERBOSE KFP_HOST NAMESPACE WAIT EXPERIMENT CRON PROMOTION_ROOT LOGDIR REGISTRY \
+	TRAIN_OPTIONS PRESET DATA_CHECK LEAKAGE EXTRA RESUME VERBOSE KFP_HOST NAMESPACE WAIT EXPERIMENT CRON PROMOTION_ROOT LOGDIR REGISTRY \
 	TAG ENGINE BASE_IMAGE CA_BUNDLE STAND_IN_BASE KEEP ALL VERSION PORT
 ENVIRONMENT_SETTINGS := KFP_% KF_% AWS_% GOOGLE_% CIFAR10_PIPELINE_% CONTAINERS_% BUILDAH_% DOCKER_% \
 	STORAGE_EMULATOR_HOST HOME TMPDIR XDG_%
@@ -67,7 +71,8 @@ endif
 RUN_PARAMETERS = --source "$(SOURCE)" --workers $(WORKERS) $(if $(DEPTH),--depth $(DEPTH)) --batch-size $(BATCH_SIZE) \
 	--accuracy-threshold $(THRESHOLD) $(if $(PRESET),--preset $(PRESET)) \
 	$(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) $(if $(EPOCHS),--epochs $(EPOCHS)) \
-	$(if $(TRAIN_OPTIONS),--train-options '$(TRAIN_OPTIONS)')
+	$(if $(TRAIN_OPTIONS),--train-options '$(TRAIN_OPTIONS)') $(if $(DATA_CHECK),--data-check $(DATA_CHECK)) \
+	$(if $(LEAKAGE),--leakage $(LEAKAGE))
 # make local-run is a quick demo unless told otherwise (by a length, options or a PRESET, whose recipe then holds):
 # 300 steps of a ResNet-8 (unless DEPTH is given), and a batch-norm decay of 0.9 (the estimator example's 0.997 needs
 # thousands of steps before its moving averages are usable).

@@ -140,6 +140,7 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
     values = {**defaults, **parameters}
     if values["launcher"] not in LAUNCHERS:
         raise CommandError(f"launcher: {values['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
+    check_data_parameters(values)
     options = dict(values.get("train_options") or {})
     named = {*TRAIN_PARAMETERS, *LAUNCH_PARAMETERS, "warm_start", "model_dir", "data", "launcher"}
     repeated = sorted(set(options) & named)
@@ -159,6 +160,22 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
     except ValueError as error:
         raise CommandError(str(error)) from error
     return config
+
+
+def check_data_parameters(values: dict[str, Any]) -> None:
+    """The data check's and the leakage's parameters, as their steps would refuse them after the data was prepared."""
+    from components.evaluate.data_check import CheckDataConfig
+    from components.prepare_data.statistics import LEAKAGE_CHOICES
+
+    if values["leakage"] not in LEAKAGE_CHOICES:
+        raise CommandError(f"leakage: {values['leakage']!r} is not one of {', '.join(LEAKAGE_CHOICES)}")
+    try:
+        CheckDataConfig(data="/check", mode=values["data_check"], thresholds=dict(values["data_thresholds"] or {}))
+    except ValueError as error:
+        message = str(error)  # the step's field names, as the pipeline's parameters call them
+        for field_name, parameter in (("mode:", "data_check:"), ("thresholds:", "data_thresholds:")):
+            message = parameter + message.removeprefix(field_name) if message.startswith(field_name) else message
+        raise CommandError(message) from error
 
 
 def describe_length(config) -> str:

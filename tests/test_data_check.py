@@ -389,3 +389,21 @@ def test_the_report_shows_the_accuracy_without_the_leaking_images_and_the_pairs(
     page = result.report_html
     assert "without the 8 that have a near-duplicate in the training split" in page
     assert page.count('alt="its training near-duplicate"') == 8 and page.count('alt="test image"') == 8
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--data-check", "stop", "data_check: 'stop' is not one of warn, block, fail"),
+        ("--data-thresholds", '{"brightness": 1}', "data_thresholds: 'brightness' is not a threshold"),
+        ("--data-thresholds", '{"leakage_rate_change": 2}', "leakage_rate_change: 2 is not in (0, 1]"),
+        ("--leakage", "drop", "leakage: 'drop' is not one of keep, drop_from_train, drop_from_eval"),
+    ],
+)
+def test_bad_data_parameters_are_refused_before_anything_runs(tmp_path, capsys, option, value, message):
+    from pipeline import commands
+    from pipeline.pipeline import cifar10_pipeline
+
+    code = commands.main(cifar10_pipeline, ["local-run", "--output-root", str(tmp_path), option, value])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "nothing ran"

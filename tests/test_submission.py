@@ -73,17 +73,20 @@ def test_a_schedule_keeps_each_tasks_own_caching_and_runs_one_at_a_time(kfp_api)
          "--epochs", "30", "--train-options", '{"ema_decay": 0.999}'],
     )  # fmt: skip
     assert code == 0
-    other = ["schedule", "--host", kfp_api.url, "--cron", "0 0 4 * * *", "--promotion-root", "s3://b/m", "--name", "x"]
+    other = ["schedule", "--host", kfp_api.url, "--cron", "0 0 4 * * *", "--promotion-root", "s3://b/m", "--name", "x",
+             "--data-check", "warn"]  # fmt: skip
     assert commands.main(cifar10_pipeline, other) == 0
     assert len(kfp_api.experiments) == 1, "the second submission reuses the experiment"
 
-    (recurring, _other) = kfp_api.bodies("POST", f"{API}/recurringruns")
+    (recurring, warned) = kfp_api.bodies("POST", f"{API}/recurringruns")
+    assert warned["runtime_config"]["parameters"]["data_check"] == "warn"  # the schedule's default, overridden
     assert recurring["display_name"] == "cifar10-pipeline-retraining"
     assert recurring["trigger"] == {"cron_schedule": {"cron": "0 30 2 * * *"}}
     assert int(recurring["max_concurrency"]) == 1 and recurring["no_catchup"] is True
     assert recurring["mode"] == "ENABLE"
     assert recurring["runtime_config"]["parameters"] == {
         "warm_start_from_promoted": True,
+        "data_check": "block",  # a schedule promotes nothing trained on data that changed
         "promotion_root": "s3://bucket/models",
         "epochs": 30.0,
         "train_options": {"ema_decay": 0.999},
