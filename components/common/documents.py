@@ -3,7 +3,8 @@
 A `--config` file, a model directory's config.json and metrics, a promotion root's current.json and serving.json, a
 baseline, a dataset's manifest and statistics.json, a run folder's run.json, a writer's lease: each was written by
 this project once, but what is read back may have been edited by hand, damaged, replaced by a link or a special
-file, or written by another release. Each is read here (`read`, or `parse` for bytes a store handed over), under the same rules:
+file, or written by another release. Each is read here (`read`, or `parse` for bytes a store handed over), under
+the same rules:
 
 - the file: a regular file (a FIFO, a device or a socket is refused without blocking on it), not a link leading
   out of its root, at most `max_bytes` (checked before reading), UTF-8;
