@@ -70,32 +70,32 @@ _WEIGHTS = (_FREQUENCIES.astype(np.float32)) ** 0.25
 
 
 def descriptors(pixels: np.ndarray) -> np.ndarray:
-    """float32 [n, 63] unit descriptors of float32 [n, 32, 32, 3] pixels (a flat image's is all zeros)."""
-    return _reduced(pixels)[0]
-
-
-_POOL = np.kron(np.eye(THUMBNAIL_SIDE), np.ones(FEATURE_SIDE // THUMBNAIL_SIDE)).astype(np.float32) / (
-    FEATURE_SIDE // THUMBNAIL_SIDE
-)  # [8, 32]: averages of 4 neighbours
-# One matrix product over each row of RGB pixels gives both the luminance's DCT along the row (8 values) and the
-# row's 4-pixel colour averages (8 x 3 values): a single pass over the pixels.
-_ALONG_ROWS = np.concatenate(
-    [np.kron(_BASIS.T, LUMA[:, None]), np.kron(_POOL.T, np.eye(3, dtype=np.float32))], axis=1
-).astype(np.float32)  # [32 * 3, 8 + 8 * 3]
-
-
-def _reduced(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The descriptors float32 [n, 63] and the 8x8 thumbnails float32 [n, 8 * 8 * 3] of float32 [n, 32, 32, 3]
-    pixels: one matrix product along the rows, two small ones down the columns."""
+    """float32 [n, 63] unit descriptors of float32 [n, 32, 32, 3] pixels (a flat image's is all zeros): two matrix
+    products, the first over each row of RGB pixels (the luminance's DCT along the row in one step)."""
     count = len(pixels)
-    along_rows = (pixels.reshape(-1, FEATURE_SIDE * 3) @ _ALONG_ROWS).reshape(count, FEATURE_SIDE, -1)
-    across = np.ascontiguousarray(along_rows.transpose(0, 2, 1))  # [n, 8 + 24, 32 rows]
-    down = (across.reshape(-1, FEATURE_SIDE) @ np.concatenate([_BASIS, _POOL]).T).reshape(count, -1, 2 * DCT_SIZE)
-    coefficients = down[:, :DCT_SIZE, :DCT_SIZE].transpose(0, 2, 1).reshape(count, -1)[:, 1:] * _WEIGHTS  # no DC
+    along_rows = (pixels.reshape(-1, FEATURE_SIDE * 3) @ _ALONG_ROWS).reshape(count, FEATURE_SIDE, DCT_SIZE)
+    across = np.ascontiguousarray(along_rows.transpose(0, 2, 1)).reshape(-1, FEATURE_SIDE)  # [n * 8, 32 rows]
+    coefficients = (across @ _BASIS.T).reshape(count, DCT_SIZE, DCT_SIZE).transpose(0, 2, 1)  # [n, down, across]
+    coefficients = coefficients.reshape(count, -1)[:, 1:] * _WEIGHTS  # without the DC term
     norms = np.linalg.norm(coefficients, axis=1, keepdims=True)
-    features = np.where(norms > 1e-3, coefficients / np.maximum(norms, 1e-3), 0).astype(np.float32)
-    thumbnails = down[:, DCT_SIZE:, DCT_SIZE:].reshape(count, THUMBNAIL_SIDE, 3, THUMBNAIL_SIDE).transpose(0, 3, 1, 2)
-    return features, thumbnails.reshape(count, -1)
+    return np.where(norms > 1e-3, coefficients / np.maximum(norms, 1e-3), 0).astype(np.float32)
+
+
+_ALONG_ROWS = np.kron(_BASIS.T, LUMA[:, None]).astype(np.float32)  # [32 * 3, 8]: luminance, then the DCT along a row
+ONE_PRODUCT_CLASSES = 64  # up to this many classes, per-class sums are one matrix product
+
+
+def _class_sums(flat: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """float64 [classes, values]: the sum of each class's rows of float32 `flat` [n, values]."""
+    if num_classes <= ONE_PRODUCT_CLASSES:
+        one_hot = np.zeros((num_classes, len(labels)), np.float32)
+        one_hot[labels, np.arange(len(labels))] = 1
+        return (one_hot @ flat).astype(np.float64)
+    sums = np.zeros((num_classes, flat.shape[1]))
+    order = np.argsort(labels, kind="stable")
+    present, starts = np.unique(labels[order], return_index=True)
+    sums[present] = np.add.reduceat(flat[order], starts, axis=0)
+    return sums
 
 
 def at_feature_size(images: np.ndarray) -> np.ndarray:
@@ -122,8 +122,7 @@ class SplitStatistics:
     class_counts: np.ndarray = None
     channel_sum: np.ndarray = None  # float64 [3]
     channel_square_sum: np.ndarray = None
-    class_channel_sum: np.ndarray = None  # float64 [classes, 3]: sums of the images' mean colours
-    class_thumbnail_sum: np.ndarray = None  # float64 [classes, 8*8*3]
+    class_pixel_sum: np.ndarray = None  # float64 [classes, 32*32*3]: sums of the images at 32x32, per class
     pixels_per_image: int = 0
     sizes: Counter = field(default_factory=Counter)  # "WxH" as the source had them
     aspects: Counter = field(default_factory=Counter)
@@ -137,8 +136,7 @@ class SplitStatistics:
         self.class_counts = np.zeros(self.num_classes, np.int64)
         self.channel_sum = np.zeros(3)
         self.channel_square_sum = np.zeros(3)
-        self.class_channel_sum = np.zeros((self.num_classes, 3))
-        self.class_thumbnail_sum = np.zeros((self.num_classes, THUMBNAIL_SIDE * THUMBNAIL_SIDE * 3))
+        self.class_pixel_sum = np.zeros((self.num_classes, FEATURE_SIDE * FEATURE_SIDE * 3))
 
     def add(self, images: np.ndarray, labels: np.ndarray, ids: list[str], sizes, colors) -> None:
         """One batch: uint8 [n, H, W, 3] images as they will be written, their labels and ids, and the (height,
@@ -159,18 +157,18 @@ class SplitStatistics:
         as_float = images.astype(np.float32)
         values = as_float.reshape(-1, 3)
         self.pixels_per_image = values.shape[0] // count
-        self.channel_sum += (np.ones(values.shape[0], np.float32) @ values).astype(np.float64)  # BLAS: fast
         for channel in range(3):
             plane = values[:, channel]
             self.channel_square_sum[channel] += float(np.dot(plane, plane))
-        small = as_float if images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE) else at_feature_size(images)
-        features, thumbnails = _reduced(small)
-        self.features.append(features)
-        image_means = thumbnails.reshape(count, -1, 3).mean(axis=1)
-        one_hot = np.zeros((count, self.num_classes), np.float32)
-        one_hot[np.arange(count), labels] = 1
-        self.class_channel_sum += one_hot.T @ image_means
-        self.class_thumbnail_sum += one_hot.T @ thumbnails
+        at_32 = images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE)
+        small = as_float if at_32 else at_feature_size(images)
+        self.features.append(descriptors(small))
+        class_sums = _class_sums(small.reshape(count, -1), labels, self.num_classes)  # [classes, 32*32*3]
+        self.class_pixel_sum += class_sums
+        if at_32:  # the pixels' sum is the class sums' (exact: the same pixels)
+            self.channel_sum += class_sums.reshape(-1, 3).sum(axis=0)
+        else:
+            self.channel_sum += (np.ones(values.shape[0], np.float32) @ values).astype(np.float64)
         distinct, counts = np.unique(np.asarray(sizes).reshape(-1, 2), axis=0, return_counts=True)
         for (height, width), number in zip(distinct.tolist(), counts.tolist(), strict=True):
             self.sizes[f"{width}x{height}"] += number
@@ -186,13 +184,18 @@ class SplitStatistics:
         mean = self.channel_sum / pixels
         variance = np.maximum(self.channel_square_sum / pixels - mean**2, 0)
         counts = np.maximum(self.class_counts, 1)[:, None]
+        class_means = (self.class_pixel_sum / counts).reshape(self.num_classes, FEATURE_SIDE, FEATURE_SIDE, 3)
+        side = FEATURE_SIDE // THUMBNAIL_SIDE
+        thumbnails = class_means.reshape(self.num_classes, THUMBNAIL_SIDE, side, THUMBNAIL_SIDE, side, 3).mean(
+            axis=(2, 4)
+        )
         return {
             "count": self.count,
             "class_counts": self.class_counts.tolist(),
             "channel_mean": _rounded(mean),
             "channel_std": _rounded(np.sqrt(variance)),
-            "class_channel_mean": [_rounded(row) for row in self.class_channel_sum / counts],
-            "class_thumbnails": [_rounded(row, 1) for row in self.class_thumbnail_sum / counts],
+            "class_channel_mean": [_rounded(row) for row in class_means.mean(axis=(1, 2))],
+            "class_thumbnails": [_rounded(row, 1) for row in thumbnails.reshape(self.num_classes, -1)],
             "source_sizes": dict(self.sizes.most_common(50)),
             "source_aspect_ratios": dict(self.aspects.most_common(50)),
             "distinct_source_sizes": len(self.sizes),
@@ -289,7 +292,7 @@ def _distinct_pairs(lefts: list, rights: list, similarities: list, count: int):
 
 def _cell_centres(features: np.ndarray, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    sample = features[rng.choice(len(features), min(len(features), 20 * SEARCH_CELLS * 4), replace=False)]
+    sample = features[rng.choice(len(features), min(len(features), 8 * SEARCH_CELLS), replace=False)]
     centres = sample[rng.choice(len(sample), SEARCH_CELLS, replace=False)].copy()
     for _ in range(5):
         nearest = (sample @ centres.T).argmax(axis=1)
