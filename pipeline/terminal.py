@@ -25,6 +25,7 @@ from components.common.logs import LOG_FORMAT, EscapingFormatter
 STEP_NAMES = {
     "source-fingerprint-component": "fingerprint the source",
     "prepare-data-component": "prepare data",
+    "check-data-component": "check the data",
     "warm-start-component": "choose the warm start",
     "launch-training-job-component": "train",
     "train-component": "train",
@@ -47,6 +48,7 @@ SHOWN = (
     ("components.train.loop", re.compile(r"^(step \d+/\d+ |step \d+ validation |resuming from |starting from step )")),
     ("components.prepare_data.prepare", re.compile(r"^published |already holds this dataset")),
     ("components.evaluate.", re.compile(r"^(BLESSED|NOT BLESSED|step \d+ \(|promoted version |not promoted)")),
+    ("components.evaluate.data_check", re.compile(r"^(data check against |warning: )")),
 )
 TAIL_LINES = 20  # of a failed step that said nothing itself
 

@@ -83,27 +83,11 @@ def test_tensorflows_coordination_barrier():
     from tensorflow.python.eager import context
 
     symbol = "tensorflow.python.eager.context.Context.wait_at_barrier"
-    user = "components/train/distribution.py wait_for_every_worker_to_finish"
+    user = "components/train/distribution.py wait_for_every_worker_to_finish, leave_in_order"
     barrier = getattr(context.Context, "wait_at_barrier", None)
     assert barrier is not None, moved(symbol, user, "tensorflow-cpu", "gone")
     assert parameters_of(barrier) == ["self", "barrier_id", "timeout_in_ms"], moved(
         symbol, user, "tensorflow-cpu", f"parameters {parameters_of(barrier)}"
-    )
-
-
-@pytest.mark.parametrize(
-    ("method", "parameters"),
-    [("set_config_key_value", ["self", "key", "value"]), ("get_config_key_value", ["self", "key", "timeout_in_ms"])],
-)
-def test_tensorflows_coordination_key_value_store(method, parameters):
-    from tensorflow.python.eager import context
-
-    symbol = f"tensorflow.python.eager.context.Context.{method}"
-    user = "components/train/distribution.py leave_in_order"
-    found = getattr(context.Context, method, None)
-    assert found is not None, moved(symbol, user, "tensorflow-cpu", "gone")
-    assert parameters_of(found) == parameters, moved(
-        symbol, user, "tensorflow-cpu", f"parameters {parameters_of(found)}"
     )
 
 

@@ -472,8 +472,8 @@ def test_two_workers_train_the_muon_recipe_to_identical_weights(synthetic_data, 
 
 
 def test_two_workers_leave_together_on_a_loaded_machine(synthetic_data, tmp_path):
-    """The chief hosts the cluster's coordination service: it leaves last, after every other worker has said it is
-    leaving, so no worker outlives the service and aborts on a refused heartbeat ("StartAbort UNAVAILABLE"), which
+    """The chief hosts the cluster's coordination service: it leaves last, after every worker has reached the leaving
+    barrier, so no worker outlives the service and aborts on a refused heartbeat ("StartAbort UNAVAILABLE"), which
     a loaded machine made likely (a busy process beside each core)."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
@@ -485,3 +485,4 @@ def test_two_workers_leave_together_on_a_loaded_machine(synthetic_data, tmp_path
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output[-3000:]
     assert not re.search(r"StartAbort|unhealthy|Failed to send RPC to coordination service", output), output[-3000:]
+    assert "leaving without the others" not in output, output[-3000:]

@@ -281,31 +281,33 @@ def wait_for_every_worker_to_finish(cluster: Cluster | None) -> None:
 
 
 _FINISHED_TOGETHER: Cluster | None = None  # the cluster whose end-of-training barrier this worker passed
-LEFT_KEY = "cifar10-pipeline/left"
+LEAVING_BARRIER = "cifar10-pipeline/leaving"
 LEAVE_GRACE_SECONDS = 0.5
-LEAVE_WAIT_SECONDS = 10.0  # how long the chief waits for the others' records; then it leaves as it always could
+LEAVE_WAIT_SECONDS = 10.0  # how long a worker waits for the others at the leaving barrier; then it leaves anyway
 
 
 def leave_in_order() -> None:
     """Just before a worker that finished with the others exits: the chief, whose process hosts the coordination
     service, leaves last. A worker that outlived the service would find its heartbeat refused and abort with
     "StartAbort UNAVAILABLE ... coordination service" (on a loaded machine, where the chief's exit can be the
-    quicker), or wait out the heartbeat timeout. So every other worker records in the service that it leaves, then
-    exits at once (the caller's os._exit); the chief waits for every record (bounded), and a moment more."""
+    quicker), or wait out the heartbeat timeout. So all meet at a last barrier right before exiting (the caller's
+    os._exit follows within milliseconds), and the chief then waits a moment more. Saying goodbye never changes how
+    training ended: a barrier that fails or times out is logged, and the worker leaves with its own exit code.
+
+    (A record per worker that the chief read with a blocking get was tried first: inside a kfp.local step, a worker's
+    record then waited behind the chief's get until it timed out, and the worker failed with "Connection reset".)"""
     cluster = _FINISHED_TOGETHER
     if cluster is None:
         return
     from tensorflow.python.eager import context
 
-    if not cluster.is_chief:
-        context.context().set_config_key_value(f"{LEFT_KEY}/{cluster.name}", "1")
+    try:
+        context.context().wait_at_barrier(LEAVING_BARRIER, int(LEAVE_WAIT_SECONDS * 1000))
+    except Exception as error:  # a peer that died after the end of training, or a service already gone
+        logger.warning("leaving without the others (%s)", str(error).splitlines()[0][:200])
         return
-    for peer in cluster.peers():
-        try:
-            context.context().get_config_key_value(f"{LEFT_KEY}/{peer}", int(LEAVE_WAIT_SECONDS * 1000))
-        except Exception as error:  # a worker that died after the barrier: nothing is left to wait for
-            logger.warning("%s did not say it was leaving (%s)", peer, str(error).splitlines()[0][:200])
-    time.sleep(LEAVE_GRACE_SECONDS)  # their exit follows their record within milliseconds
+    if cluster.is_chief:
+        time.sleep(LEAVE_GRACE_SECONDS)  # the others' exits follow the barrier within milliseconds
 
 
 def create_strategy(cluster: Cluster | None):
