@@ -117,6 +117,7 @@ class Trainer:
         self.chief = self.cluster is None or self.cluster.is_chief
         self.model_directory = ModelDirectory(config.model_dir, config.cache_dir)
         self.write_dir: Path | None = None  # where this worker writes: the model directory, or scratch
+        self.input_pipeline: tuple | None = None  # (distributed dataset, iterator): see run()
         if self.chief:
             self.model_directory.claim_writer()  # before anything else: a second writer fails at once
         try:
@@ -345,6 +346,9 @@ class Trainer:
             )
         )
         iterator = iter(distributed)
+        # Kept past run(): tearing the distributed input pipeline down (its prefetching threads) takes about 12 s, and
+        # a worker of a cluster ends by os._exit without it (launcher.leave_at_once), right after the others.
+        self.input_pipeline = (distributed, iterator)
         step_function = self.train_step
         step, last_save_time, window_start, window_step = start_step, time.monotonic(), time.monotonic(), start_step
         cadence = self.cadence
