@@ -15,6 +15,7 @@ it outlives the run's model directory, which artifact retention may expire.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from components.common.model import predict_logits
 from components.common.pixels import resize_images
 
 SIGNATURES = ("serving_default", "serving_image_bytes")
+LABEL_NAMES_ASSET = "label_names.json"
 CHECKPOINT_FOLDER = "checkpoint"
 
 
@@ -79,13 +81,18 @@ def export_saved_model(
     checkpoint_files: list[Path] = (),
 ) -> None:
     """The serving signatures include the test-time augmentation, so the server answers as evaluation measured;
-    `checkpoint_files` (the evaluated checkpoint) go into `checkpoint/` beside the SavedModel."""
+    `checkpoint_files` (the evaluated checkpoint) go into `checkpoint/` beside the SavedModel, the class names into
+    `assets/label_names.json`."""
     module = ServingModule(model, label_names, test_time_augmentation, resize)
     tf.saved_model.save(
         module,
         str(directory),
         signatures={"serving_default": module.serve, "serving_image_bytes": module.serve_image_bytes},
     )
+    # The class names, for a reader of the SavedModel alone (batch prediction's top-k names); TF Serving ignores it.
+    assets = Path(directory, "assets")
+    assets.mkdir(exist_ok=True)
+    (assets / LABEL_NAMES_ASSET).write_text(json.dumps({"label_names": list(label_names)}) + "\n")
     for path in checkpoint_files:
         target = Path(directory, CHECKPOINT_FOLDER, Path(path).name)
         target.parent.mkdir(parents=True, exist_ok=True)

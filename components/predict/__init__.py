@@ -1,0 +1,1 @@
+"""Batch prediction with a promoted model: components/predict/predict.py."""

@@ -1,0 +1,385 @@
+"""Batch prediction: a promoted model scores a folder, a prepared dataset or an object-store prefix of images.
+
+    python -m components.predict --model outputs/models --images new-images/ --output predictions.jsonl
+
+The model is a promotion root (its current version), a version folder, or a SavedModel folder this project exported;
+it is called through its `serving_default` signature, exactly as TF Serving and KServe call it. The images stream
+in batches (memory holds one batch, whatever their count), with progress and an ETA. Each image becomes one line of
+JSON Lines, written as its batch is scored:
+
+    {"image": "new-images/cat/0001.png", "top": [{"class": "cat", "index": 3, "probability": 0.91}, ...]}
+
+A file that cannot be read or decoded is skipped with one line in the log and a line `{"image": ..., "skipped":
+reason}`, never the end of the job; an image of another size than the model's stops the job in one line unless
+`--resize` (as prepare_data). An output that exists is continued: its images are not scored again (a stopped job
+picks up where it stopped; a last line cut short is dropped). At the end, a summary (`.summary.json`) and an HTML
+report: images per predicted class, the confidence distribution, and the least confident images.
+"""
+
+from __future__ import annotations
+
+import heapq
+import html
+import json
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from components.common import documents, storage
+from components.common.dataset import MANIFEST_NAME
+from components.common.progress import Progress
+from components.evaluate.export import LABEL_NAMES_ASSET
+from components.predict.config import PredictConfig
+
+logger = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+CONFIDENCE_BINS = 10
+
+
+class PredictError(ValueError):
+    """A setting or input that stops the job (exit 2): one line naming the file or option."""
+
+
+@dataclass
+class ServedModel:
+    location: str
+    serve: Callable  # uint8 [n, H, W, 3] -> float [n, classes]
+    label_names: list[str]
+    height: int
+    width: int
+
+
+# -- the model ------------------------------------------------------------------------------------------------------
+
+
+def open_model(location: str) -> ServedModel:
+    """The SavedModel `location` names (a promotion root, a version folder, a SavedModel), with its class names."""
+    import tensorflow as tf
+
+    from components.evaluate.pointer import read_ready
+
+    folder, names = location.rstrip("/"), None
+    if _exists(storage.join(folder, "current.json")):
+        ready = read_ready(folder)
+        if ready is None:
+            raise PredictError(f"{folder}: nothing is promoted there yet (current.json names no ready version)")
+        folder, names = ready["saved_model"].rstrip("/"), ready.get("label_names")
+    if not _exists(storage.join(folder, "saved_model.pb")):
+        raise PredictError(f"{folder}: not a SavedModel (no saved_model.pb), a version folder or a promotion root")
+    local = _local_copy(folder)
+    names = names or _label_names(local, folder)
+    try:
+        loaded = tf.saved_model.load(str(local))
+        signature = loaded.signatures["serving_default"]
+    except (KeyError, OSError, ValueError, tf.errors.OpError) as error:
+        raise PredictError(
+            f"{folder}: the SavedModel does not load with a serving_default signature ({error})"
+        ) from error
+    spec = signature.structured_input_signature[1].get("images")
+    if spec is None or spec.shape.rank != 4:
+        raise PredictError(f"{folder}: serving_default takes no uint8 images [N, H, W, 3]; not a model of this project")
+    height, width = int(spec.shape[1]), int(spec.shape[2])
+    logger.info("model %s: %d classes, %dx%d images", folder, len(names), width, height)
+    return ServedModel(folder, lambda images: signature(images=tf.constant(images))["probabilities"].numpy(), names,
+                       height, width)  # fmt: skip
+
+
+def _exists(location: str) -> bool:
+    if storage.is_remote(location):
+        parent, name = storage.parent_and_name(location)
+        return storage.publisher_for(parent).checksum(name) is not None
+    return Path(location).is_file()
+
+
+def _local_copy(folder: str) -> Path:
+    """The SavedModel as a local folder (a remote one is downloaded once into the cache)."""
+    if not storage.is_remote(folder):
+        return Path(folder)
+    publisher = storage.publisher_for(folder)
+    target = storage.scratch_directory("predict-model")
+    for name in publisher.list():
+        storage.download_file(publisher.uri(name), target / name)
+    return target
+
+
+def _label_names(local: Path, folder: str) -> list[str]:
+    """The class names a SavedModel of this project carries: its asset, else its version's data statistics."""
+    from components.common.data_statistics import PROMOTED_STATISTICS
+
+    schema = documents.Fields({"label_names": documents.Items(documents.Text(max_length=1024))}, ("label_names",))
+    for candidate in (local / "assets" / LABEL_NAMES_ASSET, local / PROMOTED_STATISTICS):
+        if candidate.is_file():
+            return list(documents.read(candidate, schema, "list of class names", max_bytes=8 << 20)["label_names"])
+    raise PredictError(f"{folder}: the SavedModel does not say its class names (assets/{LABEL_NAMES_ASSET})")
+
+
+# -- the images -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Images:
+    keys: list[str]  # in the order they are scored
+    pixels: Callable[[list[str]], Iterator[tuple[str, np.ndarray | None, str]]]  # (key, image or None, why skipped)
+
+
+def find_images(config: PredictConfig) -> Images:
+    source = config.images.rstrip("/")
+    if _exists(storage.join(source, MANIFEST_NAME)):
+        return _dataset_images(source, config.split)
+    if storage.is_remote(source):
+        publisher = storage.publisher_for(source)
+        keys = sorted(publisher.uri(name) for name in publisher.list() if not Path(name).name.startswith("."))
+    else:
+        if not Path(source).is_dir():
+            raise PredictError(f"images: {source} is not a folder, a prepared dataset or a gs:// / s3:// prefix")
+        keys = _files_below(Path(source))
+    limit = config.max_image_megabytes << 20
+
+    def decoded(wanted: list[str]) -> Iterator[tuple[str, np.ndarray | None, str]]:
+        from components.prepare_data.safe_io import SourceError
+        from components.prepare_data.sources import decode_image
+
+        for key in wanted:
+            try:
+                image, _colour = decode_image(storage.read_bounded(key, limit), key, None)
+            except (SourceError, storage.FileReadError, OSError) as error:
+                yield key, None, str(error).removeprefix(f"{key}: ")
+                continue
+            yield key, image, ""
+
+    return Images(keys, decoded)
+
+
+def _files_below(root: Path) -> list[str]:
+    """Every file below `root` but hidden ones, in a stable order (each is scored, or skipped if not an image)."""
+    found = []
+    for directory, folders, names in os.walk(root):
+        folders[:] = sorted(folder for folder in folders if not folder.startswith("."))
+        found += [str(Path(directory, name)) for name in sorted(names) if not name.startswith(".")]
+    return found
+
+
+def _dataset_images(dataset: str, split: str) -> Images:
+    from components.common.dataset import open_dataset
+
+    opened = open_dataset(dataset, splits=(split,))
+    count = opened.manifest.splits[split].num_examples
+    keys: list[str] = []
+    for _images, _labels, ids in opened.tf_dataset(split, 4096, with_ids=True):
+        keys += [example_id.decode() for example_id in ids.numpy()]
+    assert len(keys) == count
+
+    def records(wanted: list[str]) -> Iterator[tuple[str, np.ndarray | None, str]]:
+        wanted_set = set(wanted)
+        for images, _labels, ids in opened.tf_dataset(split, 1024, with_ids=True):
+            for image, example_id in zip(images.numpy(), ids.numpy(), strict=True):
+                if example_id.decode() in wanted_set:
+                    yield example_id.decode(), image, ""
+
+    return Images(keys, records)
+
+
+# -- the output, continued ------------------------------------------------------------------------------------------
+
+LINE_SCHEMA = documents.Fields(
+    {
+        "image": documents.Text(max_length=4096),
+        "top": documents.Items(
+            documents.Fields(
+                {"class": documents.Text(max_length=1024), "index": documents.Number("[0, 1e6]", integer=True),
+                 "probability": documents.Number("[0, 1]")},
+                ("class", "index", "probability"),
+            )
+        ),
+        "skipped": documents.Text(),
+    },
+    ("image",),
+)  # fmt: skip
+
+
+def read_predictions(output: str) -> Iterator[dict]:
+    """The lines of an output, each checked; a last line cut short (a job stopped mid-write) is not a line."""
+    with open(output, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):
+                return
+            yield documents.parse(line, f"{output} line {number}", LINE_SCHEMA, "prediction")
+
+
+def _continue(output: str) -> set[str]:
+    """The images an earlier run of this job already wrote (the file is cut back to its last whole line)."""
+    path = Path(output)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return set()
+    done = {prediction["image"] for prediction in read_predictions(output)}
+    content = path.read_bytes()
+    whole = content.rfind(b"\n") + 1
+    if whole < len(content):
+        logger.warning("%s: dropping a last line cut short (%d bytes)", output, len(content) - whole)
+        with open(path, "r+b") as handle:
+            handle.truncate(whole)
+    if done:
+        logger.info("%s holds %d images already: continuing after them", output, len(done))
+    return done
+
+
+# -- scoring --------------------------------------------------------------------------------------------------------
+
+
+def _fitted(key: str, image: np.ndarray, model: ServedModel, resize: bool) -> np.ndarray:
+    if image.shape[:2] == (model.height, model.width):
+        return image
+    if not resize:
+        raise PredictError(
+            f"{key}: image is {image.shape[1]}x{image.shape[0]}, the model takes {model.width}x{model.height}; give "
+            "--resize to resize every image to the model's size"
+        )
+    from components.common.pixels import resize_images
+
+    return resize_images(image[None], model.height, model.width).numpy()[0]
+
+
+def _lines(keys: list[str], probabilities: np.ndarray, names: list[str], top_k: int) -> list[str]:
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+    return [
+        json.dumps(
+            {
+                "image": key,
+                "top": [
+                    {"class": names[index], "index": int(index), "probability": round(float(row[index]), 6)}
+                    for index in chosen
+                ],
+            }
+        )
+        + "\n"
+        for key, row, chosen in zip(keys, probabilities, order, strict=True)
+    ]
+
+
+def predict(config: PredictConfig) -> dict:
+    """Score every image not yet in the output; returns the summary."""
+    model = open_model(config.model)
+    images = find_images(config)
+    if not images.keys:
+        raise PredictError(f"images: {config.images} holds no file to score")
+    done = _continue(config.output)
+    pending = [key for key in images.keys if key not in done]
+    progress = Progress("predict", len(pending), unit="images", logger=logger)
+    skipped = 0
+    with open(config.output, "a", encoding="utf-8") as output:
+        batch_keys: list[str] = []
+        batch: list[np.ndarray] = []
+
+        def flush() -> None:
+            if batch:
+                output.writelines(_lines(batch_keys, model.serve(np.stack(batch)), model.label_names, config.top_k))
+                output.flush()
+                progress.advance(len(batch))
+                batch_keys.clear()
+                batch.clear()
+
+        for key, image, why in images.pixels(pending):
+            if image is None:
+                logger.warning("skipping %s: %s", key, why)
+                output.write(json.dumps({"image": key, "skipped": why}) + "\n")
+                progress.advance(1)
+                skipped += 1
+                continue
+            batch_keys.append(key)
+            batch.append(_fitted(key, image, model, config.resize))
+            if len(batch) == config.batch_size:
+                flush()
+        flush()
+    summary = summarize(config, model, images)
+    logger.info(
+        "%d images scored, %d skipped (%d in this run); predictions: %s; report: %s",
+        summary["scored"], summary["skipped"], skipped, config.output, config.report_path,
+    )  # fmt: skip
+    return summary
+
+
+# -- the summary and the report -------------------------------------------------------------------------------------
+
+
+def summarize(config: PredictConfig, model: ServedModel, images: Images) -> dict:
+    """Counts per predicted class, the confidence histogram and the least confident images, from the whole output."""
+    classes: Counter = Counter()
+    histogram = [0] * CONFIDENCE_BINS
+    least: list[tuple[float, str, str]] = []  # a max-heap of (-confidence) keeping the least confident
+    scored = skipped = 0
+    for prediction in read_predictions(config.output):
+        if "skipped" in prediction:
+            skipped += 1
+            continue
+        scored += 1
+        best = prediction["top"][0]
+        classes[best["class"]] += 1
+        histogram[min(int(best["probability"] * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)] += 1
+        entry = (-best["probability"], prediction["image"], best["class"])
+        if len(least) < config.least_confident:
+            heapq.heappush(least, entry)
+        elif config.least_confident and entry > least[0]:
+            heapq.heapreplace(least, entry)
+    least_confident = [
+        {"image": key, "class": name, "probability": -negative} for negative, key, name in sorted(least, reverse=True)
+    ]
+    summary = {
+        "model": model.location,
+        "images": config.images,
+        "scored": scored,
+        "skipped": skipped,
+        "per_class": {name: classes.get(name, 0) for name in model.label_names},
+        "confidence_histogram": {
+            f"{index / CONFIDENCE_BINS:.1f}-{(index + 1) / CONFIDENCE_BINS:.1f}": count
+            for index, count in enumerate(histogram)
+        },
+        "least_confident": least_confident,
+    }
+    Path(config.summary_path).write_text(json.dumps(summary, indent=2) + "\n")
+    Path(config.report_path).write_text(_report(summary, _pictures(least_confident, images)))
+    return summary
+
+
+def _pictures(least_confident: list[dict], images: Images) -> dict[str, np.ndarray]:
+    wanted = [entry["image"] for entry in least_confident]
+    return {key: image for key, image, _why in images.pixels(wanted) if image is not None}
+
+
+def _report(summary: dict, pictures: dict[str, np.ndarray]) -> str:
+    from components.evaluate.report import STYLE, _enlarged, data_uri, encode_png
+
+    widest = max([*summary["per_class"].values(), 1])
+    classes = "".join(
+        f"<tr><th>{html.escape(name)}</th><td>{count:,}</td><td><span class='bar' "
+        f"style='width:{240 * count / widest:.0f}px'></span></td></tr>"
+        for name, count in summary["per_class"].items()
+    )
+    tallest = max([*summary["confidence_histogram"].values(), 1])
+    confidence = "".join(
+        f"<tr><th>{band}</th><td>{count:,}</td><td><span class='bar' style='width:{240 * count / tallest:.0f}px'>"
+        "</span></td></tr>"
+        for band, count in summary["confidence_histogram"].items()
+    )
+    tiles = "".join(
+        f"<figure><img src='{data_uri(encode_png(_enlarged(pictures[entry['image']])))}' "
+        f"alt='{html.escape(entry['class'])}'>"
+        f"<figcaption>{html.escape(Path(entry['image']).name)}<br>{html.escape(entry['class'])} "
+        f"({entry['probability']:.2f})</figcaption></figure>"
+        for entry in summary["least_confident"]
+        if entry["image"] in pictures
+    )
+    title = f"Predictions of {html.escape(summary['model'])}"
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style></head><body>"
+        f"<h1>{title}</h1><p>{summary['scored']:,} images scored, {summary['skipped']:,} skipped, from "
+        f"{html.escape(summary['images'])}.</p><h2>Predicted classes</h2><table>{classes}</table>"
+        f"<h2>Confidence of the top class</h2><table>{confidence}</table>"
+        f"<h2>The least confident images</h2><div class='grid'>{tiles}</div></body></html>"
+    )
