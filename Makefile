@@ -22,6 +22,10 @@ PRESET ?=
 # LEAKAGE: keep, drop_from_train or drop_from_eval (test images with a near-duplicate in training)
 DATA_CHECK ?=
 LEAKAGE ?=
+# make predict: the model (a promotion root, a version folder or a SavedModel), the images, the JSON Lines written
+MODEL ?= $(OUTPUT)/models
+IMAGES ?=
+PREDICTIONS ?= $(OUTPUT)/predictions.jsonl
 EXTRA ?=
 # make local-run: RESUME=<run folder or name, or last> continues that run's training; VERBOSE=1 shows every line
 RESUME ?=
@@ -59,7 +63,7 @@ PORT ?=
 # ignored and the demo would run), or a setting the programs read from the environment.
 KNOWN_VARIABLES := ROOT PYTHON VENV BIN OUTPUT SOURCE RUNNER WORKERS DEPTH BATCH_SIZE TRAIN_STEPS EPOCHS THRESHOLD \
 	TRAIN_OPTIONS PRESET DATA_CHECK LEAKAGE EXTRA RESUME VERBOSE KFP_HOST NAMESPACE WAIT EXPERIMENT CRON PROMOTION_ROOT LOGDIR REGISTRY \
-	TAG ENGINE BASE_IMAGE CA_BUNDLE STAND_IN_BASE KEEP ALL VERSION PORT
+	TAG ENGINE BASE_IMAGE CA_BUNDLE STAND_IN_BASE KEEP ALL VERSION PORT MODEL IMAGES PREDICTIONS
 ENVIRONMENT_SETTINGS := KFP_% KF_% AWS_% GOOGLE_% CIFAR10_PIPELINE_% CONTAINERS_% BUILDAH_% DOCKER_% \
 	STORAGE_EMULATOR_HOST HOME TMPDIR XDG_%
 GIVEN_VARIABLES := $(foreach name,$(.VARIABLES),$(if $(filter command line,$(origin $(name))),$(name)))
@@ -84,7 +88,7 @@ DEMO = $(if $(PRESET),,$(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300 $(if $(DE
 RESUMED = --resume $(RESUME) $(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) $(if $(EPOCHS),--epochs $(EPOCHS))
 
 .PHONY: help install constraints test test-images lint format local-run compile run schedule tensorboard images push
-.PHONY: prepare-data bench bench-accuracy serving-ops clean clean-runs
+.PHONY: prepare-data predict bench bench-accuracy serving-ops clean clean-runs
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -144,6 +148,10 @@ push:  ## build and push the images: make push REGISTRY=... (then make compile: 
 
 prepare-data:  ## run the prepare_data stage alone: make prepare-data SOURCE=... OUTPUT=...
 	$(BIN)/python -m components.prepare_data --source $(SOURCE) --output $(OUTPUT)/dataset
+
+predict:  ## score images with the promoted model: make predict IMAGES=folder-or-dataset [MODEL=... PREDICTIONS=...]
+	$(if $(IMAGES),,$(error IMAGES: give the images to score (a folder, a prepared dataset, a gs:// or s3:// prefix)))
+	$(BIN)/python -m components.predict --model $(MODEL) --images $(IMAGES) --output $(PREDICTIONS) $(EXTRA)
 
 bench:  ## run every benchmark (needs ../shared/data)
 	$(BIN)/python $(ROOT)bench/prepare_data.py

@@ -37,6 +37,7 @@ PUBLISHED_COMPONENT_FILES = (
     "evaluate/component.yaml",
     "evaluate/promote.yaml",
     "evaluate/warm_start.yaml",
+    "predict/component.yaml",
 )
 BUILD_FILES = (
     "images/Dockerfile",

@@ -24,6 +24,7 @@ from components.evaluate.component import (
 )
 from components.evaluate.config import EvaluateConfig
 from components.images import PUBLISHED_COMPONENT_FILES, image
+from components.predict.component import predict_component
 from components.prepare_data.component import prepare_data_component, source_fingerprint_component
 from components.prepare_data.config import PrepareDataConfig
 from components.train.component import delete_training_job_component, launch_training_job_component, train_component
@@ -352,6 +353,7 @@ PUBLISHED_COMPONENTS = dict(
             evaluate_component,
             promote_component,
             warm_start_component,
+            predict_component,
         ),
         strict=True,
     )

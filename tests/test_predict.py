@@ -126,3 +126,18 @@ def test_a_stopped_job_continues_without_scoring_an_image_twice(promoted, synthe
     summary = predicting.predict(config)
     images = [line["image"] for line in lines_of(output)]
     assert len(images) == len(set(images)) == 50 and summary["scored"] == 50
+
+
+def test_the_component_scores_a_dataset_into_its_artifacts(promoted, synthetic_data, tmp_path):
+    """The predict component, run for real through kfp.local's SubprocessRunner."""
+    from kfp import local
+
+    from components.predict.component import predict_component
+
+    root, _evaluation = promoted
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    task = predict_component(model=str(root), images=synthetic_data, top_k=1)
+    assert task.outputs["Output"] == 50
+    lines = lines_of(task.outputs["predictions"].path)
+    assert len(lines) == 50 and all(len(line["top"]) == 1 for line in lines)
+    assert "50 images scored, 0 skipped" in open(task.outputs["report"].path).read()

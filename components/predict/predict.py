@@ -23,6 +23,7 @@ import html
 import json
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -272,7 +273,7 @@ def predict(config: PredictConfig) -> dict:
     done = _continue(config.output)
     pending = [key for key in images.keys if key not in done]
     progress = Progress("predict", len(pending), unit="images", logger=logger)
-    skipped = 0
+    skipped, started = 0, time.monotonic()
     with open(config.output, "a", encoding="utf-8") as output:
         batch_keys: list[str] = []
         batch: list[np.ndarray] = []
@@ -297,7 +298,10 @@ def predict(config: PredictConfig) -> dict:
             if len(batch) == config.batch_size:
                 flush()
         flush()
+    scoring_seconds = time.monotonic() - started
     summary = summarize(config, model, images)
+    summary["this_run"] = {"images": len(pending), "seconds": round(scoring_seconds, 3)}
+    Path(config.summary_path).write_text(json.dumps(summary, indent=2) + "\n")
     logger.info(
         "%d images scored, %d skipped (%d in this run); predictions: %s; report: %s",
         summary["scored"], summary["skipped"], skipped, config.output, config.report_path,
