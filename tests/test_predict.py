@@ -4,6 +4,7 @@ predictions must be the evaluate stage's), and a stopped job that continues with
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,4 +141,4 @@ def test_the_component_scores_a_dataset_into_its_artifacts(promoted, synthetic_d
     assert task.outputs["Output"] == 50
     lines = lines_of(task.outputs["predictions"].path)
     assert len(lines) == 50 and all(len(line["top"]) == 1 for line in lines)
-    assert "50 images scored, 0 skipped" in open(task.outputs["report"].path).read()
+    assert "50 images scored, 0 skipped" in Path(task.outputs["report"].path).read_text()
