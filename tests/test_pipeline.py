@@ -79,7 +79,8 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
 
     # What a person saw: a line as each step starts and ends, the chief's progress; the log file has the rest.
     shown = capsys.readouterr().out.splitlines()
-    assert len(shown) <= 30, "\n".join(shown)
+    assert len(shown) <= 33, "\n".join(shown)  # 3 of them the data check's: started, its summary, done
+    assert any("check the data: data check against none" in line for line in shown)
     assert any(line.endswith("train: step 40/40") or " train: step 40/40 " in line for line in shown), shown
     assert any(line.endswith("prepare data: done") for line in shown) and any("promote: done" in line for line in shown)
     log = (run / local_run.RUN_LOG).read_text()

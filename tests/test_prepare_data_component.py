@@ -32,8 +32,9 @@ def test_component_writes_the_dataset_artifact_with_data_identifying_metadata(tm
 
 def test_component_interface_is_typed_and_keeps_the_documented_defaults():
     spec = prepare_data_component.component_spec
-    assert set(spec.outputs) == {"dataset"}
+    assert set(spec.outputs) == {"dataset", "statistics"}
     assert spec.outputs["dataset"].type == "system.Dataset@0.0.1"
+    assert spec.outputs["statistics"].type == "system.Markdown@0.0.1"
     assert spec.inputs["source"].default == "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
     assert spec.inputs["validation_fraction"].default == -1.0
     assert spec.implementation.container.image == image("prepare_data")

@@ -292,7 +292,7 @@ def _distinct_pairs(lefts: list, rights: list, similarities: list, count: int):
 
 def _cell_centres(features: np.ndarray, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    sample = features[rng.choice(len(features), min(len(features), 8 * SEARCH_CELLS), replace=False)]
+    sample = features[rng.choice(len(features), min(len(features), 80 * SEARCH_CELLS), replace=False)]
     centres = sample[rng.choice(len(sample), SEARCH_CELLS, replace=False)].copy()
     for _ in range(5):
         nearest = (sample @ centres.T).argmax(axis=1)
