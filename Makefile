@@ -123,8 +123,9 @@ local-run:  ## the whole pipeline on this machine: make local-run [SOURCE=... EP
 clean-runs:  ## remove finished runs' folders (interrupted ones too with ALL=1); promoted models stay: [KEEP=1 ALL=1]
 	$(PIPELINE) clean-runs --output-root $(OUTPUT) --keep $(or $(KEEP),0) $(if $(ALL),--all)
 
-compile:  ## write pipeline/pipeline.yaml
+compile:  ## write pipeline/pipeline.yaml (and predict.yaml, the batch prediction pipeline)
 	$(PIPELINE) compile
+	$(BIN)/python -m pipeline.predict_pipeline compile
 
 run:  ## compile and submit a run to $$KFP_HOST: make run KFP_HOST=... NAMESPACE=... SOURCE=s3://... [WAIT=1]
 	$(PIPELINE) run --host "$(KFP_HOST)" --experiment $(EXPERIMENT) $(if $(NAMESPACE),--namespace $(NAMESPACE)) \

@@ -21,6 +21,20 @@ logger = logging.getLogger("pipeline")
 
 # The compiled pipeline is package data (pyproject.toml), found beside this module however it was installed.
 COMPILED = Path(str(resources.files("pipeline").joinpath("pipeline.yaml")))
+# Each pipeline's compiled package (the training pipeline's is COMPILED); a pipeline not named here compiles to
+# <its name>.yaml beside them.
+COMPILED_FILES = {"cifar10-pipeline": COMPILED, "cifar10-predict": COMPILED.with_name("predict.yaml")}
+
+
+def compiled_path(pipeline) -> Path:
+    return COMPILED_FILES.get(pipeline.name, COMPILED.with_name(f"{pipeline.name}.yaml"))
+
+
+def trains(pipeline) -> bool:
+    """Whether `pipeline` is the training pipeline (whose parameters the train stage's checks apply to)."""
+    return "launcher" in _parameter_types(pipeline)
+
+
 DEFAULT_EXPERIMENT = "cifar10"
 LOCAL_RUN_SOURCE = "synthetic"  # local-run is a demo unless told otherwise (make local-run SOURCE=...)
 
@@ -125,11 +139,14 @@ LAUNCH_PARAMETERS += ("object_store_secret",)
 def check_parameters(pipeline, parameters: dict[str, Any]):
     """Refuse, in seconds and before any step runs, run parameters that the train step would refuse after the
     data was prepared: an unknown launcher, both epochs and train_steps, an option the train stage does not know
-    or a value it refuses, a train option that repeats a named parameter, a bad worker setting."""
+    or a value it refuses, a train option that repeats a named parameter, a bad worker setting. (Only the training
+    pipeline's: another pipeline's parameters are checked by its step.)"""
     from components.common.kfp_parameters import config_from_parameters
     from components.train.config import TrainConfig
     from components.train.launch_config import LaunchConfig
 
+    if not trains(pipeline):
+        return None
     for name in ("epochs", "train_steps"):
         if name in parameters and not parameters[name] > 0:
             raise CommandError(
@@ -193,9 +210,10 @@ def describe_length(config) -> str:
 # -- compile ----------------------------------------------------------------------------------------------------
 
 
-def compile_pipeline(pipeline, output: Path = COMPILED) -> Path:
+def compile_pipeline(pipeline, output: Path | None = None) -> Path:
     from kfp import compiler
 
+    output = output or compiled_path(pipeline)
     compiler.Compiler().compile(pipeline, str(output))
     logger.info("compiled %s", output)
     return output
@@ -288,9 +306,10 @@ def schedule(
     from pipeline import kfp_endpoint
 
     check_cron(cron)
-    if not parameters.get("promotion_root"):
+    if trains(pipeline) and not parameters.get("promotion_root"):
         raise CommandError("a schedule needs --promotion-root (a gs:// folder) to warm-start from and to promote to")
-    parameters = {**SCHEDULE_DEFAULTS, **parameters}
+    own = _parameter_types(pipeline)
+    parameters = {**{name: value for name, value in SCHEDULE_DEFAULTS.items() if name in own}, **parameters}
     check_parameters(pipeline, parameters)
     endpoint = kfp_endpoint.connect(endpoint_config)
     package = compile_pipeline(pipeline)
@@ -341,7 +360,9 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m pipeline.pipeline", description=__doc__.splitlines()[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     compile_parser = commands.add_parser("compile", help="write pipeline/pipeline.yaml", allow_abbrev=False)
-    compile_parser.add_argument("--output", type=Path, default=COMPILED)
+    compile_parser.add_argument(
+        "--output", type=Path, default=None, help="(default: the pipeline's own, under pipeline/)"
+    )
     compile_parser.add_argument(
         "--components-root",
         type=Path,
@@ -392,9 +413,10 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     recurring = commands.add_parser("schedule", help="create a recurring retraining run", allow_abbrev=False)
     add_endpoint_options(recurring)
     recurring.add_argument("--cron", required=True, help="six fields, seconds first: '0 0 3 * * *'")
-    recurring.add_argument("--name", default=f"{pipeline.name}-retraining")
+    recurring.add_argument("--name", default=f"{pipeline.name}-{'retraining' if trains(pipeline) else 'scheduled'}")
     recurring.add_argument("--max-concurrency", type=int, default=1)
-    add_parameter_options(recurring, pipeline, SCHEDULE_DEFAULTS)
+    add_parameter_options(recurring, pipeline, {key: value for key, value in SCHEDULE_DEFAULTS.items()
+                                                if key in _parameter_types(pipeline)})  # fmt: skip
     board = commands.add_parser(
         "tensorboard", help="TensorBoard on a model directory (local, gs:// or s3://)", allow_abbrev=False
     )

@@ -190,3 +190,30 @@ def test_make_local_run_takes_epochs_or_train_steps_alone():
     assert "--train-steps 50" in with_steps and "--epochs" not in with_steps
     demo = make("-n", "local-run").stdout
     assert "--train-steps 300" in demo and '"batch_norm_decay": 0.9' in demo
+
+
+def test_the_predict_pipeline_is_submitted_and_scheduled_with_its_own_package(kfp_api, tmp_path):
+    """Batch prediction on a schedule: the promoted model scores a prefix; the training pipeline's package is
+    untouched and none of its checks or schedule defaults apply."""
+    from pipeline.predict_pipeline import predict_pipeline
+
+    before = commands.COMPILED.read_bytes()
+    model, images = "s3://bucket/models", "s3://bucket/incoming/"
+    assert commands.main(predict_pipeline, ["run", "--host", kfp_api.url, "--model", model, "--images", images]) == 0
+    assert commands.main(
+        predict_pipeline,
+        ["schedule", "--host", kfp_api.url, "--cron", "0 0 4 * * *", "--model", model, "--images", images,
+         "--top-k", "5"],
+    ) == 0  # fmt: skip
+    (run,) = kfp_api.bodies("POST", f"{API}/runs")
+    assert run["runtime_config"]["parameters"] == {"model": model, "images": images}
+    (recurring,) = kfp_api.bodies("POST", f"{API}/recurringruns")
+    assert recurring["runtime_config"]["parameters"] == {"model": model, "images": images, "top_k": 5}
+    assert recurring["display_name"] == "cifar10-predict-scheduled"
+    assert recurring["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "cifar10-predict"
+    assert commands.COMPILED.read_bytes() == before
+    fresh = commands.compile_pipeline(predict_pipeline, tmp_path / "predict.yaml")
+    current = commands.compiled_path(predict_pipeline)
+    assert [line for line in fresh.read_text().splitlines() if "sdkVersion" not in line] == [
+        line for line in current.read_text().splitlines() if "sdkVersion" not in line
+    ], "pipeline/predict.yaml is stale: run make compile"
