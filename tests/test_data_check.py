@@ -407,3 +407,21 @@ def test_bad_data_parameters_are_refused_before_anything_runs(tmp_path, capsys, 
     code = commands.main(cifar10_pipeline, ["local-run", "--output-root", str(tmp_path), option, value])
     assert code == 2 and message in capsys.readouterr().err
     assert not any(tmp_path.iterdir()), "nothing ran"
+
+
+def test_the_check_reads_statistics_from_an_object_store(tmp_path, s3_bucket):
+    """A dataset and a reference prepared into s3://, as a cluster run has them."""
+    bucket = f"s3://{s3_bucket}"
+    source = write_dataset(tmp_path / "source")
+    prepare_data(PrepareDataConfig(output=f"{bucket}/reference", source=source, validation_fraction=0.0))
+
+    def brighter(split, label, images):
+        return np.clip(images.astype(int) + 40, 0, 255).astype(np.uint8)
+
+    changed = write_dataset(tmp_path / "changed", change=brighter)
+    prepare_data(PrepareDataConfig(output=f"{bucket}/changed", source=changed, validation_fraction=0.0))
+    same = check_data(CheckDataConfig(data=f"{bucket}/reference", reference=f"{bucket}/reference", mode="fail"))
+    assert same.findings == []
+    with pytest.raises(DataCheckFailedError, match="channel's mean"):
+        check_data(CheckDataConfig(data=f"{bucket}/changed", reference=f"{bucket}/reference/statistics.json",
+                                   mode="fail"))  # fmt: skip

@@ -142,3 +142,31 @@ def test_the_component_scores_a_dataset_into_its_artifacts(promoted, synthetic_d
     lines = lines_of(task.outputs["predictions"].path)
     assert len(lines) == 50 and all(len(line["top"]) == 1 for line in lines)
     assert "50 images scored, 0 skipped" in Path(task.outputs["report"].path).read_text()
+
+
+def test_a_promotion_root_and_images_in_an_object_store(promoted, tmp_path, s3_bucket):
+    """The model and the images under s3:// prefixes, as a scheduled predict pipeline has them."""
+    from components.common import storage
+
+    root, _evaluation = promoted
+    bucket = f"s3://{s3_bucket}"
+    models = storage.publisher_for(f"{bucket}/models")
+    for path in sorted(Path(root).rglob("*")):
+        if path.is_file():
+            models.publish(path.relative_to(root).as_posix(), path.read_bytes())
+    pointer = json.loads((Path(root) / "current.json").read_text())
+    pointer["saved_model"] = f"{bucket}/models/1"  # the pointer as a promotion into s3:// writes it
+    pointer["warm_start"] = f"{bucket}/models/1/checkpoint/ckpt-6"
+    models.publish("current.json", json.dumps(pointer).encode())
+    incoming = storage.publisher_for(f"{bucket}/incoming")
+    rng = np.random.default_rng(3)
+    for index in range(3):
+        incoming.publish(f"{index}.png", tf.io.encode_png(rng.integers(0, 256, (32, 32, 3), np.uint8)).numpy())
+    incoming.publish("broken.jpg", b"\xff\xd8\xff not really")
+    output = tmp_path / "remote.jsonl"
+    summary = predicting.predict(
+        PredictConfig(model=f"{bucket}/models", images=f"{bucket}/incoming/", output=str(output))
+    )
+    assert summary["scored"] == 3 and summary["skipped"] == 1 and summary["model"] == f"{bucket}/models/1"
+    names = ("0.png", "1.png", "2.png", "broken.jpg")
+    assert sorted(line["image"] for line in lines_of(output)) == [f"{bucket}/incoming/{name}" for name in names]
