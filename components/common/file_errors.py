@@ -15,6 +15,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from components.common.causes import causes
+
 _DENIED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EROFS: "read-only"}
 _MESSAGES = {"Permission denied": "permission denied", "Read-only file system": "read-only"}
 
@@ -26,17 +28,9 @@ def shown_path(path: str | os.PathLike | bytes) -> str:
     return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _chain(error: BaseException | None):
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
-
-
 def describe(error: BaseException) -> str | None:
     """The one line for a path the stage may not use or cannot name; None for any other error."""
-    for link in _chain(error):
+    for link in causes(error):
         if isinstance(link, OSError) and link.errno in _DENIED:
             where = link.filename if link.filename is not None else "a file"
             return f"cannot use {shown_path(where)}: {_DENIED[link.errno]}; give a folder this user may write to"

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from components.common.causes import causes
 from components.common.storage import (
     ABSENT,
     CRC32C_METADATA,
@@ -508,25 +509,22 @@ def _transient(error: BaseException) -> str | None:
     timeouts."""
     import http.client
 
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        name = type(error).__name__
-        response = getattr(error, "response", None)
+    for link in causes(error):
+        name = type(link).__name__
+        response = getattr(link, "response", None)
         if isinstance(response, dict):  # botocore's ClientError
             code = response.get("Error", {}).get("Code", "")
             status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
             if code in TRANSIENT_CODES or status >= 500 or status == 429:
                 return f"{status} {code}".strip()
-        code = getattr(error, "code", None)
-        if isinstance(code, int) and (code >= 500 or code == 429) and "google" in type(error).__module__:
+        code = getattr(link, "code", None)
+        if isinstance(code, int) and (code >= 500 or code == 429) and "google" in type(link).__module__:
             return f"{code} {name}"
-        if isinstance(error, http.client.IncompleteRead | ConnectionResetError | TimeoutError):
+        if isinstance(link, http.client.IncompleteRead | ConnectionResetError | TimeoutError):
             return name
         if name in ("ReadTimeoutError", "ConnectionClosedError", "ResponseStreamingError", "IncompleteReadError",
                     "ProtocolError", "ChunkedEncodingError", "ReadTimeout", "RetryError"):  # fmt: skip
             return name
-        error = error.__cause__ or error.__context__
     return None
 
 
@@ -537,13 +535,7 @@ _CUT_SHORT = frozenset({"IncompleteRead", "ResponseStreamingError", "IncompleteR
 def _cut_short(error: BaseException) -> bool:
     """Whether `error` (or its cause) is a body cut short after the store had answered: what the clients do not
     retry, since the call itself succeeded."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if type(error).__name__ in _CUT_SHORT:
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(type(link).__name__ in _CUT_SHORT for link in causes(error))
 
 
 def retried_read(uri: str, read: Callable[[], Any]) -> Any:

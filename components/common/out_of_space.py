@@ -10,36 +10,31 @@ from __future__ import annotations
 import errno
 import re
 
+from components.common.causes import causes
+
 _MESSAGES = ("No space left on device", "Disk quota exceeded")
 _PATH = re.compile(r"/[^\s;:'\",\[\]]+")
 
 
 def out_of_space(error: BaseException | None) -> bool:
     """Whether `error`, or an error it was raised from, is a full disk or quota."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(message in str(error) for message in _MESSAGES):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(
+        (isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT))
+        or any(message in str(link) for message in _MESSAGES)
+        for link in causes(error)
+    )
 
 
 def where(error: BaseException) -> str:
     """The file the full disk was found writing, as the error names it, or "a file"."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.filename:
-            return str(error.filename)
-        text = str(error)
+    for link in causes(error):
+        if isinstance(link, OSError) and link.filename:
+            return str(link.filename)
+        text = str(link)
         positions = [position for message in _MESSAGES if (position := text.find(message)) >= 0]
         paths = _PATH.findall(text[: min(positions)]) if positions else []
         if paths:  # the last path before the message: TensorFlow's "<file>; No space...", shutil's (src, dst, why)
             return paths[-1]
-        error = error.__cause__ or error.__context__
     return "a file"
 
 
