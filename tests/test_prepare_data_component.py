@@ -28,6 +28,16 @@ def test_component_writes_the_dataset_artifact_with_data_identifying_metadata(tm
     assert json.loads(manifest_path.read_text())["source"]["uri"] == "synthetic"
     verified = open_dataset(artifact.path)
     assert verified.manifest.splits["train"].num_examples == 50
+    page = Path(task.outputs["statistics"].path).read_text()  # the step's Markdown page in the KFP UI
+    assert (
+        "## Class balance" in page
+        and "| train | 50 |" in page
+        and artifact.metadata["leakage"]
+        == {
+            "eval": 0.0,
+            "validation": 0.0,
+        }
+    )
 
 
 def test_component_interface_is_typed_and_keeps_the_documented_defaults():
