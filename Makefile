@@ -154,10 +154,12 @@ predict:  ## score images with the promoted model: make predict IMAGES=folder-or
 	$(if $(IMAGES),,$(error IMAGES: give the images to score (a folder, a prepared dataset, a gs:// or s3:// prefix)))
 	$(BIN)/python -m components.predict --model $(MODEL) --images $(IMAGES) --output $(PREDICTIONS) $(EXTRA)
 
-bench:  ## run every benchmark (needs ../shared/data)
+bench:  ## run every benchmark (needs ../shared/data; bench/predict.py a promoted model: make local-run first)
 	$(BIN)/python $(ROOT)bench/prepare_data.py
+	$(BIN)/python $(ROOT)bench/near_duplicates.py
 	$(BIN)/python $(ROOT)bench/train.py
 	$(BIN)/python $(ROOT)bench/evaluate.py
+	$(BIN)/python $(ROOT)bench/predict.py
 
 bench-accuracy:  ## airbench94 against airbench94_muon on real CIFAR-10: 2 runs each at their own lengths (hours on 2 cores)
 	$(BIN)/python $(ROOT)bench/accuracy.py
