@@ -182,10 +182,12 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
 def check_data_parameters(values: dict[str, Any]) -> None:
     """The data check's and the leakage's parameters, as their steps would refuse them after the data was prepared."""
     from components.evaluate.data_check import CheckDataConfig
-    from components.prepare_data.statistics import LEAKAGE_CHOICES
+    from components.prepare_data.config import PrepareDataConfig
 
-    if values["leakage"] not in LEAKAGE_CHOICES:
-        raise CommandError(f"leakage: {values['leakage']!r} is not one of {', '.join(LEAKAGE_CHOICES)}")
+    try:
+        PrepareDataConfig(output="/check", leakage=values["leakage"])
+    except ValueError as error:
+        raise CommandError(str(error)) from error
     try:
         CheckDataConfig(data="/check", mode=values["data_check"], thresholds=dict(values["data_thresholds"] or {}))
     except ValueError as error:

@@ -212,6 +212,15 @@ def _leakage_alone(current: dict) -> list[Finding]:
     return findings
 
 
+def class_shares(statistics: dict | None, split: str) -> dict[str, float]:
+    """{class name: its share of `split`'s images} ({} when there is no such split, or no statistics)."""
+    found = (statistics or {}).get("splits", {}).get(split)
+    if not found:
+        return {}
+    total = max(found["count"], 1)
+    return {name: count / total for name, count in zip(statistics["label_names"], found["class_counts"], strict=True)}
+
+
 def _compared(current: dict, reference: dict, thresholds: DataCheckConfig) -> list[Finding]:
     findings = []
     names, reference_names = current["label_names"], reference["label_names"]

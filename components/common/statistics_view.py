@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from components.common.data_statistics import class_shares
+
 BAR_WIDTH = 30
 CHANNELS = ("red", "green", "blue")
 
@@ -27,7 +29,7 @@ def markdown(statistics: dict, reference: dict | None = None, findings: list | N
     for split_name, split in splits.items():
         total = max(split["count"], 1)
         shares = [count / total for count in split["class_counts"]]
-        theirs = _reference_shares(reference, split_name, names)
+        theirs = class_shares(reference, split_name)
         lines += [
             f"**{split_name}**",
             "",
@@ -82,11 +84,3 @@ def markdown(statistics: dict, reference: dict | None = None, findings: list | N
         f"Near-duplicates: {method.get('descriptor', '')}, cosine >= {method.get('near_duplicate_threshold')}.",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _reference_shares(reference: dict | None, split_name: str, names: list[str]) -> dict[str, float]:
-    split = (reference or {}).get("splits", {}).get(split_name)
-    if not split:
-        return {}
-    total = max(split["count"], 1)
-    return {name: count / total for name, count in zip(reference["label_names"], split["class_counts"], strict=True)}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from components.common.data_statistics import class_shares
 from components.evaluate.gate import Decision
 from components.evaluate.metrics import Metrics
 
@@ -80,7 +81,7 @@ def misclassified_grid(images: np.ndarray, true: np.ndarray, predicted: np.ndarr
         return "<p>No misclassified images.</p>"
     tiles = []
     for image, truth, guess, score in zip(images, true, predicted, confidence, strict=True):
-        large = np.repeat(np.repeat(image, THUMBNAIL_SCALE, axis=0), THUMBNAIL_SCALE, axis=1)
+        large = enlarged(image)
         caption = f"true: {html.escape(names[truth])}<br>predicted: {html.escape(names[guess])} ({score:.2f})"
         alt = html.escape(f"true {names[truth]}, predicted {names[guess]}", quote=True)
         tiles.append(
@@ -233,7 +234,7 @@ def data_section(
             "what remembering the training images buys).</p>"
         )
     names = statistics["label_names"]
-    theirs = _shares_by_name(reference, split)
+    theirs = class_shares(reference, split)
     mine = statistics["splits"].get(split)
     if mine:
         total = max(mine["count"], 1)
@@ -261,7 +262,7 @@ def data_section(
         for pair in pairs:
             images = [pair.test_image] + ([pair.train_image] if pair.train_image is not None else [])
             shown = "".join(
-                f'<img src="{data_uri(encode_png(_enlarged(image)))}" alt="{html.escape(which, quote=True)}">'
+                f'<img src="{data_uri(encode_png(enlarged(image)))}" alt="{html.escape(which, quote=True)}">'
                 for image, which in zip(images, ("test image", "its training near-duplicate"), strict=False)
             )
             caption = f"{html.escape(pair.test_id)}<br>~ {html.escape(pair.train_id)} ({pair.similarity:.3f})"
@@ -276,16 +277,8 @@ def data_section(
     return "\n".join(parts)
 
 
-def _enlarged(image: np.ndarray) -> np.ndarray:
+def enlarged(image: np.ndarray) -> np.ndarray:
     return np.repeat(np.repeat(image, THUMBNAIL_SCALE, axis=0), THUMBNAIL_SCALE, axis=1)
-
-
-def _shares_by_name(statistics: dict | None, split: str) -> dict[str, float]:
-    found = (statistics or {}).get("splits", {}).get(split)
-    if not found:
-        return {}
-    total = max(found["count"], 1)
-    return {name: count / total for name, count in zip(statistics["label_names"], found["class_counts"], strict=True)}
 
 
 def _channel_table(statistics: dict, reference: dict | None, reference_name: str) -> str:

@@ -357,7 +357,7 @@ def _pictures(least_confident: list[dict], images: Images) -> dict[str, np.ndarr
 
 
 def _report(summary: dict, pictures: dict[str, np.ndarray]) -> str:
-    from components.evaluate.report import STYLE, _enlarged, data_uri, encode_png
+    from components.evaluate.report import STYLE, data_uri, encode_png, enlarged
 
     widest = max([*summary["per_class"].values(), 1])
     classes = "".join(
@@ -372,7 +372,7 @@ def _report(summary: dict, pictures: dict[str, np.ndarray]) -> str:
         for band, count in summary["confidence_histogram"].items()
     )
     tiles = "".join(
-        f"<figure><img src='{data_uri(encode_png(_enlarged(pictures[entry['image']])))}' "
+        f"<figure><img src='{data_uri(encode_png(enlarged(pictures[entry['image']])))}' "
         f"alt='{html.escape(entry['class'])}'>"
         f"<figcaption>{html.escape(Path(entry['image']).name)}<br>{html.escape(entry['class'])} "
         f"({entry['probability']:.2f})</figcaption></figure>"

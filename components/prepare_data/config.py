@@ -12,6 +12,7 @@ from components.common.dataset import MAX_IMAGE_SIDE
 OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 OFFICIAL_SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
 SOURCE_FORMATS = ("auto", "python", "binary", "folders")
+LEAKAGE_CHOICES = ("keep", "drop_from_train", "drop_from_eval")  # components/prepare_data/statistics.py
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class PrepareDataConfig:
             "help": "what to do with leaking images (a validation or test image with a near-duplicate in the training "
             "split): keep them (they are counted and listed in statistics.json), drop_from_train (remove the training "
             "copies) or drop_from_eval (remove the leaking validation and test images)",
-            "choices": ("keep", "drop_from_train", "drop_from_eval"),
+            "choices": LEAKAGE_CHOICES,
         },
     )
     force: bool = field(default=False, metadata={"help": "rewrite even when the published dataset already matches"})

@@ -128,7 +128,6 @@ class SplitStatistics:
     aspects: Counter = field(default_factory=Counter)
     conversions: Counter = field(default_factory=Counter)  # colour kinds other than RGB
     ids: list[str] = field(default_factory=list)
-    labels: list[np.ndarray] = field(default_factory=list)
     digests: list[np.ndarray] = field(default_factory=list)  # uint64 [n, 2] per batch
     features: list[np.ndarray] = field(default_factory=list)
 
@@ -152,7 +151,6 @@ class SplitStatistics:
         self.count += count
         self.class_counts += np.bincount(labels, minlength=self.num_classes)
         self.ids.extend(ids)
-        self.labels.append(np.asarray(labels))
         self.digests.append(pixel_digests(images))
         as_float = images.astype(np.float32)
         values = as_float.reshape(-1, 3)
@@ -477,9 +475,6 @@ def _first_pair(described: dict, split: str) -> tuple[str, str]:
         if comparison["split"] == split and comparison["other"] == "train" and comparison["pairs"]:
             return comparison["pairs"][0]["id"], comparison["pairs"][0]["other_id"]
     return "?", "?"
-
-
-LEAKAGE_CHOICES = ("keep", "drop_from_train", "drop_from_eval")
 
 
 def remove_leaks(named_splits: dict, label_names: list[str], config) -> tuple[dict, dict]:
