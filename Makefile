@@ -22,6 +22,8 @@ PRESET ?=
 # LEAKAGE: keep, drop_from_train or drop_from_eval (test images with a near-duplicate in training)
 DATA_CHECK ?=
 LEAKAGE ?=
+# MODEL_REGISTRY: Kubeflow's Model Registry (http(s)://HOST[:PORT]) each promoted version is registered in
+MODEL_REGISTRY ?=
 # make predict: the model (a promotion root, a version folder or a SavedModel), the images, the JSON Lines written
 MODEL ?= $(OUTPUT)/models
 IMAGES ?=
@@ -62,7 +64,7 @@ PORT ?=
 # A variable given on the command line must be one of this Makefile's (a typo such as EPOCH=2 would otherwise be
 # ignored and the demo would run), or a setting the programs read from the environment.
 KNOWN_VARIABLES := ROOT PYTHON VENV BIN OUTPUT SOURCE RUNNER WORKERS DEPTH BATCH_SIZE TRAIN_STEPS EPOCHS THRESHOLD \
-	TRAIN_OPTIONS PRESET DATA_CHECK LEAKAGE EXTRA RESUME VERBOSE KFP_HOST NAMESPACE WAIT EXPERIMENT CRON PROMOTION_ROOT LOGDIR REGISTRY \
+	TRAIN_OPTIONS PRESET DATA_CHECK LEAKAGE MODEL_REGISTRY EXTRA RESUME VERBOSE KFP_HOST NAMESPACE WAIT EXPERIMENT CRON PROMOTION_ROOT LOGDIR REGISTRY \
 	TAG ENGINE BASE_IMAGE CA_BUNDLE STAND_IN_BASE KEEP ALL VERSION PORT MODEL IMAGES PREDICTIONS
 ENVIRONMENT_SETTINGS := KFP_% KF_% AWS_% GOOGLE_% CIFAR10_PIPELINE_% CONTAINERS_% BUILDAH_% DOCKER_% \
 	STORAGE_EMULATOR_HOST HOME TMPDIR XDG_%
@@ -76,7 +78,7 @@ RUN_PARAMETERS = --source "$(SOURCE)" --workers $(WORKERS) $(if $(DEPTH),--depth
 	--accuracy-threshold $(THRESHOLD) $(if $(PRESET),--preset $(PRESET)) \
 	$(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) $(if $(EPOCHS),--epochs $(EPOCHS)) \
 	$(if $(TRAIN_OPTIONS),--train-options '$(TRAIN_OPTIONS)') $(if $(DATA_CHECK),--data-check $(DATA_CHECK)) \
-	$(if $(LEAKAGE),--leakage $(LEAKAGE))
+	$(if $(LEAKAGE),--leakage $(LEAKAGE)) $(if $(MODEL_REGISTRY),--model-registry $(MODEL_REGISTRY))
 # make local-run is a quick demo unless told otherwise (by a length, options or a PRESET, whose recipe then holds):
 # 300 steps of a ResNet-8 (unless DEPTH is given), and a batch-norm decay of 0.9 (the estimator example's 0.997 needs
 # thousands of steps before its moving averages are usable).

@@ -158,6 +158,7 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
     if values["launcher"] not in LAUNCHERS:
         raise CommandError(f"launcher: {values['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
     check_data_parameters(values)
+    check_registry_parameters(values)
     options = dict(values.get("train_options") or {})
     named = {*TRAIN_PARAMETERS, *LAUNCH_PARAMETERS, "warm_start", "model_dir", "data", "launcher"}
     repeated = sorted(set(options) & named)
@@ -195,6 +196,18 @@ def check_data_parameters(values: dict[str, Any]) -> None:
         for field_name, parameter in (("mode:", "data_check:"), ("thresholds:", "data_thresholds:")):
             message = parameter + message.removeprefix(field_name) if message.startswith(field_name) else message
         raise CommandError(message) from error
+
+
+def check_registry_parameters(values: dict[str, Any]) -> None:
+    """The Model Registry's address and model name, as the promote step would refuse them after training."""
+    from components.evaluate.registry import check_address, check_model_name
+
+    try:
+        if values.get("model_registry"):
+            check_address(values["model_registry"])
+        check_model_name(values.get("registered_model_name", "cifar10"))
+    except ValueError as error:
+        raise CommandError(str(error)) from error
 
 
 def describe_length(config) -> str:

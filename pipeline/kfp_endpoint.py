@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from components.common.pod import SERVICE_ACCOUNT_NAMESPACE
+
 logger = logging.getLogger("pipeline")
 
 API_PATH = "/apis/v2beta1"
@@ -41,7 +43,7 @@ NAMESPACE_VARIABLE = "KFP_NAMESPACE"
 CA_BUNDLE_VARIABLE = "KFP_CA_BUNDLE"
 # Where a pod finds its projected KFP token (kfp.client.KF_PIPELINES_SA_TOKEN_PATH) and its namespace.
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubeflow/pipelines/token")
-IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+IN_CLUSTER_NAMESPACE = SERVICE_ACCOUNT_NAMESPACE
 PROBE_TIMEOUT_SECONDS = (5.0, 15.0)  # connect, read
 MAX_SECRET_BYTES = 64 * 1024
 HOW_TO_AUTHENTICATE = (

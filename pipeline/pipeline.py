@@ -72,8 +72,12 @@ def evaluate_and_promote(
     object_store_secret: str,
     image_pull_secret: str,
     data_blocking: str,
+    model_registry: str,
+    registered_model_name: str,
+    train_image: str,
 ):
-    """Evaluate the trained model; promote it when blessed and a promotion root is set."""
+    """Evaluate the trained model; promote it when blessed and a promotion root is set (and register the promoted
+    version when a Model Registry is given)."""
     evaluation = evaluate_component(
         dataset=dataset,
         model=model,
@@ -95,6 +99,11 @@ def evaluate_and_promote(
             dataset=dataset,
             promotion_root=promotion_root,
             serving_version=serving_version,
+            model_registry=model_registry,
+            registered_model_name=registered_model_name,
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+            train_image=train_image,
         ).set_display_name("promote")
         promotion.set_caching_options(False)
         with_pod_settings(promotion, object_store_secret, image_pull_secret)
@@ -195,6 +204,8 @@ def cifar10_pipeline(
     baseline_tolerance: float = EVALUATE.baseline_tolerance,
     promotion_root: str = "",
     serving_version: str = EVALUATE.serving_version,
+    model_registry: str = "",
+    registered_model_name: str = EVALUATE.registered_model_name,
     object_store_secret: str = LAUNCH.object_store_secret,
     synthetic_train_per_class: int = PREPARE.synthetic_train_per_class,
 ):
@@ -248,6 +259,10 @@ def cifar10_pipeline(
         promotion_root: Where blessed models go (integer version folders, current.json); "" for no promotion.
         serving_version: The TensorFlow Serving release the promotion root is served by (KServe's runtimeVersion): a
             model it cannot load is not promoted ("": what the root declares, if anything).
+        model_registry: Kubeflow's Model Registry (its REST address, http(s)://HOST[:PORT]) to register each promoted
+            version in, with its lineage; "" for none. A registry that cannot be reached leaves the promotion
+            standing (the promote step says so).
+        registered_model_name: The registered model the promoted versions are registered under.
         object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
         synthetic_train_per_class: source=synthetic: training images per class.
     """
@@ -302,6 +317,9 @@ def cifar10_pipeline(
             "object_store_secret": object_store_secret,
             "image_pull_secret": image_pull_secret,
             "data_blocking": check.outputs["Output"],
+            "model_registry": model_registry,
+            "registered_model_name": registered_model_name,
+            "train_image": worker_image,
         }
         pod_settings = {"object_store_secret": object_store_secret, "image_pull_secret": image_pull_secret}
         # Exactly one branch runs; each trains, then evaluates and promotes its own model.

@@ -81,6 +81,11 @@ def promote_component(
     promotion_root: str,
     promoted: dsl.Output[dsl.Model],
     serving_version: str = "",
+    model_registry: str = "",
+    registered_model_name: str = "cifar10",
+    run_id: str = "",
+    run_name: str = "",
+    train_image: str = "",
 ) -> int:
     """Export the blessed checkpoint as a SavedModel (and its checkpoint beside it, for warm starts) into the next
     integer version folder under `promotion_root` (the layout TF Serving and KServe load), check it loads in
@@ -88,12 +93,20 @@ def promote_component(
     `promotion_root/current.json` to it; returns the version (0 when another promotion went first with a model at
     least as good: decided again on the evaluation's images).
 
-    `promoted` holds the pointer as written; its metadata names the SavedModel (`saved_model`) and `version`."""
+    `promoted` holds the pointer as written; its metadata names the SavedModel (`saved_model`) and `version`.
+
+    With `model_registry` (http(s)://HOST[:PORT]), the version is then registered in Kubeflow's Model Registry under
+    `registered_model_name`, with its lineage (`run_id`, `run_name`: the KFP run; `train_image`: the image that
+    trained it). A registry that cannot be reached leaves the promotion standing: the step says so in one line and
+    in `promoted`'s metadata (`registered`: false, `registration`: the line), and still succeeds."""
     from components.common.cli import component_errors
-    from components.evaluate.kfp_run import EXPECTED_ERRORS, run_promote
+    from components.evaluate.kfp_run import EXPECTED_ERRORS, run_promote, step_lineage
 
     with component_errors("evaluate", EXPECTED_ERRORS):
-        return run_promote(model, evaluation, dataset, promotion_root, serving_version, promoted)
+        return run_promote(
+            model, evaluation, dataset, promotion_root, serving_version, promoted, model_registry,
+            registered_model_name, step_lineage(run_id, run_name, train_image),
+        )  # fmt: skip
 
 
 @dsl.component(base_image=image("evaluate"), install_kfp_package=False)

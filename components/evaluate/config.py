@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from components.common.config import check_fields
+from components.evaluate.registry import check_address, check_model_name
 
 MODES = ("latest", "all", "continuous")
 WEIGHTS = ("auto", "ema", "raw")
@@ -101,6 +102,16 @@ class EvaluateConfig:
             "declares)"
         },
     )
+    model_registry: str | None = field(
+        default=None,
+        metadata={
+            "help": "after a promotion: register the version in Kubeflow's Model Registry at this REST address, "
+            "http(s)://HOST[:PORT] (a registry that cannot be reached leaves the promotion standing, and says so)"
+        },
+    )
+    registered_model_name: str = field(
+        default="cifar10", metadata={"help": "the registered model a promotion's version is registered under"}
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets and model dirs are mirrored"})
     assume_single_writer: bool = field(
         default=False,
@@ -113,3 +124,6 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.model_registry:
+            object.__setattr__(self, "model_registry", check_address(self.model_registry))
+        check_model_name(self.registered_model_name)

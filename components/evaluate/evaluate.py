@@ -9,6 +9,7 @@ promotion are in metrics.py, gate.py, report.py and promote.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -37,7 +38,7 @@ from components.common.model_directory import (
 )
 from components.common.progress import Progress
 from components.common.values import shown
-from components.evaluate import gate, metrics, promote, report
+from components.evaluate import gate, metrics, promote, registry, report
 from components.evaluate.baseline import Baseline, EvaluatedData, promoted_baseline
 from components.evaluate.canary import CANARY_IMAGES, Canary
 from components.evaluate.config import EvaluateConfig
@@ -68,6 +69,7 @@ class EvaluationResult:
     pointer_version: str = storage.ABSENT  # of the current-model pointer the gate compared with
     record: dict | None = None  # what a promotion writes into the pointer
     without_leaks: dict | None = None  # {"accuracy", "leaking_images"}: on the images without a training near-duplicate
+    registration: registry.Registered | None = None  # in the Model Registry (model_registry set and promoted)
 
     @property
     def final(self) -> CheckpointResult:
@@ -97,12 +99,14 @@ class EvaluationResult:
             "history": [{"step": r.step, **r.metrics.scalars()} for r in self.results],
             "promotion": None if self.promotion is None else self.promotion.__dict__,
             "without_leaks": self.without_leaks,
+            "registration": None if self.registration is None else self.registration.summary(),
         }
 
 
 class Evaluator:
-    def __init__(self, config: EvaluateConfig):
+    def __init__(self, config: EvaluateConfig, lineage: registry.Lineage | None = None):
         self.config = config
+        self.lineage = lineage or registry.Lineage()  # the KFP run and image a registration records
         storage.apply_single_writer_option(config.assume_single_writer)
         self.dataset = open_dataset(config.data, splits=(config.split,), cache_dir=config.cache_dir)
         manifest = self.dataset.manifest
@@ -282,13 +286,13 @@ class Evaluator:
             pointer, pointer_version = promote.read_pointer(root)
         decision, baseline = self.decide(final.metrics.accuracy, promote.ready_version(pointer))
         logger.info("%s", decision.summary())
-        record = self.record(final)
-        promotion = None
+        record = self.record(final, decision)
+        promotion = registration = None
         if decision.blessed and config.promote_to:
             outcome = self.promote(
                 final.checkpoint, final.probabilities, final.metrics.accuracy, record, pointer_version
             )
-            promotion = outcome.promotion
+            promotion, registration = outcome.promotion, outcome.registration
             if outcome.decision is not None:
                 decision = outcome.decision  # decided again against a version promoted meanwhile
         result = EvaluationResult(
@@ -301,6 +305,7 @@ class Evaluator:
             pointer_version=pointer_version,
             record=record,
             without_leaks=self.without_leaks(final.probabilities),
+            registration=registration,
         )
         self._write_outputs(result)
         return result
@@ -347,10 +352,15 @@ class Evaluator:
             )
         return None
 
-    def record(self, final: CheckpointResult) -> dict:
+    def record(self, final: CheckpointResult, decision: gate.Decision) -> dict:
         """What a promotion writes into the pointer: the model's metrics, where it came from, what it was evaluated
-        on (so that the next gate can tell like from unlike)."""
+        on (so that the next gate can tell like from unlike), and its lineage (the gate's decision, the dataset, the
+        train settings: what a registration records, now or later)."""
+        manifest = self.dataset.manifest
         return {
+            "gate_decision": decision.summary(),
+            "dataset": {"uri": self.config.data, "source": manifest.source},
+            "train_settings": {key: value for key, value in self.train_config.items() if key != "resolved"},
             "metrics": final.metrics.scalars(),
             "checkpoint": final.checkpoint.replace(str(self.directory.local), self.config.model_dir.rstrip("/")),
             "step": final.step,
@@ -388,8 +398,16 @@ class Evaluator:
         def decide_again(promoted: dict | None) -> gate.Decision:
             return self.decide(accuracy, promoted)[0]
 
-        return promote.promote(
+        outcome = promote.promote(
             candidate, self.config.promote_to, pointer_version, decide_again, self.config.serving_version
+        )
+        if outcome.promotion is None or not self.config.model_registry:
+            return outcome
+        registration = registry.registration_of(
+            self.config.registered_model_name, outcome.pointer, self.config.promote_to, self.lineage
+        )
+        return dataclasses.replace(
+            outcome, registration=registry.register_promotion(self.config.model_registry, registration)
         )
 
     def promote_from_record(self, record: dict, pointer_version: str) -> promote.PromotionOutcome:

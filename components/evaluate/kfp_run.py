@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from components.common import storage
 from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import CheckpointError, artifact_location
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import Evaluator, evaluate
-from components.evaluate.promote import PromotionConflictError, parse_pointer
+from components.evaluate.promote import PromotionConflictError
+from components.evaluate.registry import Lineage
 
 # What ends the stage with one line and exit 2 (bad input, final), not a traceback; also its command line's.
 EXPECTED_ERRORS = (ValueError, CheckpointError, PromotionConflictError)
@@ -52,10 +52,20 @@ def run_evaluate(
 
 
 def run_promote(
-    model: Any, evaluation: Any, dataset: Any, promotion_root: str, serving_version: str, promoted: Any
+    model: Any,
+    evaluation: Any,
+    dataset: Any,
+    promotion_root: str,
+    serving_version: str,
+    promoted: Any,
+    model_registry: str = "",
+    registered_model_name: str = "cifar10",
+    lineage: Lineage | None = None,
 ) -> int:
     """Promote what the evaluation blessed; refuses an evaluation that was not blessed. When another promotion moved
-    the pointer since, the step decides again against it, on the same images (it may then end not promoted: 0)."""
+    the pointer since, the step decides again against it, on the same images (it may then end not promoted: 0).
+    With `model_registry`, the promoted version is registered there; a registration that fails leaves the
+    promotion standing and says so (the step's log, and `registered`/`registration` in `promoted`'s metadata)."""
     details = evaluation.metadata
     if not details.get("blessed"):
         raise ValueError(f"refusing to promote: the evaluation was not blessed ({details.get('decision')})")
@@ -70,19 +80,20 @@ def run_promote(
             "weights": record["weights"],
             "promote_to": promotion_root,
             "serving_version": serving_version,
+            "model_registry": model_registry,
+            "registered_model_name": registered_model_name,
         },
         "promote component parameters",
     )
-    outcome = Evaluator(config).promote_from_record(record, details["pointer_version"])
+    outcome = Evaluator(config, lineage).promote_from_record(record, details["pointer_version"])
     if outcome.promotion is None:
         summary = outcome.decision.summary() if outcome.decision else "not promoted"
         promoted.metadata.update({"promoted": False, "decision": summary})
         with open(promoted.path, "w") as handle:
             json.dump({"promoted": False, "decision": summary}, handle)
         return 0
-    pointer = storage.read_bytes(outcome.promotion.pointer)
-    with open(promoted.path, "wb") as handle:
-        handle.write(pointer)
+    with open(promoted.path, "w") as handle:
+        json.dump(outcome.pointer, handle, indent=2, sort_keys=True)  # the pointer as this promotion wrote it
     promoted.metadata.update(
         {
             "promoted": True,
@@ -90,9 +101,13 @@ def run_promote(
             "version": outcome.promotion.version,
             "promotion_root": promotion_root,
             "framework": "tensorflow",
-            "accuracy": parse_pointer(pointer, promotion_root)["metrics"]["accuracy"],
+            "accuracy": outcome.pointer["metrics"]["accuracy"],
         }
     )
+    if outcome.registration is not None:
+        promoted.metadata.update(
+            {"registered": outcome.registration.registered, "registration": outcome.registration.line}
+        )
     return outcome.promotion.version
 
 
@@ -117,3 +132,11 @@ def run_check_data(
         {"errors": sum(f.severity == "error" for f in outcome.findings), "blocking": outcome.blocking}
     )
     return outcome.blocking
+
+
+def step_lineage(run_id: str, run_name: str, train_image: str) -> Lineage:
+    """The promote step's lineage: its KFP run, the namespace it runs in (on a cluster), the image that trained."""
+    from components.common.pod import namespace_of_this_pod
+
+    namespace = namespace_of_this_pod() or ""  # "" outside a pod (kfp.local)
+    return Lineage(run_id=run_id, run_name=run_name, namespace=namespace, image=train_image)

@@ -48,6 +48,7 @@ from components.evaluate.pointer import (  # noqa: F401 (read_pointer, read_read
     read_ready,
     ready_version,
 )
+from components.evaluate.registry import Registered
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ class Promotion:
 class PromotionOutcome:
     promotion: Promotion | None  # None: not promoted (decided again against a newer version, and not better)
     decision: Decision | None = None  # the decision taken again, when the pointer had moved
+    pointer: dict | None = None  # the pointer as this promotion wrote it
+    registration: Registered | None = None  # in the Model Registry, when one is configured (registry.py)
 
 
 def _encode(pointer: dict) -> bytes:
@@ -141,6 +144,7 @@ def check_serving(saved_model_dir: Path, declared: str | None, root_uri: str) ->
     import tensorflow as tf
 
     return {
+        "tensorflow_serving": declared,  # the release the root declares (None: none declared)
         "written_by_tensorflow": tf.__version__,
         "loads_in_tensorflow_serving": [version for version, found in problems.items() if not found],
         "not_in": {version: found[:3] for version, found in problems.items() if found},
@@ -337,8 +341,9 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
             raise
         logger.info("promoted version %d: %s now points at it", version, publisher.uri(POINTER))
         return PromotionOutcome(
-            Promotion(version, promoted["saved_model"], publisher.uri(POINTER), promoted["warm_start"]), decision
-        )
+            Promotion(version, promoted["saved_model"], publisher.uri(POINTER), promoted["warm_start"]), decision,
+            promoted,
+        )  # fmt: skip
     raise PromotionConflictError(
         f"{publisher.uri(POINTER)} kept being moved by other promotions ({ATTEMPTS} attempts); nothing was promoted"
     )

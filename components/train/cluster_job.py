@@ -33,9 +33,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from pathlib import Path
 from typing import Any, Protocol
 
+from components.common import pod as this_pod
 from components.common.config import config_to_dict
 from components.images import image
 from components.train.config import TrainConfig
@@ -44,7 +44,8 @@ from components.train.launch_config import GPU_RESOURCE, LaunchConfig
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 10.0
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+SERVICE_ACCOUNT_NAMESPACE = this_pod.SERVICE_ACCOUNT_NAMESPACE
+in_kubernetes_pod = this_pod.in_kubernetes_pod
 # Non-secret object-store settings the workers get from the launching step's own environment (the secret's keys are
 # referenced, never copied).
 PASSED_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
@@ -111,19 +112,13 @@ def job_name_for_run(run_id: str, prefix: str = "cifar10-train") -> str:
 
 def own_namespace() -> str:
     """The namespace this pod runs in (a KFP profile's namespace in multi-user Kubeflow)."""
-    with contextlib.suppress(OSError):
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"]
-    raise ValueError(
-        "job_namespace: not set, and this is not a pod that knows its namespace "
-        f"({SERVICE_ACCOUNT_NAMESPACE} is missing): give --job-namespace"
-    )
-
-
-def in_kubernetes_pod() -> bool:
-    """Whether this process runs in a Kubernetes pod (every pod gets the API server's address)."""
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    namespace = this_pod.namespace_of_this_pod(SERVICE_ACCOUNT_NAMESPACE)
+    if namespace is None:
+        raise ValueError(
+            "job_namespace: not set, and this is not a pod that knows its namespace "
+            f"({SERVICE_ACCOUNT_NAMESPACE} is missing): give --job-namespace"
+        )
+    return namespace
 
 
 # -- what both kinds put into a worker's pod -----------------------------------------------------------------------
