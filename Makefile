@@ -22,6 +22,9 @@ PRESET ?=
 # LEAKAGE: keep, drop_from_train or drop_from_eval (test images with a near-duplicate in training)
 DATA_CHECK ?=
 LEAKAGE ?=
+# make sweep: SPACE, the search space (a JSON or YAML file of train settings to ranges or choices); TRIALS, its budget
+SPACE ?= $(ROOT)pipeline/sweep_space.yaml
+TRIALS ?=
 # MODEL_REGISTRY: Kubeflow's Model Registry (http(s)://HOST[:PORT]) each promoted version is registered in
 MODEL_REGISTRY ?=
 # make predict: the model (a promotion root, a version folder or a SavedModel), the images, the JSON Lines written
@@ -64,7 +67,7 @@ PORT ?=
 # A variable given on the command line must be one of this Makefile's (a typo such as EPOCH=2 would otherwise be
 # ignored and the demo would run), or a setting the programs read from the environment.
 KNOWN_VARIABLES := ROOT PYTHON VENV BIN OUTPUT SOURCE RUNNER WORKERS DEPTH BATCH_SIZE TRAIN_STEPS EPOCHS THRESHOLD \
-	TRAIN_OPTIONS PRESET DATA_CHECK LEAKAGE MODEL_REGISTRY EXTRA RESUME VERBOSE KFP_HOST NAMESPACE WAIT EXPERIMENT CRON PROMOTION_ROOT LOGDIR REGISTRY \
+	TRAIN_OPTIONS PRESET DATA_CHECK LEAKAGE MODEL_REGISTRY SPACE TRIALS EXTRA RESUME VERBOSE KFP_HOST NAMESPACE WAIT EXPERIMENT CRON PROMOTION_ROOT LOGDIR REGISTRY \
 	TAG ENGINE BASE_IMAGE CA_BUNDLE STAND_IN_BASE KEEP ALL VERSION PORT MODEL IMAGES PREDICTIONS
 ENVIRONMENT_SETTINGS := KFP_% KF_% AWS_% GOOGLE_% CIFAR10_PIPELINE_% CONTAINERS_% BUILDAH_% DOCKER_% \
 	STORAGE_EMULATOR_HOST HOME TMPDIR XDG_%
@@ -89,7 +92,7 @@ DEMO = $(if $(PRESET),,$(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300 $(if $(DE
 # given (TRAIN_STEPS or EPOCHS), or other options in EXTRA, which must agree with the run's.
 RESUMED = --resume $(RESUME) $(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) $(if $(EPOCHS),--epochs $(EPOCHS))
 
-.PHONY: help install constraints test test-images lint format local-run compile run schedule tensorboard images push
+.PHONY: help install constraints test test-images lint format local-run sweep compile run schedule tensorboard images push
 .PHONY: prepare-data predict bench bench-accuracy serving-ops clean clean-runs
 
 help:  ## list the targets
@@ -122,12 +125,17 @@ local-run:  ## the whole pipeline on this machine: make local-run [SOURCE=... EP
 	$(PIPELINE) local-run --runner $(RUNNER) --output-root $(OUTPUT) $(if $(RESUME),$(RESUMED),$(RUN_PARAMETERS) $(DEMO)) \
 	  $(if $(VERBOSE),--verbose) $(EXTRA)
 
+sweep:  ## search the train settings, then train, evaluate and promote the best: make sweep [SPACE=file TRIALS=8 ...]
+	$(PIPELINE) sweep local-run --runner $(RUNNER) --output-root $(OUTPUT) $(RUN_PARAMETERS) $(DEMO) \
+	  --space $(SPACE) --trials $(or $(TRIALS),$(if $(PRESET)$(TRAIN_STEPS)$(EPOCHS),12,4)) $(if $(VERBOSE),--verbose) $(EXTRA)
+
 clean-runs:  ## remove finished runs' folders (interrupted ones too with ALL=1); promoted models stay: [KEEP=1 ALL=1]
 	$(PIPELINE) clean-runs --output-root $(OUTPUT) --keep $(or $(KEEP),0) $(if $(ALL),--all)
 
-compile:  ## write pipeline/pipeline.yaml (and predict.yaml, the batch prediction pipeline)
+compile:  ## write pipeline/pipeline.yaml (and predict.yaml, the batch prediction pipeline; sweep.yaml, the search)
 	$(PIPELINE) compile
 	$(BIN)/python -m pipeline.predict_pipeline compile
+	$(PIPELINE) sweep compile
 
 run:  ## compile and submit a run to $$KFP_HOST: make run KFP_HOST=... NAMESPACE=... SOURCE=s3://... [WAIT=1]
 	$(PIPELINE) run --host "$(KFP_HOST)" --experiment $(EXPERIMENT) $(if $(NAMESPACE),--namespace $(NAMESPACE)) \

@@ -38,6 +38,7 @@ PUBLISHED_COMPONENT_FILES = (
     "evaluate/promote.yaml",
     "evaluate/warm_start.yaml",
     "predict/component.yaml",
+    "sweep/component.yaml",
 )
 BUILD_FILES = (
     "images/Dockerfile",

@@ -23,7 +23,11 @@ logger = logging.getLogger("pipeline")
 COMPILED = Path(str(resources.files("pipeline").joinpath("pipeline.yaml")))
 # Each pipeline's compiled package (the training pipeline's is COMPILED); a pipeline not named here compiles to
 # <its name>.yaml beside them.
-COMPILED_FILES = {"cifar10-pipeline": COMPILED, "cifar10-predict": COMPILED.with_name("predict.yaml")}
+COMPILED_FILES = {
+    "cifar10-pipeline": COMPILED,
+    "cifar10-predict": COMPILED.with_name("predict.yaml"),
+    "cifar10-sweep": COMPILED.with_name("sweep.yaml"),
+}
 
 
 def compiled_path(pipeline) -> Path:
@@ -57,7 +61,17 @@ def _descriptions(pipeline) -> dict[str, str]:
 
 
 def parse_json(text: str) -> Any:
-    """A JSON option's value; its error names the line and column."""
+    """A JSON option's value, or a JSON or YAML file holding it (`--space space.yaml`); its error names the line and
+    column, or the file."""
+    if not text.lstrip().startswith(("{", "[")) and Path(text).is_file():
+        import yaml
+
+        from components.common import documents
+
+        try:
+            return yaml.safe_load(documents.read_bytes(text, "JSON or YAML file").decode("utf-8"))
+        except (documents.DocumentError, UnicodeDecodeError, yaml.YAMLError) as error:
+            raise argparse.ArgumentTypeError(f"{text}: not JSON or YAML ({str(error).splitlines()[0]})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
@@ -159,6 +173,7 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
         raise CommandError(f"launcher: {values['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
     check_data_parameters(values)
     check_registry_parameters(values)
+    check_sweep_parameters(values)
     options = dict(values.get("train_options") or {})
     named = {*TRAIN_PARAMETERS, *LAUNCH_PARAMETERS, "warm_start", "model_dir", "data", "launcher"}
     repeated = sorted(set(options) & named)
@@ -196,6 +211,23 @@ def check_data_parameters(values: dict[str, Any]) -> None:
         for field_name, parameter in (("mode:", "data_check:"), ("thresholds:", "data_thresholds:")):
             message = parameter + message.removeprefix(field_name) if message.startswith(field_name) else message
         raise CommandError(message) from error
+
+
+def check_sweep_parameters(values: dict[str, Any]) -> None:
+    """The sweep pipeline's search space and budget, as its sweep step would refuse them after the data was
+    prepared (nothing for a pipeline without a search)."""
+    if "space" not in values:
+        return
+    from components.sweep.config import SweepConfig
+    from components.sweep.space import parse_space
+
+    names = ("trials", "max_minutes", "sampler", "pruner", "startup_trials", "parallelism", "repeats")
+    try:
+        parse_space(values["space"], "space")
+        SweepConfig(data="/check", sweep_dir="/check", space="{}", workers=values["trial_workers"],
+                    **{name: values[name] for name in names})  # fmt: skip
+    except ValueError as error:
+        raise CommandError(str(error)) from error
 
 
 def check_registry_parameters(values: dict[str, Any]) -> None:

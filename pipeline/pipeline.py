@@ -12,6 +12,8 @@ python -m pipeline.pipeline schedule --host $KFP_HOST --cron "0 0 3 * * *" ...
 import inspect
 import sys
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 from kfp import dsl, kubernetes
 
@@ -27,6 +29,7 @@ from components.images import PUBLISHED_COMPONENT_FILES, image
 from components.predict.component import predict_component
 from components.prepare_data.component import prepare_data_component, source_fingerprint_component
 from components.prepare_data.config import PrepareDataConfig
+from components.sweep.component import sweep_component
 from components.train.component import delete_training_job_component, launch_training_job_component, train_component
 from components.train.config import TrainConfig
 from components.train.launch_config import LaunchConfig
@@ -169,6 +172,102 @@ train_on_gpus = _training_sub_pipeline("train-on-gpus", _on_gpus, gpus=int)
 train_on_cpus = _training_sub_pipeline("train-on-cpus", _on_cpus)
 
 
+def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None) -> None:
+    """The training pipeline's graph, from its parameters: fingerprint, prepare, check, (search,) train, evaluate,
+    promote. `search(dataset, check, parameters)`, when given, returns the train options the training uses (the
+    sweep pipeline's best trial's)."""
+    p = SimpleNamespace(**parameters)
+    cleanup = delete_training_job_component(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    cleanup.set_display_name("clean up the training job").set_caching_options(False)
+    kubernetes.set_image_pull_secrets(cleanup, [p.image_pull_secret])
+    with dsl.ExitHandler(cleanup, name="run"):
+        fingerprint = source_fingerprint_component(source=p.source).set_display_name("fingerprint the source")
+        fingerprint.set_caching_options(False)  # it must look at the source every time
+        with_pod_settings(fingerprint, p.object_store_secret, p.image_pull_secret)
+
+        data = prepare_data_component(
+            source=p.source,
+            source_sha256=p.source_sha256,
+            validation_fraction=p.validation_fraction,
+            synthetic_train_per_class=p.synthetic_train_per_class,
+            resize=p.resize,
+            leakage=p.leakage,
+            source_fingerprint=fingerprint.output,
+        ).set_display_name("prepare data")
+        data.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
+        data.set_cpu_request("2").set_memory_request("8Gi").set_memory_limit("8Gi")
+        with_pod_settings(data, p.object_store_secret, p.image_pull_secret)
+        dataset = data.outputs["dataset"]
+
+        check = check_data_component(
+            dataset=dataset,
+            mode=p.data_check,
+            reference=p.data_reference,
+            promotion_root=p.promotion_root,
+            thresholds=p.data_thresholds,
+        ).set_display_name("check the data")
+        check.set_caching_options(False)  # the promoted model it compares with changes between runs
+        with_pod_settings(check, p.object_store_secret, p.image_pull_secret)
+
+        start = warm_start_component(
+            warm_start=p.warm_start, promotion_root=p.promotion_root, from_promoted=p.warm_start_from_promoted
+        ).set_display_name("choose the warm start")
+        start.set_caching_options(False)
+        with_pod_settings(start, p.object_store_secret, p.image_pull_secret)
+
+        # The sweep pipeline: the options of the best trial (trained on all the training data); else the parameter.
+        options = p.train_options if search is None else search(dataset, check, parameters)
+        # The train step's parameters are the pipeline's of the same name, but for these three.
+        named = {"dataset": dataset, "warm_start": start.output, "options": options}
+        training = {name: named[name] if name in named else parameters[name] for name in TRAINING}
+        gate = {
+            "dataset": dataset,
+            "accuracy_threshold": p.accuracy_threshold,
+            "baseline_tolerance": p.baseline_tolerance,
+            "promotion_root": p.promotion_root,
+            "serving_version": p.serving_version,
+            "object_store_secret": p.object_store_secret,
+            "image_pull_secret": p.image_pull_secret,
+            "data_blocking": check.outputs["Output"],
+            "model_registry": p.model_registry,
+            "registered_model_name": p.registered_model_name,
+            "train_image": p.worker_image,
+        }
+        pod_settings = {"object_store_secret": p.object_store_secret, "image_pull_secret": p.image_pull_secret}
+        # Exactly one branch runs; each trains, then evaluates and promotes its own model.
+        with dsl.If(p.launcher != "pod", name="training-job"):
+            launched = launch_training_job_component(
+                **training,
+                launcher=p.launcher,
+                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,  # names the job: a retried step follows the same job
+                gpus_per_worker=p.gpus_per_worker,
+                worker_cpu=p.worker_cpu,
+                worker_memory=p.worker_memory,
+                worker_image=p.worker_image,
+                object_store_secret=p.object_store_secret,
+                image_pull_secret=p.image_pull_secret,
+                queue_name=p.queue_name,
+            ).set_display_name("train (training job)")
+            launched.set_caching_options(False).set_retry(**TRAIN_RETRIES).after(check)  # data_check=fail: no training
+            launched.set_cpu_request("250m").set_memory_request("512Mi").set_memory_limit("1Gi")
+            kubernetes.set_timeout(launched, LAUNCH_STEP_TIMEOUT_SECONDS)
+            kubernetes.use_field_path_as_env(launched, "POD_NAMESPACE", "metadata.namespace")
+            with_pod_settings(launched, p.object_store_secret, p.image_pull_secret)
+            evaluate_and_promote(model=launched.outputs["model"], **gate).set_caching_options(False)
+        with dsl.Elif(p.train_step_gpus > 0, name="gpu-pod"):
+            on_gpus = train_on_gpus(
+                **training, cpus=p.train_step_cpus, memory=p.train_step_memory, gpus=p.train_step_gpus, **pod_settings
+            ).set_display_name("train on GPUs")
+            on_gpus.set_caching_options(False).after(check)
+            evaluate_and_promote(model=on_gpus.output, **gate).set_caching_options(False)
+        with dsl.Else(name="cpu-pod"):
+            on_cpus = train_on_cpus(
+                **training, cpus=p.train_step_cpus, memory=p.train_step_memory, **pod_settings
+            ).set_display_name("train on CPUs")
+            on_cpus.set_caching_options(False).after(check)
+            evaluate_and_promote(model=on_cpus.output, **gate).set_caching_options(False)
+
+
 @dsl.pipeline(name=PIPELINE_NAME, description="CIFAR-10: prepare, train (multi-worker), evaluate, promote.")
 def cifar10_pipeline(
     source: str = PREPARE.source,
@@ -266,94 +365,7 @@ def cifar10_pipeline(
         object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
         synthetic_train_per_class: source=synthetic: training images per class.
     """
-    parameters = dict(locals())
-    cleanup = delete_training_job_component(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-    cleanup.set_display_name("clean up the training job").set_caching_options(False)
-    kubernetes.set_image_pull_secrets(cleanup, [image_pull_secret])
-    with dsl.ExitHandler(cleanup, name="run"):
-        fingerprint = source_fingerprint_component(source=source).set_display_name("fingerprint the source")
-        fingerprint.set_caching_options(False)  # it must look at the source every time
-        with_pod_settings(fingerprint, object_store_secret, image_pull_secret)
-
-        data = prepare_data_component(
-            source=source,
-            source_sha256=source_sha256,
-            validation_fraction=validation_fraction,
-            synthetic_train_per_class=synthetic_train_per_class,
-            resize=resize,
-            leakage=leakage,
-            source_fingerprint=fingerprint.output,
-        ).set_display_name("prepare data")
-        data.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
-        data.set_cpu_request("2").set_memory_request("8Gi").set_memory_limit("8Gi")
-        with_pod_settings(data, object_store_secret, image_pull_secret)
-        dataset = data.outputs["dataset"]
-
-        check = check_data_component(
-            dataset=dataset,
-            mode=data_check,
-            reference=data_reference,
-            promotion_root=promotion_root,
-            thresholds=data_thresholds,
-        ).set_display_name("check the data")
-        check.set_caching_options(False)  # the promoted model it compares with changes between runs
-        with_pod_settings(check, object_store_secret, image_pull_secret)
-
-        start = warm_start_component(
-            warm_start=warm_start, promotion_root=promotion_root, from_promoted=warm_start_from_promoted
-        ).set_display_name("choose the warm start")
-        start.set_caching_options(False)
-        with_pod_settings(start, object_store_secret, image_pull_secret)
-
-        # The train step's parameters are the pipeline's of the same name, but for these three.
-        named = {"dataset": dataset, "warm_start": start.output, "options": train_options}
-        training = {name: named[name] if name in named else parameters[name] for name in TRAINING}
-        gate = {
-            "dataset": dataset,
-            "accuracy_threshold": accuracy_threshold,
-            "baseline_tolerance": baseline_tolerance,
-            "promotion_root": promotion_root,
-            "serving_version": serving_version,
-            "object_store_secret": object_store_secret,
-            "image_pull_secret": image_pull_secret,
-            "data_blocking": check.outputs["Output"],
-            "model_registry": model_registry,
-            "registered_model_name": registered_model_name,
-            "train_image": worker_image,
-        }
-        pod_settings = {"object_store_secret": object_store_secret, "image_pull_secret": image_pull_secret}
-        # Exactly one branch runs; each trains, then evaluates and promotes its own model.
-        with dsl.If(launcher != "pod", name="training-job"):
-            launched = launch_training_job_component(
-                **training,
-                launcher=launcher,
-                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,  # names the job: a retried step follows the same job
-                gpus_per_worker=gpus_per_worker,
-                worker_cpu=worker_cpu,
-                worker_memory=worker_memory,
-                worker_image=worker_image,
-                object_store_secret=object_store_secret,
-                image_pull_secret=image_pull_secret,
-                queue_name=queue_name,
-            ).set_display_name("train (training job)")
-            launched.set_caching_options(False).set_retry(**TRAIN_RETRIES).after(check)  # data_check=fail: no training
-            launched.set_cpu_request("250m").set_memory_request("512Mi").set_memory_limit("1Gi")
-            kubernetes.set_timeout(launched, LAUNCH_STEP_TIMEOUT_SECONDS)
-            kubernetes.use_field_path_as_env(launched, "POD_NAMESPACE", "metadata.namespace")
-            with_pod_settings(launched, object_store_secret, image_pull_secret)
-            evaluate_and_promote(model=launched.outputs["model"], **gate).set_caching_options(False)
-        with dsl.Elif(train_step_gpus > 0, name="gpu-pod"):
-            on_gpus = train_on_gpus(
-                **training, cpus=train_step_cpus, memory=train_step_memory, gpus=train_step_gpus, **pod_settings
-            ).set_display_name("train on GPUs")
-            on_gpus.set_caching_options(False).after(check)
-            evaluate_and_promote(model=on_gpus.output, **gate).set_caching_options(False)
-        with dsl.Else(name="cpu-pod"):
-            on_cpus = train_on_cpus(
-                **training, cpus=train_step_cpus, memory=train_step_memory, **pod_settings
-            ).set_display_name("train on CPUs")
-            on_cpus.set_caching_options(False).after(check)
-            evaluate_and_promote(model=on_cpus.output, **gate).set_caching_options(False)
+    retrain(dict(locals()))
 
 
 # Each stage's components, published as component YAML (compiled by `make compile` from these definitions, kept
@@ -372,6 +384,7 @@ PUBLISHED_COMPONENTS = dict(
             promote_component,
             warm_start_component,
             predict_component,
+            sweep_component,
         ),
         strict=True,
     )
@@ -379,9 +392,15 @@ PUBLISHED_COMPONENTS = dict(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The training pipeline's commands; `sweep COMMAND ...`: the sweep pipeline's (pipeline/sweep_pipeline.py)."""
     from pipeline.commands import main as run_command
 
-    return run_command(cifar10_pipeline, argv)
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["sweep"]:
+        from pipeline.sweep_pipeline import cifar10_sweep
+
+        return run_command(cifar10_sweep, arguments[1:])
+    return run_command(cifar10_pipeline, arguments)
 
 
 if __name__ == "__main__":

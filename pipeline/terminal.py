@@ -49,6 +49,8 @@ SHOWN = (
     ("components.prepare_data.prepare", re.compile(r"^published |already holds this dataset")),
     ("components.evaluate.", re.compile(r"^(BLESSED|NOT BLESSED|step \d+ \(|promoted version |not promoted)")),
     ("components.evaluate.data_check", re.compile(r"^(data check against |warning: )")),
+    ("components.sweep.sweep", re.compile(r"^(trial \d+ (started|validation accuracy|pruned|failed|was)|sweep done)")),
+    ("components.sweep.kfp_run", re.compile(r"^best trial ")),
 )
 TAIL_LINES = 20  # of a failed step that said nothing itself
 

@@ -172,9 +172,22 @@ def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], ori
     error."""
     values = with_preset(config_class, values)
     check_known(values, (config_class,), origin)
+    try:
+        return config_class(**with_field_types(config_class, values))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{origin}: {error}") from error
+
+
+def with_field_types(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (of `config_class`'s fields) with JSON's one number type read as each field's: 10.0 for an int field
+    is 10, 1 for a float field is 1.0; lists for tuple fields are tuples. Anything else is left for the config's
+    own check to refuse."""
     hints = typing.get_type_hints(config_class)
     converted = {}
     for name, value in values.items():
+        if name not in hints:
+            converted[name] = value
+            continue
         annotation, _optional = _unwrap_optional(hints[name])
         if typing.get_origin(annotation) is tuple and isinstance(value, list):
             value = tuple(value)
@@ -187,10 +200,7 @@ def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], ori
         if typing.get_origin(annotation) is tuple and typing.get_args(annotation)[0] is int:
             value = tuple(int(item) if isinstance(item, float) and item.is_integer() else item for item in value)
         converted[name] = value
-    try:
-        return config_class(**converted)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{origin}: {error}") from error
+    return converted
 
 
 def check_known(values: dict[str, Any], config_classes: tuple[type, ...], origin: str) -> None:

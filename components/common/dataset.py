@@ -353,6 +353,10 @@ class VerifiedDataset:
     manifest_sha256: str
     files: dict[str, list[str]]
 
+    def joined(self, name: str, splits: tuple[str, ...]) -> VerifiedDataset:
+        """This dataset with split `name` read from the files of all of `splits` (the train stage's train_on)."""
+        return dataclasses.replace(self, files={**self.files, name: [f for split in splits for f in self.files[split]]})
+
     def tf_dataset(self, split: str, batch_size: int | None = None, with_ids: bool = False):
         """A `tf.data.Dataset` of (uint8 image [H, W, C], int64 label) (and the string id, `with_ids`), batched when
         `batch_size` is given."""

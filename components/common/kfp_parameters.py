@@ -66,6 +66,12 @@ def config_from_parameters(config_class: type[ConfigT], parameters: dict[str, An
 
     With a preset, a parameter at its default means "the preset's value": KFP passes every parameter, so a value
     left alone cannot be told from one set to the default on purpose."""
+    return config_from_mapping(config_class, given_parameters(config_class, parameters), origin)
+
+
+def given_parameters(config_class: type, parameters: dict[str, Any]) -> dict[str, Any]:
+    """The parameters that say something: without None and NOT_GIVEN placeholders, and with a preset, without those
+    at their default (the preset's value holds)."""
     hints = typing.get_type_hints(config_class)
     given = {name: value for name, value in parameters.items() if _given(hints, name, value)}
     if given.get("preset"):
@@ -75,4 +81,4 @@ def config_from_parameters(config_class: type[ConfigT], parameters: dict[str, An
             for name, value in given.items()
             if name == "preset" or name not in defaults or value != defaults[name]
         }
-    return config_from_mapping(config_class, given, origin)
+    return given

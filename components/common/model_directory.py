@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 RESOLVED_CONFIG = "config.json"
 TRAIN_METRICS = "train_metrics.json"
 EVAL_METRICS = "eval_metrics.json"
+VALIDATION_CURVE = "validation.json"  # the validation split's measures so far: what a search prunes on
 CHECKPOINT_PREFIX = "ckpt"
 TRAIN_LOGS = "train"
 VALIDATION_LOGS = "validation"
@@ -74,6 +75,18 @@ TRAIN_METRICS_SCHEMA = documents.Fields(
         "preempted": documents.Flag(),
     },
     required=("step", "checkpoint", "metrics"),
+)
+VALIDATION_CURVE_SCHEMA = documents.Fields(
+    {
+        "curve": documents.Items(
+            documents.Fields(
+                {"step": _STEP, "loss": documents.Number("[0, inf)"), "accuracy": documents.Number("[0, 1]")},
+                required=("step", "accuracy"),
+            ),
+            max_items=1_000_000,
+        )
+    },
+    required=("curve",),
 )
 EVAL_METRICS_SCHEMA = documents.Fields(
     {
@@ -177,12 +190,15 @@ def artifact_location(artifact: Any, shared: bool = False) -> str:
     return artifact.path
 
 
-def pipeline_model_directory(model_artifact: Any, run_id: str, explicit: str | None, shared: bool) -> str:
+def pipeline_model_directory(
+    model_artifact: Any, run_id: str, explicit: str | None, shared: bool, folder: str = RUN_MODEL_DIRECTORY
+) -> str:
     """The train step's model directory in a pipeline run.
 
     `explicit` wins. Otherwise, when the artifact lives in an object store, a folder of the run itself
     (`<pipeline root>/<pipeline>/<run id>/model-directory`): the artifact's own URI may change from one attempt of
-    the step to the next (newer KFP backends salt it per pod), and checkpoints must survive into the retry.
+    the step to the next (newer KFP backends salt it per pod), and checkpoints must survive into the retry (the
+    sweep step's folder is found the same way, under `folder`).
     Otherwise (kfp.local, or no run id) the artifact's own folder. `shared` (a TFJob) requires an object store."""
     if explicit:
         location = storage.normalize_uri(explicit)
@@ -190,7 +206,7 @@ def pipeline_model_directory(model_artifact: Any, run_id: str, explicit: str | N
         uri = storage.normalize_uri(model_artifact.uri or "")
         if storage.is_remote(uri):
             marker = f"/{run_id}/" if run_id else None
-            location = uri[: uri.index(marker) + len(marker)] + RUN_MODEL_DIRECTORY if marker and marker in uri else uri
+            location = uri[: uri.index(marker) + len(marker)] + folder if marker and marker in uri else uri
         else:
             location = model_artifact.path
     if shared and not storage.is_remote(location):

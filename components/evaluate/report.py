@@ -90,7 +90,13 @@ def misclassified_grid(images: np.ndarray, true: np.ndarray, predicted: np.ndarr
     return '<div class="grid">' + "".join(tiles) + "</div>"
 
 
-def accuracy_chart(points: list[tuple[int, float]], width: int = 640, height: int = 260) -> str:
+def accuracy_chart(
+    points: list[tuple[int, float]],
+    width: int = 640,
+    height: int = 260,
+    x_label: str = "training step",
+    y_label: str = "accuracy",
+) -> str:
     """An SVG line chart of accuracy by training step, with labelled axes: accuracy ticks every 0.1 or 0.25 of the
     range shown, about six step ticks at round numbers, and grid lines to read values across."""
     if len(points) < 2:
@@ -128,9 +134,9 @@ def accuracy_chart(points: list[tuple[int, float]], width: int = 640, height: in
         f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#888"/>'
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>'
         f'<text x="{(left + width - right) / 2:.0f}" y="{height - 6}" font-size="12" text-anchor="middle">'
-        "training step</text>"
+        f"{x_label}</text>"
         f'<text x="14" y="{(top + height - bottom) / 2:.0f}" font-size="12" text-anchor="middle" '
-        f'transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">accuracy</text>'
+        f'transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">{y_label}</text>'
         f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="2"/>{dots}</svg>'
     )
 

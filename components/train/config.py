@@ -94,6 +94,14 @@ class TrainConfig:
     batch_size: int = field(
         default=128, metadata={"range": "[1, 1048576]", "help": "global batch, split over all replicas"}
     )
+    train_on: str = field(
+        default="train",
+        metadata={
+            "help": "the splits trained on: train, or train+validation (after a search chose the settings on the "
+            "validation split: the final model learns from all the training data, and is not validated)",
+            "choices": ("train", "train+validation"),
+        },
+    )
     in_memory: bool = field(default=False, metadata={"help": "keep the decoded training set in memory"})
     shuffle_buffer: int = field(
         default=10000,

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 # Component parameters that configure the launch, not the training (LaunchConfig's fields; image_pull_secret is
 # one name, or "", where the config takes a list).
+SEARCHED = "chosen_by_search"  # in a train step's options: they come from a sweep, and override named parameters
 LAUNCH_PARAMETERS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_image", "object_store_secret")
 LAUNCH_PARAMETERS += ("image_pull_secret", "queue_name")
 
@@ -54,9 +55,15 @@ def training_configs(dataset: Any, model: Any, launcher: str, **parameters: Any)
     """The TrainConfig and LaunchConfig a component's parameters describe. `options` may set any other field of
     TrainConfig, but not one that a named parameter sets (that would silently override it)."""
     options = dict(parameters.pop("options") or {})
+    # The sweep pipeline's options (the best trial's settings) win over the named parameters they repeat, on purpose.
+    searched = bool(options.pop(SEARCHED, False))
     run_id = parameters.pop("run_id", "")
     explicit_model_dir = parameters.pop("model_dir") or None
     launch_values = {name: parameters.pop(name) for name in LAUNCH_PARAMETERS if name in parameters}
+    if searched:
+        for name in sorted(set(options) & set(parameters)):
+            logger.info("%s: %s, as the search chose (not the parameter's %s)", name, options[name], parameters[name])
+            parameters.pop(name)
     overlap = sorted(set(options) & (set(parameters) | set(launch_values) | {"data", "model_dir", "launcher"}))
     if overlap:
         raise ValueError(f"options: {overlap} are parameters of the step; set them there, not in options")

@@ -31,6 +31,8 @@ from components.common.model_directory import (
     RESOLVED_CONFIG,
     RESOLVED_CONFIG_SCHEMA,
     TRAIN_METRICS,
+    VALIDATION_CURVE,
+    VALIDATION_CURVE_SCHEMA,
     DamagedCheckpointError,
     ModelDirectory,
     list_checkpoints,
@@ -118,6 +120,7 @@ class Trainer:
         self.model_directory = ModelDirectory(config.model_dir, config.cache_dir)
         self.write_dir: Path | None = None  # where this worker writes: the model directory, or scratch
         self.input_pipeline: tuple | None = None  # (distributed dataset, iterator): see run()
+        self.validation_curve: list[dict] | None = None  # the validation measures written so far
         if self.chief:
             self.model_directory.claim_writer()  # before anything else: a second writer fails at once
         try:
@@ -137,10 +140,11 @@ class Trainer:
         if joining:
             report_phase("joined")
         check("after forming the cluster")
-        self.dataset = open_dataset(config.data, splits=("train",), cache_dir=config.cache_dir)
+        splits = tuple(config.train_on.split("+"))  # "train", or "train+validation"
+        self.dataset = open_dataset(config.data, splits=splits, cache_dir=config.cache_dir).joined("train", splits)
         manifest = self.dataset.manifest
         self.num_classes = manifest.num_classes
-        self.train_examples = manifest.splits["train"].num_examples
+        self.train_examples = sum(manifest.split(name).num_examples for name in splits)
         if not self.train_examples:
             raise ValueError(f"data: {config.data} has no training examples (its train split is empty)")
         self.steps_per_epoch = self.train_examples / config.batch_size
@@ -384,6 +388,7 @@ class Trainer:
                 summaries.validation(measured, step)
                 logger.info("step %d validation loss %.4f accuracy %.4f (%d images)", step, measured["loss"],
                             measured["accuracy"], len(validation))  # fmt: skip
+                self._record_validation(step, measured)
             if stop_agreed or save_agreed or every(step, cadence.checkpoint):
                 self._save(step)
                 last_save_time = time.monotonic()
@@ -420,10 +425,25 @@ class Trainer:
         distribution.wait_for_every_worker_to_finish(self.cluster)
         return result
 
+    def _record_validation(self, step: int, measured: dict[str, float]) -> None:
+        """The validation curve so far, in the model directory (pushed with the next checkpoint): a search reads it to
+        prune a trial that falls behind. A resumed run keeps the measures before its start."""
+        path = self.model_directory.local / VALIDATION_CURVE
+        if self.validation_curve is None:
+            earlier = []
+            if path.exists():
+                document = read_document(self.model_directory.local, VALIDATION_CURVE, VALIDATION_CURVE_SCHEMA)
+                earlier = [point for point in document["curve"] if point["step"] < step]
+            self.validation_curve = earlier
+        self.validation_curve.append({"step": step, **measured})
+        storage.atomic_write_bytes(path, json.dumps({"curve": self.validation_curve}).encode())
+
     def _validation(self) -> Validation | None:
         """The validation split's measure, on the chief, when the dataset has that split and it is asked for."""
         split = self.dataset.manifest.splits.get("validation")
         if not self.chief or not self.cadence.validation or split is None or not split.num_examples:
+            return None
+        if "validation" in self.config.train_on:  # trained on: measuring it would say nothing
             return None
         return Validation(open_dataset(self.config.data, splits=("validation",), cache_dir=self.config.cache_dir),
                           self.model)  # fmt: skip

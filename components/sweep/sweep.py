@@ -1,0 +1,485 @@
+"""A hyperparameter search whose trials the project's own train stage trains, and which hands the best to it.
+
+An Optuna study (TPE or random sampling; median or successive-halving pruning on each trial's validation curve)
+asks for settings from the search space; each trial is `python -m components.train` with the sweep's train options
+and the trial's settings, launched as the train stage launches (local processes, or a TrainJob / TFJob on a
+cluster), on the dataset's training split, measured on its validation split, never on the test set. Up to
+`parallelism` trials train at once; the driver reads each running trial's validation curve (`validation.json` in its
+model directory) every few seconds, reports it to the study, and stops (SIGTERM: the trial saves a checkpoint and
+ends) a trial the pruner says is behind.
+
+The sweep's folder:
+
+    study.journal   Optuna's journal: the whole study, so that a sweep started again continues it (a trial that
+                    was training when the sweep was stopped is trained on from its checkpoints, as a new trial)
+    trials.jsonl    one line per finished trial: its settings, state (complete, pruned, failed), validation accuracy
+                    (the mean over its repeats, and their spread), curve, time and model directories
+    best.json       the best complete trial, and the train options that reproduce it
+    report.html     trials sorted by validation accuracy, the search's progress, each setting's importance
+    tensorboard/    one run per trial (its validation curve) with its settings in TensorBoard's HParams dashboard
+    trials/NNNN/    each trial's model directory (NNNN-K for its repeats)
+
+Budgets: `trials` finished trials, and `max_minutes` of wall time over all attempts (running trials are then
+stopped and recorded as failed: out of time). A failed trial (an exit code other than 0, non-finite numbers, no
+validation measured) is recorded with its reason and the search goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.common import documents, exit_codes, processes, storage
+from components.common.config import config_from_mapping
+from components.common.dataset import read_manifest
+from components.common.model_directory import VALIDATION_CURVE, VALIDATION_CURVE_SCHEMA
+from components.common.progress import format_duration
+from components.sweep.config import SweepConfig
+from components.sweep.space import SearchSpace, read_space
+
+logger = logging.getLogger(__name__)
+
+STUDY = "study.journal"
+TRIALS = "trials.jsonl"
+BEST = "best.json"
+REPORT = "report.html"
+TENSORBOARD = "tensorboard"
+TRIALS_FOLDER = "trials"
+STUDY_NAME = "cifar10-sweep"
+STOP_WAIT_SECONDS = 120.0  # a stopped trial saves its checkpoint; then it is killed
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run as asked: one line naming the setting."""
+
+
+@dataclass
+class RunningTrial:
+    trial: Any  # optuna.Trial
+    params: dict[str, Any]
+    model_dirs: list[str]
+    process: Any = None
+    repeat: int = 0
+    started: float = field(default_factory=time.time)
+    reported: set[int] = field(default_factory=set)
+    accuracies: list[float] = field(default_factory=list)
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    stopping: str | None = None  # "pruned" or "out of time": why this trial was asked to stop
+    stop_asked_at: float | None = None
+    log_path: Path | None = None
+
+
+class SweepFolder:
+    """The sweep's folder: local, or a gs:// / s3:// prefix with a local working copy of the sweep's own files
+    (the trials' model directories are written by the train stage, wherever the folder is)."""
+
+    def __init__(self, uri: str, cache_dir: str | None):
+        self.uri = uri.rstrip("/")
+        self.remote = storage.is_remote(uri)
+        if self.remote:
+            import hashlib
+
+            base = Path(cache_dir) if cache_dir else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+            self.local = base / "cifar10-pipeline" / "sweeps" / hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+            self.publisher = storage.publisher_for(self.uri)
+        else:
+            self.local = Path(uri)
+        self.local.mkdir(parents=True, exist_ok=True)
+
+    def location(self, name: str) -> str:
+        return f"{self.uri}/{name}"
+
+    def pull(self, name: str) -> None:
+        if self.remote:
+            content = self.publisher.read(name)
+            if content is not None:
+                storage.atomic_write_bytes(self.local / name, content)
+
+    def write(self, name: str, content: bytes) -> None:
+        storage.atomic_write_bytes(self.local / name, content)
+        if self.remote:
+            self.publisher.publish(name, content)
+
+    def publish_tree(self, folder: str) -> None:
+        if self.remote:
+            for path in sorted((self.local / folder).rglob("*")):
+                if path.is_file():
+                    self.publisher.publish(path.relative_to(self.local).as_posix(), path.read_bytes())
+
+
+def _study(folder: SweepFolder, config: SweepConfig):
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    folder.pull(STUDY)
+    journal = JournalStorage(JournalFileBackend(str(folder.local / STUDY)))
+    startup = config.startup_trials
+    sampler = (
+        optuna.samplers.TPESampler(seed=config.seed, n_startup_trials=startup, constant_liar=config.parallelism > 1)
+        if config.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=config.seed)
+    )
+    pruner = {
+        "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=max(startup, 1), n_warmup_steps=0),
+        "asha": lambda: optuna.pruners.SuccessiveHalvingPruner(),
+        "none": lambda: optuna.pruners.NopPruner(),
+    }[config.pruner]()
+    return optuna.create_study(
+        study_name=STUDY_NAME, storage=journal, sampler=sampler, pruner=pruner, direction="maximize",
+        load_if_exists=True,
+    )  # fmt: skip
+
+
+def trial_settings(config: SweepConfig, params: dict, model_dir: str, seed: int) -> dict[str, Any]:
+    """Every setting of one training of a trial: the sweep's train options, the trial's settings, where it goes;
+    numbers typed as the train stage's fields are (a KFP dict parameter's 2 arrives as 2.0)."""
+    from components.common.config import with_field_types
+    from components.train.config import TrainConfig
+    from components.train.launch_config import LaunchConfig
+
+    settings = {**config.train_options, **params, "data": config.data, "model_dir": model_dir}
+    settings |= {"launcher": config.launcher, "workers": config.workers, "seed": seed}
+    if config.cache_dir:
+        settings["cache_dir"] = config.cache_dir
+    settings = with_field_types(LaunchConfig, with_field_types(TrainConfig, settings))
+    launch_names = {item.name for item in dataclasses.fields(LaunchConfig)}
+    try:  # as the trial will check them: a mistake in train_options is one line now, not a failed trial per trial
+        config_from_mapping(TrainConfig, {k: v for k, v in settings.items() if k not in launch_names}, "train_options")
+        config_from_mapping(LaunchConfig, {k: v for k, v in settings.items() if k in launch_names}, "train_options")
+    except ValueError as error:
+        raise SweepError(str(error)) from None
+    return json.loads(json.dumps(settings, default=list))
+
+
+def read_curve(model_dir: str) -> list[tuple[int, float]]:
+    """A trial's validation curve so far ([] before its first measure)."""
+    location = f"{model_dir.rstrip('/')}/{VALIDATION_CURVE}"
+    try:
+        document = documents.read(location, VALIDATION_CURVE_SCHEMA, "validation curve")
+    except FileNotFoundError:
+        return []
+    return [(point["step"], point["accuracy"]) for point in document["curve"]]
+
+
+class Sweep:
+    def __init__(self, config: SweepConfig):
+        self.config = config
+        self.space: SearchSpace = read_space(config.space)
+        manifest, _digest = read_manifest(config.data)
+        validation = manifest.splits.get("validation")
+        if validation is None or not validation.num_examples:
+            raise SweepError(
+                f"data: {config.data} has no validation split: a search is measured on one (prepare the data with "
+                "--validation-fraction, e.g. 0.1); the test split is kept for the final model"
+            )
+        first = {dimension.name: dimension.low if dimension.choices is None else dimension.choices[0]
+                 for dimension in self.space.dimensions}  # fmt: skip
+        trial_settings(config, first, config.sweep_dir, config.seed)  # train_options as a trial checks them
+        self.folder = SweepFolder(config.sweep_dir, config.cache_dir)
+        self.study = _study(self.folder, config)
+        self.session_start = time.time()
+        self.spent_before = float(self.study.user_attrs.get("seconds_spent", 0.0))
+        self.running: list[RunningTrial] = []
+        self.stop_signal: int | None = None
+
+    # -- the budget ----------------------------------------------------------------------------------------------
+
+    def seconds_spent(self) -> float:
+        return self.spent_before + time.time() - self.session_start
+
+    def out_of_time(self) -> bool:
+        return bool(self.config.max_minutes) and self.seconds_spent() >= self.config.max_minutes * 60
+
+    def finished(self) -> list:
+        """The study's finished trials, without those a stopped sweep left (continued as new trials)."""
+        from optuna.trial import TrialState
+
+        continued = {t.user_attrs.get("continues") for t in self.study.trials}
+        done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        return [t for t in self.study.trials if t.state in done and t.number not in continued]
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._continue_interrupted()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while True:
+                while self._may_start():
+                    self._start(self.study.ask())
+                if not self.running:
+                    break
+                time.sleep(self.config.poll_seconds)
+                self._watch()
+                if self.stop_signal is not None:
+                    return self._stop_all()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._save_state()
+        finished = self.finished()
+        if self.out_of_time():
+            logger.info("the sweep's time budget (%.0f min) is spent", self.config.max_minutes)
+        logger.info("sweep done: %d trials finished in %s", len(finished), format_duration(self.seconds_spent()))
+        return exit_codes.SUCCESS
+
+    def _may_start(self) -> bool:
+        if self.stop_signal is not None or self.out_of_time():
+            return False
+        if len(self.running) >= self.config.parallelism:
+            return False
+        return len(self.finished()) + len(self.running) < self.config.trials
+
+    def _on_signal(self, number: int, _frame) -> None:
+        self.stop_signal = number
+
+    def _continue_interrupted(self) -> None:
+        """Trials a stopped sweep left training: recorded as failed (interrupted) and asked again with the same
+        settings and model directories, so that they train on from their checkpoints."""
+        from optuna.trial import TrialState
+
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study.tell(trial.number, state=TrialState.FAIL)
+            model_dirs = trial.user_attrs.get("model_dirs")
+            self.study.enqueue_trial(trial.params, user_attrs={"continues": trial.number, "model_dirs": model_dirs})
+            logger.info("trial %d was stopped with the sweep: it continues as a new trial", trial.number)
+
+    def _start(self, trial) -> None:
+        params = self.space.suggest(trial)
+        model_dirs = trial.user_attrs.get("model_dirs") or [
+            self.folder.location(f"{TRIALS_FOLDER}/{trial.number:04d}" + (f"-{k}" if self.config.repeats > 1 else ""))
+            for k in range(self.config.repeats)
+        ]
+        trial.set_user_attr("model_dirs", model_dirs)
+        running = RunningTrial(trial, params, model_dirs)
+        self.running.append(running)
+        self._launch(running)
+        shown = ", ".join(f"{name}={_short(value)}" for name, value in params.items())
+        logger.info("trial %d started: %s", trial.number, shown)
+
+    def _launch(self, running: RunningTrial) -> None:
+        seed = self.config.seed + 1000 * running.trial.number + running.repeat
+        settings = trial_settings(self.config, running.params, running.model_dirs[running.repeat], seed)
+        logs = self.folder.local / "logs"
+        logs.mkdir(exist_ok=True)
+        running.log_path = logs / f"{running.trial.number:04d}-{running.repeat}.log"
+        with open(running.log_path, "ab") as log:
+            running.process = processes.start(
+                [sys.executable, "-m", "components.train", "--config", json.dumps(settings)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def _watch(self) -> None:
+        for running in list(self.running):
+            self._report(running)
+            code = running.process.poll()
+            if code is None:
+                self._maybe_stop(running)
+                continue
+            self._ended(running, code)
+
+    def _report(self, running: RunningTrial) -> None:
+        """The running training's new validation measures, to the study (the first repeat's: what pruning reads)."""
+        curve = read_curve(running.model_dirs[running.repeat])
+        running.curve = curve
+        if running.repeat:
+            return
+        for step, accuracy in curve:
+            if step not in running.reported:
+                running.reported.add(step)
+                running.trial.report(accuracy, step)
+                logger.info(
+                    "trial %d step %d: validation accuracy %.4f (%s)", running.trial.number, step, accuracy,
+                    self._progress(),
+                )  # fmt: skip
+
+    def _maybe_stop(self, running: RunningTrial) -> None:
+        if running.stopping is None:
+            if self.out_of_time():
+                running.stopping = "out of time"
+            elif running.repeat == 0 and running.reported and running.trial.should_prune():
+                running.stopping = "pruned"
+            if running.stopping:
+                logger.info("trial %d: %s; stopping it", running.trial.number, running.stopping)
+                running.process.send_signal(signal.SIGTERM)
+                running.stop_asked_at = time.monotonic()
+        elif time.monotonic() - running.stop_asked_at > STOP_WAIT_SECONDS:
+            running.process.kill()
+
+    def _ended(self, running: RunningTrial, code: int) -> None:
+        from optuna.trial import TrialState
+
+        trial = running.trial
+        if running.stopping == "pruned":
+            self._record(running, TrialState.PRUNED, "behind on its validation curve")
+            return
+        if running.stopping:
+            self._record(running, TrialState.FAIL, running.stopping)
+            return
+        if code != 0:
+            self._record(running, TrialState.FAIL, f"training ended with exit {code}{_last_error(running.log_path)}")
+            return
+        if not running.curve:
+            self._record(running, TrialState.FAIL, "no validation measured")
+            return
+        accuracy = running.curve[-1][1]
+        if not math.isfinite(accuracy):
+            self._record(running, TrialState.FAIL, "non-finite validation accuracy")
+            return
+        running.accuracies.append(accuracy)
+        if running.repeat + 1 < len(running.model_dirs):
+            running.repeat += 1
+            self._launch(running)
+            return
+        mean = statistics.fmean(running.accuracies)
+        trial.set_user_attr("accuracies", running.accuracies)
+        trial.set_user_attr("std", statistics.pstdev(running.accuracies) if len(running.accuracies) > 1 else 0.0)
+        self._record(running, TrialState.COMPLETE, "", mean)
+
+    def _record(self, running: RunningTrial, state, reason: str, value: float | None = None) -> None:
+        trial = running.trial
+        trial.set_user_attr("reason", reason)
+        trial.set_user_attr("curve", [list(point) for point in running.curve])
+        trial.set_user_attr("seconds", time.time() - running.started)
+        if running.curve:
+            trial.set_user_attr("last_accuracy", running.curve[-1][1])
+        self.study.tell(trial, value if state.name == "COMPLETE" else None, state=state)
+        self.running.remove(running)
+        word = {"PRUNED": "pruned", "FAIL": "failed"}.get(state.name, "")
+        outcome = f"validation accuracy {value:.4f}" if value is not None else f"{word}: {reason}"
+        logger.info("trial %d %s (%s)", trial.number, outcome, self._progress())
+        self._save_state()
+
+    def _stop_all(self) -> int:
+        """A signal to the sweep: its running trials stop (saving checkpoints) and stay running in the study, so
+        that the sweep started again trains them on."""
+        logger.warning("stopping %d running trial(s); start the sweep again to continue", len(self.running))
+        for running in self.running:
+            running.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_SECONDS
+        for running in self.running:
+            try:
+                running.process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:  # it had its time
+                running.process.kill()
+        return exit_codes.INTERRUPTED if self.stop_signal == signal.SIGINT else exit_codes.PREEMPTED
+
+    # -- what the sweep leaves -----------------------------------------------------------------------------------
+
+    def _progress(self) -> str:
+        finished = self.finished()
+        complete = [t for t in finished if t.state.name == "COMPLETE"]
+        best = f", best {max(t.value for t in complete):.4f}" if complete else ""
+        rate = self.seconds_spent() / max(len(finished), 1)
+        left = max(self.config.trials - len(finished), 0)
+        eta = f", about {format_duration(rate * left / self.config.parallelism)} left" if finished and left else ""
+        return f"{len(finished)} of {self.config.trials} trials finished{best}{eta}"
+
+    def _save_state(self) -> None:
+        from components.sweep import report
+
+        self.study.set_user_attr("seconds_spent", self.seconds_spent())
+        self.spent_before, self.session_start = self.seconds_spent(), time.time()
+        if self.folder.remote:
+            self.folder.publisher.publish(STUDY, (self.folder.local / STUDY).read_bytes())
+        records = [trial_record(trial) for trial in self.finished()]
+        self.folder.write(TRIALS, "".join(json.dumps(record, sort_keys=True) + "\n" for record in records).encode())
+        best = best_of(records, self.config)
+        if best is not None:
+            self.folder.write(BEST, json.dumps(best, indent=2, sort_keys=True).encode())
+        self.folder.write(REPORT, report.render(records, best, self.space, importances(self.study)).encode())
+        report.write_tensorboard(self.folder.local / TENSORBOARD, records, self.space)
+        self.folder.publish_tree(TENSORBOARD)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _last_error(log_path: Path | None) -> str:
+    """The last ERROR line of a trial's log (what the train stage said), shortened."""
+    if log_path is None or not log_path.exists():
+        return ""
+    lines = [line for line in log_path.read_text(errors="replace").splitlines() if " ERROR " in line or "Error" in line]
+    return f": {lines[-1].strip()[-200:]}" if lines else ""
+
+
+def trial_record(trial) -> dict:
+    """One finished trial, as trials.jsonl has it."""
+    state = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}[trial.state.name]
+    attrs = trial.user_attrs
+    accuracy = trial.value if trial.state.name == "COMPLETE" else attrs.get("last_accuracy")
+    return {
+        "trial": trial.number,
+        "state": state,
+        "params": trial.params,
+        "validation_accuracy": accuracy,
+        "validation_accuracy_std": attrs.get("std"),
+        "accuracies": attrs.get("accuracies"),
+        "curve": attrs.get("curve", []),
+        "seconds": round(attrs.get("seconds", 0.0), 1),
+        "finished_at": trial.datetime_complete.isoformat(timespec="seconds") if trial.datetime_complete else None,
+        "reason": attrs.get("reason", ""),
+        "model_dirs": attrs.get("model_dirs", []),
+        **({"continues": attrs["continues"]} if "continues" in attrs else {}),
+    }
+
+
+def best_of(records: list[dict], config: SweepConfig) -> dict | None:
+    """The complete trial with the highest validation accuracy (ties: the smaller spread, then the earlier)."""
+    complete = [record for record in records if record["state"] == "complete"]
+    if not complete:
+        return None
+    best = max(complete, key=lambda r: (r["validation_accuracy"], -(r["validation_accuracy_std"] or 0.0), -r["trial"]))
+    return {
+        "trial": best["trial"],
+        "params": best["params"],
+        "validation_accuracy": best["validation_accuracy"],
+        "validation_accuracy_std": best["validation_accuracy_std"],
+        "repeats": len(best["accuracies"] or [1]),
+        "train_options": {**config.train_options, **best["params"]},
+        "model_dirs": best["model_dirs"],
+    }
+
+
+def importances(study) -> dict[str, float]:
+    """Each setting's share of the variation in validation accuracy (Optuna's fANOVA over complete trials); {}
+    while there are too few complete trials to say."""
+    from optuna.trial import TrialState
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(complete) < 3:
+        return {}
+    try:
+        import optuna
+
+        return dict(optuna.importance.get_param_importances(study))
+    except (RuntimeError, ValueError, ZeroDivisionError) as error:  # e.g. a setting that never varied
+        logger.info("setting importance not computed: %s", error)
+        return {}
+
+
+def sweep(config: SweepConfig) -> int:
+    return Sweep(config).run()
+
+
+def read_best(sweep_dir: str) -> dict:
+    """The best trial a sweep recorded (best.json), as the final training reads it."""
+    location = f"{sweep_dir.rstrip('/')}/{BEST}"
+    try:
+        return documents.read(location, documents.ANY_OBJECT, "sweep's best trial")
+    except FileNotFoundError:
+        raise SweepError(f"{location}: the sweep finished no trial (see its trials.jsonl)") from None
