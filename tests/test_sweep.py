@@ -149,11 +149,13 @@ def test_a_search_space_a_trial_would_fail_on_is_refused_in_one_line_naming_the_
 def test_a_yaml_space_file_gives_integers_ranges_and_choices(tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text("learning_rate: {low: 1e-2, high: 0.3, log: true}\ndepth: {low: 8, high: 20, step: 6}\n"
-                    "weight_decay: {choices: [0, 5.0e-4]}\n")  # fmt: skip
+                    "weight_decay: {choices: [0, 5e-4]}\n")  # fmt: skip
     space = read_space(str(path))
     kinds = {dimension.name: dimension for dimension in space.dimensions}
     assert kinds["depth"].integer and not kinds["learning_rate"].integer and kinds["learning_rate"].low == 0.01
-    assert kinds["weight_decay"].choices == (0, 0.0005)
+    assert kinds["weight_decay"].choices == (0, 0.0005)  # YAML reads 5e-4 as text: taken as the number
+    inline = read_space('{"weight_decay": {"choices": [1e-05, 3.774e-05]}}')
+    assert inline.dimensions[0].choices == (1e-05, 3.774e-05)
 
 
 def test_a_bad_sweep_setting_exits_2_in_one_line_before_any_trial(split_data, tmp_path, capfd):

@@ -131,6 +131,21 @@ def _dimension(name: str, spec: Any, where: str) -> Dimension:
     return Dimension(name, low, high, log, step)
 
 
+def _typed_choices(dimension: Dimension) -> Dimension:
+    """Choices of a numeric train setting written as YAML reads 5e-4 (text) taken as the numbers they spell."""
+    import typing
+
+    from components.train.config import TrainConfig
+
+    if dimension.choices is None:
+        return dimension
+    hints = typing.get_type_hints(TrainConfig)
+    kinds = set(typing.get_args(hints.get(dimension.name))) or {hints.get(dimension.name)}
+    if str in kinds or not kinds & {int, float}:
+        return dimension
+    return dataclasses.replace(dimension, choices=tuple(_numeric(choice) for choice in dimension.choices))
+
+
 def _check_against_train(dimensions: list[Dimension], where: str) -> None:
     """Every bound and choice, one at a time, as the train stage checks it."""
     from components.train.config import TrainConfig
@@ -156,7 +171,7 @@ def parse_space(document: Any, where: str) -> SearchSpace:
         raise SearchSpaceError(f"{where}: a search space is a non-empty mapping of train settings to ranges or choices")
     if len(document) > MAX_SETTINGS:
         raise SearchSpaceError(f"{where}: {len(document)} settings; a search varies at most {MAX_SETTINGS}")
-    dimensions = [_dimension(str(name), spec, where) for name, spec in document.items()]
+    dimensions = [_typed_choices(_dimension(str(name), spec, where)) for name, spec in document.items()]
     _check_against_train(dimensions, where)
     return SearchSpace(tuple(dimensions))
 
@@ -170,6 +185,10 @@ def read_space(location: str) -> SearchSpace:
     text = location.strip()
     if text.startswith("{"):
         where, content = "space", text
+        try:
+            return parse_space(json.loads(text), where)  # JSON first: YAML 1.1 reads 1e-05 as text
+        except json.JSONDecodeError:
+            pass
     else:
         try:
             content = documents.read_bytes(location, "search space (JSON or YAML)").decode("utf-8")

@@ -141,8 +141,12 @@ def _alternating_dataset(verified, context, global_batch_size, seed, shuffle_buf
     indexed = tf.data.Dataset.range(count)
 
     def epoch_of(epoch):
-        order = indexed.shuffle(count, seed=seed + epoch) if shuffle_buffer > 1 else indexed
-        return order.map(lambda index: (epoch, index))
+        if shuffle_buffer <= 1:
+            return indexed.map(lambda index: (epoch, index))
+        # A stateless permutation of (seed, epoch): tf.data's shuffle would read a tensor seed of 0 as a Python bool.
+        key = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)])
+        order = tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64), seed=key)
+        return tf.data.Dataset.from_tensor_slices(order).map(lambda index: (epoch, index))
 
     first_epoch, offset = divmod(start_step * batch_size, count)
     dataset = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_of).skip(offset)
