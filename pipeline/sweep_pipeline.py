@@ -18,6 +18,7 @@ from kfp import dsl
 
 from components.sweep.component import sweep_component
 from components.sweep.config import SweepConfig
+from pipeline.commands import LAUNCH_PARAMETERS, TRAIN_PARAMETERS
 from pipeline.pipeline import cifar10_pipeline, retrain, with_pod_settings
 
 SWEEP_PIPELINE_NAME = "cifar10-sweep"
@@ -37,8 +38,8 @@ SWEEP_PARAMETERS = {
     "repeats": (int, SWEEP.repeats, "Trainings per trial with different seeds (its accuracy: their mean)."),
     "trial_workers": (int, SWEEP.workers, "Workers of each trial."),
 }  # fmt: skip
-LAUNCH_OPTIONS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_image", "queue_name", "object_store_secret")
-NAMED_TRAIN_SETTINGS = ("preset", "depth", "batch_size", "epochs", "train_steps", "learning_rate")
+# The training step's launch settings and named train settings, which every trial uses too (workers: trial_workers).
+NAMED_TRAIN_SETTINGS = tuple(name for name in TRAIN_PARAMETERS if name != "workers")
 VALIDATION_FRACTION = 0.1  # the sweep pipeline's default: trials are measured on a tenth of the training data
 
 
@@ -54,7 +55,7 @@ def _search(dataset, check, parameters: dict) -> dsl.PipelineChannel:
         parallelism=parameters["parallelism"],
         repeats=parameters["repeats"],
         train_options=parameters["train_options"],
-        **{name: parameters[name] for name in LAUNCH_OPTIONS},
+        **{name: parameters[name] for name in LAUNCH_PARAMETERS},
         **{name: parameters[name] for name in NAMED_TRAIN_SETTINGS},
         launcher=parameters["launcher"],
         workers=parameters["trial_workers"],
