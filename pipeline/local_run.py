@@ -322,6 +322,17 @@ def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list
         lines.append(
             f"accuracy {summary['metrics']['accuracy']:.4f}: {decision}" + (f" ({reasons})" if reasons else "")
         )
+    for sweep_dir in sorted(run_folder.glob("sweep-component/sweep")):  # the sweep pipeline's search
+        from components.sweep.sweep import BEST, REPORT, read_best
+
+        if (sweep_dir / BEST).exists():
+            best = read_best(str(sweep_dir))
+            lines.append(
+                f"search: best trial {best['trial']} of {sweep_dir}, validation accuracy "
+                f"{best['validation_accuracy']:.4f} (the final model's test accuracy is the line above): "
+                + ", ".join(f"{name}={value}" for name, value in best["params"].items())
+            )
+            lines.append(f"search report: {sweep_dir / REPORT}; TensorBoard: make tensorboard LOGDIR={sweep_dir}")
     pointer = promotion_root / POINTER
     if pointer.exists():
         current = parse_pointer(documents.read_bytes(str(pointer), "promotion pointer"), str(promotion_root))

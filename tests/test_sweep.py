@@ -233,6 +233,8 @@ def test_the_sweep_pipeline_searches_then_trains_the_best_on_all_the_training_da
     assert "Best: trial" in report.read_text()
     (metrics,) = run.glob("sweep-component/executor_output.json")
     assert "best_validation_accuracy" in metrics.read_text()
+    described = "\n".join(local_run.describe_run(run, tmp_path / "models", run / "local-run.log"))
+    assert f"search: best trial {best['trial']}" in described and "accuracy " in described.splitlines()[0]
 
 
 def test_the_sweep_pipeline_submits_through_the_kfp_client_and_its_yaml_is_current(tmp_path):
