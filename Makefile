@@ -93,7 +93,7 @@ DEMO = $(if $(PRESET),,$(if $(TRAIN_STEPS)$(EPOCHS),,--train-steps 300 $(if $(DE
 RESUMED = --resume $(RESUME) $(if $(TRAIN_STEPS),--train-steps $(TRAIN_STEPS)) $(if $(EPOCHS),--epochs $(EPOCHS))
 
 .PHONY: help install constraints test test-images lint format local-run sweep compile run schedule tensorboard images push
-.PHONY: prepare-data predict bench bench-accuracy serving-ops clean clean-runs
+.PHONY: prepare-data predict bench bench-sweep bench-accuracy serving-ops clean clean-runs
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -163,6 +163,9 @@ prepare-data:  ## run the prepare_data stage alone: make prepare-data SOURCE=...
 predict:  ## score images with the promoted model: make predict IMAGES=folder-or-dataset [MODEL=... PREDICTIONS=...]
 	$(if $(IMAGES),,$(error IMAGES: give the images to score (a folder, a prepared dataset, a gs:// or s3:// prefix)))
 	$(BIN)/python -m components.predict --model $(MODEL) --images $(IMAGES) --output $(PREDICTIONS) $(EXTRA)
+
+bench-sweep:  ## a sweep of 8 half-epoch trials around the fast recipe on real CIFAR-10 (about 15 minutes on 2 cores)
+	$(BIN)/python $(ROOT)bench/sweep.py
 
 bench:  ## run every benchmark (needs ../shared/data; bench/predict.py a promoted model: make local-run first)
 	$(BIN)/python $(ROOT)bench/prepare_data.py

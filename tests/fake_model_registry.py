@@ -16,7 +16,9 @@ without a test noticing.
 
 Registered models, versions and model artifacts live in memory, with the server's uniqueness rules (a registered
 model's name; a version's name within its model; an artifact's name within its version: 409) and its "find"
-semantics (404 when nothing matches). `unavailable = True` answers 503 to everything; `stop()` closes the port.
+semantics (404 when nothing matches). `unavailable = True` answers 503 to everything; `garbled = True` answers 200
+with a body that is not the document's (what another service behind the address would say); `stop()` closes the
+port.
 Operations the project's client calls are implemented; any other answers 501, naming it.
 """
 
@@ -140,6 +142,7 @@ class FakeModelRegistry:
         self.checker = SchemaChecker(self.document)
         self.token = token
         self.unavailable = False
+        self.garbled = False
         self.requests: list[tuple[str, str, dict, Any]] = []
         self.refusals: list[str] = []  # what was refused (status and why): a test shows them when it fails
         self.problems: list[str] = []  # answers of the stand-in that its document does not allow
@@ -218,6 +221,8 @@ class FakeModelRegistry:
     def _answer(self, method: str, raw_path: str, headers: dict, raw_body: bytes) -> tuple[int, Any]:
         if self.unavailable:
             raise RefusedError(503, "the registry is unavailable")
+        if self.garbled:  # a proxy's page, or another API behind the address: 200, and not the document's answer
+            return 200, {"kind": "Status", "message": "not the Model Registry"}
         url = urlparse(raw_path)
         path, operation, path_values = self._operation(method, url.path)
         authorization = {k.lower(): v for k, v in headers.items()}.get("authorization")

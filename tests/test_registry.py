@@ -159,6 +159,15 @@ def test_a_version_registered_from_another_root_is_refused_not_overwritten(model
     assert artifact["uri"] == "s3://bucket/team-a/models/3"
 
 
+def test_an_answer_that_is_not_the_registrys_is_one_line_too_never_a_failed_step(model_registry):
+    pointer = {"version": 2, "saved_model": "s3://bucket/models/2", "metrics": {"accuracy": 0.9}}
+    registration = registry.registration_of("cifar10", pointer, "s3://bucket/models", registry.Lineage())
+    model_registry.garbled = True
+    outcome = registry.register_promotion(model_registry.address, registration)
+    assert not outcome.registered and "version 2 was promoted, but not registered" in outcome.line
+    assert "ValidationError" in outcome.line and "\n" not in outcome.line
+
+
 def test_the_stand_in_refuses_what_the_registry_document_does_not_allow(model_registry, token):
     api = f"{model_registry.address}/api/model_registry/v1alpha3"
     bearer = {"Authorization": f"Bearer {token}"}

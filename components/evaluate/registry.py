@@ -291,7 +291,11 @@ def register_promotion(address: str, registration: Registration) -> Registered:
     outcome says so in one line (never an exception for the registry's sake)."""
     try:
         registered = register(address, registration)
-    except RegistrationError as error:
+    except Exception as error:  # any failure of the registration, the client's own included, is said
+        if not isinstance(error, RegistrationError):
+            logger.debug("registration failed", exc_info=True)
+            first = (str(error).splitlines() or [""])[0][:300]
+            error = f"the Model Registry at {address}: {type(error).__name__}: {first}"
         line = (
             f"version {registration.version} was promoted, but not registered in the Model Registry: {error}. The "
             "promotion stands; register it later with: python -m components.evaluate.registry "
