@@ -125,6 +125,23 @@ def test_a_stopped_sweep_continues_without_training_a_finished_trial_again(split
     assert "resum" in trial_log.lower()  # trained on from the checkpoint the stopped trial saved
 
 
+def test_repeats_give_a_trial_its_mean_and_spread_and_the_time_budget_stops_the_search(split_data, tmp_path):
+    space = {"learning_rate": {"choices": [0.05]}}
+    repeated = tmp_path / "repeated"
+    assert sweep_main(arguments(split_data, repeated, space, trials=1, repeats=2, pruner="none")) == 0
+    (record,) = records(repeated)
+    assert len(record["accuracies"]) == 2 and record["model_dirs"][1].endswith("0000-1")
+    assert record["validation_accuracy"] == pytest.approx(sum(record["accuracies"]) / 2)
+    assert record["validation_accuracy_std"] == pytest.approx(
+        abs(record["accuracies"][0] - record["accuracies"][1]) / 2
+    )
+
+    timed = tmp_path / "timed"  # 3 seconds: spent during the first trial, which is stopped; no other starts
+    assert sweep_main(arguments(split_data, timed, space, trials=5, max_minutes=0.05, pruner="none")) == 0
+    (stopped,) = records(timed)
+    assert stopped["state"] == "failed" and stopped["reason"] == "out of time"
+
+
 @pytest.mark.parametrize(
     ("space", "expected"),
     [
