@@ -43,7 +43,8 @@ def sweep_component(
     the training step's: `gpus_per_worker`, `worker_cpu`, `worker_memory`, `worker_image`, `queue_name`,
     `object_store_secret`), pruning those behind. `sweep` is the sweep's folder
     (trials.jsonl, best.json, the study: a retried step continues it), `report` its HTML report, `metrics` the best
-    validation accuracy. Every trial trains with `train_options` and the named settings (`preset`, `depth`,
+    validation accuracy. `launcher` as the training step's (auto: on a cluster the job kind it serves, one job per
+    trial; pod: in this step's pod). Every trial trains with `train_options` and the named settings (`preset`, `depth`,
     `batch_size`, `epochs` or `train_steps`, `learning_rate`) under its own. Returns the train options of the final
     training: `train_options`, the best trial's settings, and train_on train+validation."""
     from components.common.cli import component_errors

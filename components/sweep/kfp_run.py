@@ -15,7 +15,7 @@ from components.sweep.config import SweepConfig
 from components.sweep.space import SearchSpaceError
 from components.sweep.sweep import REPORT, SweepError, read_best, sweep
 from components.train.config import TrainConfig
-from components.train.kfp_run import SEARCHED
+from components.train.kfp_run import SEARCHED, resolve_launcher
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +29,12 @@ def run_sweep(
 ) -> dict:  # fmt: skip
     """Search; returns the train options the final training uses: the sweep's own, the best trial's settings, and
     train_on train+validation (the validation split was for choosing; the final model learns from it too)."""
-    from components.train.cluster_job import in_kubernetes_pod
     from components.train.config import CLUSTER_LAUNCHERS
 
-    launcher, workers = options["launcher"], int(options.get("workers", 1))
-    shared = launcher in CLUSTER_LAUNCHERS or (launcher == "auto" and workers > 1 and in_kubernetes_pod())
+    # The trials' launcher as the training step reads its own: on a cluster, auto is the job kind it serves (a
+    # TrainJob or TFJob per trial); pod trains in this step's pod; under kfp.local, local processes.
+    options["launcher"] = resolve_launcher(options["launcher"], int(options.get("workers", 1)))
+    shared = options["launcher"] in CLUSTER_LAUNCHERS
     sweep_dir = pipeline_model_directory(sweep_artifact, run_id, None, shared=shared, folder=SWEEP_DIRECTORY)
     # The training step's named settings (those given) under the train options, as the train step combines them.
     train_options = {**given_parameters(TrainConfig, named), **dict(options.pop("train_options") or {})}
