@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from components.common import exit_codes
+from components.common import exit_codes, processes
 from components.images import KINDS, REPOSITORY, VERSION, image_of_kind, image_tag
 
 logger = logging.getLogger("images")
@@ -42,25 +42,47 @@ def engine_problem(engine: str) -> str | None:
     if shutil.which(engine) is None:
         return f"{engine} is not installed"
     try:
-        completed = subprocess.run([engine, "info"], capture_output=True, text=True, timeout=60)
+        completed = processes.run([engine, "info"], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         return f"`{engine} info` did not answer within 60 s"
     if completed.returncode != 0:
         reason = (completed.stderr or completed.stdout).strip().splitlines()
         return f"`{engine} info` failed: {reason[-1] if reason else 'no engine'}"
-    if engine == "docker" and not _docker_builds():
-        # The Dockerfile's build secret needs BuildKit; Docker's CLI has it only with its buildx component (a Docker
-        # CLI pointed at podman's Docker API by DOCKER_HOST answers `info` but cannot build without it).
+    if engine != "docker":
+        return None
+    # The Dockerfile's build secret needs BuildKit, in the CLI and in the engine: podman's Docker API (where
+    # DOCKER_HOST may point the Docker CLI, for RUNNER=docker) answers `info` but has no BuildKit to build with.
+    if "podman" in (_answers(["docker", "version", "--format", "{{json .Server.Components}}"]) or "").lower():
+        return "docker answers through podman's Docker API (DOCKER_HOST), which cannot build with BuildKit"
+    if not _docker_builds():
         return "docker answers but cannot build: its buildx component (BuildKit) is missing (install docker-buildx)"
     return None
 
 
 def _docker_builds() -> bool:
+    """Whether the Docker CLI can build with BuildKit: through its buildx component, or built in (CLIs before 23.0,
+    such as Debian 12's docker.io 20.10; 23.0 moved BuildKit into buildx and fails without it)."""
+    if _answers(["docker", "buildx", "version"]) is not None:
+        return True
+    version = _answers(["docker", "version", "--format", "{{.Client.Version}}"]) or ""
+    major = version.strip().split(".", 1)[0]
+    return major.isdigit() and int(major) < 23
+
+
+def _answers(command: list[str]) -> str | None:
+    """What `command` printed when it succeeded within a minute, else None."""
     try:
-        completed = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, timeout=60)
+        completed = processes.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return completed.returncode == 0
+        return None
+    return completed.stdout if completed.returncode == 0 else None
+
+
+def needs_host_network(engine: str) -> bool:
+    """Builds reach the package registry as the host does: always with podman, and with a Docker engine that has no
+    bridge network (started with --bridge=none, where BuildKit's default network fails: 'network bridge not
+    found')."""
+    return engine == "podman" or _answers(["docker", "network", "inspect", "bridge"]) is None
 
 
 def find_engine(preferred: str | None = None) -> str:
@@ -94,13 +116,13 @@ class BuildRequest:
     base_image: str
     ca_bundle: Path | None = None
 
-    def command(self, engine: str) -> list[str]:
+    def command(self, engine: str, host_network: bool = False) -> list[str]:
         command = [engine, "build", "--file", str(DOCKERFILE), "--tag", self.reference]
         command += ["--build-arg", f"BASE_IMAGE={self.base_image}", "--build-arg", f"ACCELERATOR={self.kind}"]
         if self.ca_bundle is not None:
             command += ["--secret", f"id=ca_bundle,src={self.ca_bundle}"]
-        if engine == "podman":
-            command += ["--network", "host"]  # builds reach the package registry as the host does
+        if host_network:
+            command += ["--network", "host"]
         return [*command, str(REPOSITORY)]
 
 
@@ -114,32 +136,32 @@ def build(engine: str, request: BuildRequest) -> dict:
     logger.info("building %s (%s image) on %s from %s", request.reference, request.kind, engine, request.base_image)
     started = time.monotonic()
     environment = {**os.environ, "DOCKER_BUILDKIT": "1"}  # build secrets need BuildKit on Docker
-    completed = subprocess.run(request.command(engine), env=environment)
+    completed = processes.run(request.command(engine, needs_host_network(engine)), env=environment)
     seconds = time.monotonic() - started
     if completed.returncode != 0:
         raise BuildError(f"building {request.reference} failed (exit {completed.returncode}); see the log above")
-    subprocess.run([engine, "tag", request.reference, release_reference(request.reference)], check=True)
+    processes.run([engine, "tag", request.reference, release_reference(request.reference)], check=True)
     size = image_size(engine, request.reference)
     logger.info("built %s in %.0f s: %.2f GB", request.reference, seconds, size / 1e9)
     return {"image": request.reference, "kind": request.kind, "seconds": round(seconds), "bytes": size}
 
 
 def image_size(engine: str, reference: str) -> int:
-    completed = subprocess.run(
+    completed = processes.run(
         [engine, "image", "inspect", "--format", "{{.Size}}", reference], capture_output=True, text=True, check=True
     )
     return int(completed.stdout.strip())
 
 
 def image_exists(engine: str, reference: str) -> bool:
-    return subprocess.run([engine, "image", "inspect", reference], capture_output=True).returncode == 0
+    return processes.run([engine, "image", "inspect", reference], capture_output=True).returncode == 0
 
 
 def can_pull(engine: str, reference: str) -> bool:
     if image_exists(engine, reference):
         return True
     logger.info("pulling %s", reference)
-    return subprocess.run([engine, "pull", reference], capture_output=True, timeout=900).returncode == 0
+    return processes.run([engine, "pull", reference], capture_output=True, timeout=900).returncode == 0
 
 
 def build_stand_in_base(engine: str, reference: str = STAND_IN_BASE) -> str:
@@ -152,13 +174,13 @@ def build_stand_in_base(engine: str, reference: str = STAND_IN_BASE) -> str:
     with tempfile.TemporaryDirectory(prefix="cifar10-pipeline-base-") as folder:
         root = Path(folder) / "rootfs"
         logger.info("debootstrap bookworm into %s", root)
-        subprocess.run(
+        processes.run(
             ["debootstrap", "--variant=minbase", f"--include={STAND_IN_PACKAGES}", "bookworm", str(root)],
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        archive = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run([engine, "import", "-", reference], stdin=archive.stdout, check=True, stdout=subprocess.DEVNULL)
+        archive = processes.start(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
+        processes.run([engine, "import", "-", reference], stdin=archive.stdout, check=True, stdout=subprocess.DEVNULL)
         if archive.wait() != 0:
             raise BuildError(f"tar of {root} failed")
     logger.info("stand-in base image: %s", reference)
@@ -205,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for image in built if arguments.push else []:
             for reference in (image["image"], release_reference(image["image"])):
-                subprocess.run([engine, "push", reference], check=True)
+                processes.run([engine, "push", reference], check=True)
     except (BuildError, subprocess.CalledProcessError) as error:
         print(f"make images: {error}", file=sys.stderr)
         return exit_codes.BAD_INPUT

@@ -80,7 +80,7 @@ def test_build_command_passes_the_base_the_kind_and_the_ca_bundle_as_a_secret(tm
     for argument in ("BASE_IMAGE=debian-python:12", "ACCELERATOR=gpu"):
         assert command[command.index(argument) - 1] == "--build-arg"
     assert command[command.index("--secret") + 1] == f"id=ca_bundle,src={bundle}"
-    assert "--network" not in command and "--network" in request.command("podman")
+    assert "--network" not in command and "--network" in request.command("podman", host_network=True)
     assert images_build.default_base_image().startswith("python:3.11.15-slim-bookworm@sha256:")
 
 
@@ -94,13 +94,23 @@ def test_without_an_engine_make_images_says_so_in_one_line(monkeypatch, capsys, 
     )
 
 
-def fake_engine(folder: Path, name: str, buildx: bool = True) -> None:
-    """A stand-in CLI on PATH: `info` answers (as a Docker CLI pointed at podman's API by DOCKER_HOST does);
-    `buildx version` answers only when the buildx component is there."""
+def fake_engine(
+    folder: Path, name: str, buildx: bool = True, client: str = "28.2.2", server: str = "Engine", bridge: bool = True
+) -> None:
+    """A stand-in CLI on PATH, answering as Docker's does: `info` (as a Docker CLI pointed at podman's API by
+    DOCKER_HOST does too); `buildx version` only when the buildx component is there; `version --format` with the
+    client's version or the server's components (podman's Docker API names itself there); `network inspect bridge`
+    when the engine has a bridge network."""
     script = folder / name
     answer = "echo v0.17; exit 0" if buildx else "echo unknown command buildx >&2; exit 1"
     script.write_text(
-        f'#!/bin/sh\nif [ "$1" = info ]; then echo ok; exit 0; fi\nif [ "$1" = buildx ]; then {answer}; fi\nexit 3\n'
+        "#!/bin/sh\n"
+        'if [ "$1" = info ]; then echo ok; exit 0; fi\n'
+        f'if [ "$1" = buildx ]; then {answer}; fi\n'
+        f'if [ "$1" = network ]; then exit {0 if bridge else 1}; fi\n'
+        f'if [ "$1" = version ] && [ "$3" = "{{{{.Client.Version}}}}" ]; then echo {client}; exit 0; fi\n'
+        f'if [ "$1" = version ]; then echo \'[{{"Name":"{server}","Version":"x"}}]\'; exit 0; fi\n'
+        "exit 3\n"
     )
     script.chmod(0o755)
 
@@ -112,8 +122,22 @@ def test_make_images_picks_an_engine_that_can_build_or_names_the_engine_to_use(m
         images_build.find_engine()
     fake_engine(tmp_path, "podman")
     assert images_build.find_engine() == "podman"  # not the Docker CLI that would fail on BuildKit
+    fake_engine(tmp_path, "docker", buildx=True, server="Podman Engine")  # DOCKER_HOST at podman's Docker API
+    assert images_build.find_engine() == "podman"
+    with pytest.raises(images_build.BuildError, match=r"docker answers through podman's Docker API \(DOCKER_HOST\)"):
+        images_build.find_engine("docker")
+    fake_engine(tmp_path, "docker", buildx=False, client="20.10.24+dfsg1")  # Debian 12: BuildKit built into the CLI
+    assert images_build.find_engine() == "docker"
     fake_engine(tmp_path, "docker", buildx=True)
     assert images_build.find_engine() == "docker"
+
+
+def test_builds_use_the_hosts_network_where_the_engine_has_no_bridge(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    fake_engine(tmp_path, "docker")
+    assert not images_build.needs_host_network("docker")
+    fake_engine(tmp_path, "docker", bridge=False)  # dockerd --bridge=none: BuildKit's default network is missing
+    assert images_build.needs_host_network("docker") and images_build.needs_host_network("podman")
 
 
 def test_docker_runner_refuses_local_paths_it_cannot_mount(tmp_path):
