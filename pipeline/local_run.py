@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -231,8 +230,8 @@ def local_run(
                 parameters["promotion_root"])  # fmt: skip
     started = time.monotonic()
     steps = StepProcesses()
-    supervised = steps.supervised() if runner == "subprocess" else contextlib.nullcontext(steps)
-    with terminal.steps_shown(log_path, verbose) as view, _run_named(executor_input_utils, run_name), supervised:
+    named = _run_named(executor_input_utils, run_name)
+    with terminal.steps_shown(log_path, verbose) as view, named, steps.supervised():
         view.log.write(f"parameters: {json.dumps(parameters, sort_keys=True)}\n")
         if continued is not None:
             view.log.write(f"continues the training of {continued}\n")
@@ -421,36 +420,11 @@ def prepare_step_folders(user: StepUser, output_root: Path, run_folder: Path, pa
         )
 
 
-def run_container_then_remove(client, image: str, command: list[str], volumes: dict, **run_arguments) -> int:
-    """kfp.local's `run_docker_container`, except that the exit code is read before the container is removed.
-
-    kfp 2.17 starts each step's container with auto_remove=True and then asks for its exit code: when the container
-    is already gone, Docker answers 404, which kfp takes for success (a failed step would pass), and podman's Docker
-    API answers 500, which fails the run even when the step succeeded."""
-    from kfp.local.docker_task_handler import add_latest_tag_if_not_present
-
-    image = add_latest_tag_if_not_present(image=image)
-    if not any(image in known.tags + known.attrs.get("RepoDigests", []) for known in client.images.list()):
-        logger.info("pulling %s", image)
-        client.images.pull(image)
-    container = client.containers.run(
-        image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **run_arguments
-    )
-    try:
-        for line in container.logs(stream=True, follow=True):
-            print(line.decode(errors="replace"), end="")
-        return container.wait()["StatusCode"]
-    finally:
-        container.remove(force=True)
-
-
 def docker_runner(user: StepUser):
     """kfp.local's DockerRunner, running each step as KFP does on a cluster: a non-root user (pipeline/step_user.py),
     a read-only root file system, a writable /tmp; the pipeline root (OUTPUT) is mounted at its own path."""
     from kfp import local
-    from kfp.local import docker_task_handler
 
-    docker_task_handler.run_docker_container = run_container_then_remove
     return local.DockerRunner(
         **user.run_arguments(), read_only=True, tmpfs={"/tmp": "rw,exec,size=4g"}, network_mode="host"
     )

@@ -1,4 +1,5 @@
-"""The one owner of the processes a local run starts: kfp.local's step processes live and die with `local-run`.
+"""The one owner of the processes a local run starts: kfp.local's steps, processes or containers, live and die with
+`local-run`.
 
 kfp.local starts each step as `sh -c '... python3 -m kfp.dsl.executor_main ...'` with plain `subprocess.Popen`:
 nothing ties the step to the process that started it, so after a SIGTERM, a closed terminal or `kill -9` of
@@ -12,6 +13,11 @@ directory's writer lock. Here every step starts in a process group of its own, a
 - `local-run` dies however it dies (`kill -9` included): a small reaper process, started first and holding only a
   pipe from `local-run`, sees the pipe close and does the same: SIGTERM to every step's group, then SIGKILL after
   the grace period.
+
+With RUNNER=docker each step is a container, which the engine, not `local-run`, would keep running: here each is
+started, stopped (SIGTERM to every process in it but its PID 1, the step's `sh -c`, which as PID 1 neither dies of
+it nor passes it on; SIGKILL after the grace), and named to the reaper in the same way, and its exit code read
+before it is removed.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import sys
 import threading
 import time
 import types
+from typing import Any
 
 logger = logging.getLogger("pipeline")
 
@@ -39,6 +46,7 @@ class StepProcesses:
         self.grace_seconds = grace_seconds
         self.stopped_by: int | None = None  # the signal that stopped the run
         self._groups: set[int] = set()
+        self._containers: dict[str, Any] = {}  # the running steps' containers (RUNNER=docker), by ID
         self.exit_codes: list[int] = []  # of the steps that ended, in the order they ended
         self._lock = threading.Lock()
         self._reaper: subprocess.Popen | None = None
@@ -67,12 +75,50 @@ class StepProcesses:
         with self._lock:
             self._groups.add(pid)
             stopped = self.stopped_by is not None
-        if self._reaper is not None and self._reaper.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._reaper.stdin.write(f"{pid}\n".encode())
-                self._reaper.stdin.flush()
+        self._tell_reaper(f"{pid}\n")
         if stopped:  # started after the run was stopped (an exit handler): it ends too
             _signal_group(pid, signal.SIGTERM)
+
+    def _tell_reaper(self, line: str) -> None:
+        if self._reaper is not None and self._reaper.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._reaper.stdin.write(line.encode())
+                self._reaper.stdin.flush()
+
+    def run_container(self, client, image: str, command: list[str], volumes: dict, **run_arguments) -> int:
+        """kfp.local's `run_docker_container` (it starts every RUNNER=docker step through it), owned by this run.
+
+        Also, the exit code is read before the container is removed: kfp 2.17 starts each step's container with
+        auto_remove=True and then asks for its exit code; when the container is already gone, Docker answers 404,
+        which kfp takes for success (a failed step would pass), and podman's Docker API 500, which fails the run
+        even when the step succeeded."""
+        from kfp.local.docker_task_handler import add_latest_tag_if_not_present
+
+        image = add_latest_tag_if_not_present(image=image)
+        if not any(image in known.tags + known.attrs.get("RepoDigests", []) for known in client.images.list()):
+            logger.info("pulling %s", image)
+            client.images.pull(image)
+        container = client.containers.run(
+            image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **run_arguments
+        )
+        with self._lock:
+            self._containers[container.id] = container
+            stopped = self.stopped_by is not None
+        self._tell_reaper(f"container {container.id}\n")
+        if stopped:
+            stop_container(container)
+        try:
+            for line in container.logs(stream=True, follow=True):
+                print(line.decode(errors="replace"), end="")
+            exit_code = container.wait()["StatusCode"]
+        finally:
+            with self._lock:
+                self._containers.pop(container.id, None)
+            with contextlib.suppress(*_docker_errors()):
+                container.remove(force=True)
+        with self._lock:
+            self.exit_codes.append(exit_code)
+        return exit_code
 
     def _ended(self, pid: int, exit_code: int) -> None:
         with self._lock:
@@ -96,40 +142,52 @@ class StepProcesses:
         with self._lock:
             first = self.stopped_by is None
             self.stopped_by = self.stopped_by or signal_number
-            groups = sorted(self._groups)
         if not first:
             logger.warning("stopping at once (a second %s)", signal.Signals(signal_number).name)
-            for group in groups:
-                _signal_group(group, signal.SIGKILL)
+            self._signal_steps(signal.SIGKILL)
             return
         logger.warning(
             "%s: stopping the run; training saves a checkpoint first (at most %.0f s; again to stop at once)",
             signal.Signals(signal_number).name,
             self.grace_seconds,
         )
-        for group in groups:
-            _signal_group(group, signal.SIGTERM)
+        self._signal_steps(signal.SIGTERM)
         threading.Thread(target=self._kill_after_grace, name="step-grace", daemon=True).start()
+
+    def _signal_steps(self, signal_number: int) -> None:
+        """SIGTERM or SIGKILL to every running step, a process group or a container. (Container calls are made
+        outside the signal handler's frame: they are HTTP requests, which must not run inside a handler that may
+        have interrupted another request on the same connection pool.)"""
+        with self._lock:
+            groups, containers = sorted(self._groups), list(self._containers.values())
+        for group in groups:
+            _signal_group(group, signal_number)
+        if containers:
+            action = stop_container if signal_number == signal.SIGTERM else kill_container
+            for container in containers:
+                threading.Thread(target=action, args=(container,), name="step-container-signal", daemon=True).start()
+
+    def _running(self) -> bool:
+        with self._lock:
+            return bool(self._groups or self._containers)
 
     def _kill_after_grace(self) -> None:
         deadline = time.monotonic() + self.grace_seconds
         while time.monotonic() < deadline:
-            with self._lock:
-                if not self._groups:
-                    return
+            if not self._running():
+                return
             time.sleep(0.5)
-        with self._lock:
-            groups = sorted(self._groups)
-        for group in groups:
-            logger.warning("step process group %d did not end within %.0f s: killing it", group, self.grace_seconds)
-            _signal_group(group, signal.SIGKILL)
+        if self._running():
+            logger.warning("steps still running %.0f s after they were stopped: killing them", self.grace_seconds)
+            self._signal_steps(signal.SIGKILL)
 
     # -- the context ---------------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def supervised(self):
-        """kfp.local's subprocess runner starts its steps through this owner; SIGINT and SIGTERM stop them."""
-        from kfp.local import subprocess_task_handler
+        """kfp.local's runners start their steps through this owner (the subprocess runner's processes, the Docker
+        runner's containers); SIGINT and SIGTERM stop them."""
+        from kfp.local import docker_task_handler, subprocess_task_handler
 
         self._reaper = subprocess.Popen(
             [sys.executable, "-m", "pipeline.step_processes", str(self.grace_seconds)],
@@ -138,6 +196,8 @@ class StepProcesses:
         )
         original_module = subprocess_task_handler.subprocess
         subprocess_task_handler.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": self._popen_class()})
+        original_container_start = docker_task_handler.run_docker_container
+        docker_task_handler.run_docker_container = self.run_container
         handlers = {}
         if threading.current_thread() is threading.main_thread():
             # A signal this process was started ignoring (SIGINT of a background job, nohup's SIGHUP) stays ignored.
@@ -152,6 +212,7 @@ class StepProcesses:
             for number, handler in handlers.items():
                 signal.signal(number, handler)
             subprocess_task_handler.subprocess = original_module
+            docker_task_handler.run_docker_container = original_container_start
             self._close_reaper()
 
     def _close_reaper(self) -> None:
@@ -180,26 +241,85 @@ def _group_alive(group: int) -> bool:
     return True
 
 
-def reap(grace_seconds: float, stream=None) -> int:
-    """The reaper: read step groups from stdin until `done` (a normal end: nothing to do) or end of file (local-run
-    died): then SIGTERM to every group still alive, and SIGKILL to what is left after the grace period."""
+def _docker_errors() -> tuple[type[BaseException], ...]:
+    """What the Docker SDK raises for a container that is gone or an engine that does not answer."""
+    import docker.errors
+    import requests.exceptions
+
+    return docker.errors.DockerException, requests.exceptions.RequestException
+
+
+def stop_container(container) -> None:
+    """SIGTERM to every process of a step's container but PID 1 (`kill -1` spares the caller and init): the step's
+    Python ends as it would by a terminal's signal (training saves a checkpoint first), and its `sh -c` with it."""
+    with contextlib.suppress(*_docker_errors()):
+        container.exec_run(["sh", "-c", "kill -TERM -1"], detach=True)
+
+
+def kill_container(container) -> None:
+    with contextlib.suppress(*_docker_errors()):
+        container.kill()
+
+
+def _container_running(container) -> bool:
+    try:
+        container.reload()
+    except _docker_errors():
+        return False
+    return container.status in ("created", "running", "restarting", "paused")
+
+
+def reap(grace_seconds: float, stream=None, docker_client=None) -> int:
+    """The reaper: read step groups (`<pid>`) and containers (`container <id>`) from stdin until `done` (a normal
+    end: nothing to do) or end of file (local-run died): then SIGTERM to every step still running, SIGKILL to what is
+    left after the grace period, and every container named removed."""
     stream = stream or sys.stdin.buffer
     groups: list[int] = []
+    container_ids: list[str] = []
     for line in stream:
         if line == DONE:
             return 0
+        words = line.split()
+        if len(words) == 2 and words[0] == b"container":
+            container_ids.append(words[1].decode())
         with contextlib.suppress(ValueError):
             groups.append(int(line))
+    containers = _containers_of(container_ids, docker_client)
     alive = [group for group in groups if _group_alive(group)]
+    running = [container for container in containers if _container_running(container)]
     for group in alive:
         _signal_group(group, signal.SIGTERM)
+    for container in running:
+        stop_container(container)
     deadline = time.monotonic() + grace_seconds
-    while alive and time.monotonic() < deadline:
+    while (alive or running) and time.monotonic() < deadline:
         time.sleep(0.5)
         alive = [group for group in alive if _group_alive(group)]
+        running = [container for container in running if _container_running(container)]
     for group in alive:
         _signal_group(group, signal.SIGKILL)
+    for container in containers:
+        with contextlib.suppress(*_docker_errors()):
+            container.remove(force=True)
     return 0
+
+
+def _containers_of(container_ids: list[str], docker_client) -> list:
+    if not container_ids:
+        return []
+    try:
+        if docker_client is None:
+            import docker
+
+            docker_client = docker.from_env(timeout=60)
+        found = []
+        for container_id in container_ids:
+            with contextlib.suppress(*_docker_errors()):
+                found.append(docker_client.containers.get(container_id))
+        return found
+    except _docker_errors() as error:
+        print(f"step reaper: the containers {' '.join(container_ids)} could not be stopped: {error}", file=sys.stderr)
+        return []
 
 
 if __name__ == "__main__":

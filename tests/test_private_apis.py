@@ -6,8 +6,8 @@ They are used because no public API does the same (the reasons are beside each u
   before it starts, steps' failures read as such);
 - kfp.local's subprocess runner's process start (pipeline/step_processes.py: each step in a process group that
   local-run owns);
-- kfp.local's Docker runner's container start (pipeline/local_run.py: the exit code read before the container is
-  removed, which kfp 2.17 gets wrong);
+- kfp.local's Docker runner's container start (pipeline/step_processes.py: each step's container owned by local-run,
+  its exit code read before it is removed, which kfp 2.17 gets wrong);
 - TensorFlow's coordination-service barrier (components/train/distribution.py: workers leave together);
 - Keras's per-variable optimizer step (components/train/step.py: the update applied to all-reduced gradients
   inside the distribution strategy's merge call).
@@ -62,7 +62,7 @@ def test_kfp_local_orchestrator_entry_point_and_run_naming():
 def test_kfp_local_docker_runner_starts_containers_through_a_replaceable_module_function():
     from kfp.local import docker_task_handler
 
-    user = "pipeline/local_run.py run_container_then_remove"
+    user = "pipeline/step_processes.py StepProcesses.run_container"
     symbol = "kfp.local.docker_task_handler.run_docker_container"
     start = getattr(docker_task_handler, "run_docker_container", None)
     assert start is not None, moved(symbol, user, "kfp", "gone")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,9 @@ class FakeEngine:
 
     def __init__(self):
         self.started: list[dict] = []
+        self.images = types.SimpleNamespace(list=lambda: [types.SimpleNamespace(tags=["any:latest"], attrs={})],
+                                            pull=lambda image: None)  # fmt: skip
+        self.containers = types.SimpleNamespace(run=self.run)
 
     def from_env(self, *_arguments, **_keywords):
         return self
@@ -41,10 +45,15 @@ class FakeEngine:
     def close(self):
         pass
 
-    def run_container(self, client, image, command, volumes, **run_arguments):
+    def run(self, image, command, volumes, **run_arguments):
         executor_input = json.loads(command[command.index("--executor_input") + 1])
         self.started.append({"image": image, "volumes": volumes, "executor_input": executor_input, **run_arguments})
-        return 1
+        return types.SimpleNamespace(
+            id=f"container-{len(self.started)}",
+            logs=lambda **_keywords: iter([b"the step failed\n"]),
+            wait=lambda: {"StatusCode": 1},
+            remove=lambda force: None,
+        )
 
 
 @pytest.fixture
@@ -55,7 +64,6 @@ def engine(monkeypatch):
     monkeypatch.setattr(docker, "from_env", fake.from_env)
     monkeypatch.setattr(local_run, "docker_engine_problem", lambda: None)
     monkeypatch.setattr(local_run, "check_images_are_built", lambda: None)
-    monkeypatch.setattr(local_run, "run_container_then_remove", fake.run_container)
     return fake
 
 

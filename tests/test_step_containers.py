@@ -1,0 +1,181 @@
+"""RUNNER=docker: each step's container is owned by local-run (pipeline/step_processes.py), as a step process is.
+
+Without an engine here, the containers are stand-ins that answer the Docker SDK's calls the way a step's container
+does: the step's processes end with 143 on SIGTERM (a stubborn one does not), `kill` ends the container with 137,
+and a removed container is gone. `make test-images` runs the same through a real engine.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import threading
+import time
+import types
+
+import docker.errors
+import pytest
+
+from pipeline.step_processes import StepProcesses, reap
+
+STOP_COMMAND = ["sh", "-c", "kill -TERM -1"]
+
+
+class FakeContainer:
+    def __init__(self, container_id: str, exit_code: int | None = None, stubborn: bool = False):
+        self.id = container_id
+        self.stubborn = stubborn
+        self.exit_code = exit_code  # ends by itself with this code
+        self.executed: list[list[str]] = []
+        self.killed = self.removed = False
+        self.ended = threading.Event()
+        if exit_code is not None:
+            self.ended.set()
+
+    @property
+    def status(self) -> str:
+        return "exited" if self.ended.is_set() else "running"
+
+    def reload(self):
+        if self.removed:
+            raise docker.errors.NotFound("no such container")
+
+    def logs(self, stream: bool, follow: bool):
+        assert stream and follow
+        yield b"step: started\n"
+        self.ended.wait(timeout=30)
+
+    def wait(self):
+        assert self.ended.wait(timeout=30), "the container never ended"
+        return {"StatusCode": self.exit_code}
+
+    def exec_run(self, command, detach=False):
+        self.executed.append(command)
+        if command == STOP_COMMAND and not self.stubborn:
+            self._end(143)
+
+    def kill(self):
+        self.killed = True
+        self._end(137)
+
+    def remove(self, force=False):
+        if not self.ended.is_set():
+            assert force, "a running container is removed only with force"
+            self._end(137)
+        self.removed = True
+
+    def _end(self, code: int) -> None:
+        if not self.ended.is_set():
+            self.exit_code = code
+            self.ended.set()
+
+
+class FakeClient:
+    def __init__(self, *containers: FakeContainer):
+        self.waiting = list(containers)
+        self.known = {container.id: container for container in containers}
+        self.images = types.SimpleNamespace(list=lambda: [types.SimpleNamespace(tags=["step:latest"], attrs={})])
+        self.containers = types.SimpleNamespace(run=self._run, get=self._get)
+
+    def _run(self, image, command, volumes, detach, **run_arguments):
+        assert detach and image == "step:latest"
+        return self.waiting.pop(0)
+
+    def _get(self, container_id):
+        if container_id not in self.known or self.known[container_id].removed:
+            raise docker.errors.NotFound(f"no such container: {container_id}")
+        return self.known[container_id]
+
+
+def run_in_background(steps: StepProcesses, client: FakeClient) -> tuple[threading.Thread, list[int]]:
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(steps.run_container(client, "step", ["python"], {})))
+    thread.start()
+    return thread, codes
+
+
+def wait_until(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_steps_exit_code_is_read_before_its_container_is_removed_and_decides_the_runs(capsys):
+    steps = StepProcesses(grace_seconds=1.0)
+    bad_input = FakeContainer("step-1", exit_code=2)
+    assert steps.run_container(FakeClient(bad_input), "step", ["python"], {}) == 2
+    assert bad_input.removed and steps.exit_codes == [2] and steps.failure_exit_code() == 2
+    assert "step: started" in capsys.readouterr().out  # the step's output goes on to the run's log
+
+
+def test_stopping_the_run_stops_each_running_container_and_kills_it_after_the_grace():
+    steps = StepProcesses(grace_seconds=1.0)
+    training, stubborn = FakeContainer("train"), FakeContainer("stubborn", stubborn=True)
+    client = FakeClient(training, stubborn)
+    first, first_codes = run_in_background(steps, client)
+    second, second_codes = run_in_background(steps, client)
+    wait_until(lambda: len(steps._containers) == 2)
+    started = time.monotonic()
+    steps._on_signal(signal.SIGTERM, None)
+    first.join(timeout=10)
+    second.join(timeout=10)
+    assert training.executed == [STOP_COMMAND] and not training.killed and first_codes == [143]
+    assert stubborn.executed == [STOP_COMMAND] and stubborn.killed and second_codes == [137]
+    assert 0.9 < time.monotonic() - started < 5  # the stubborn one had the grace period, no more
+    assert training.removed and stubborn.removed and steps.stopped_by == signal.SIGTERM
+
+
+def test_a_second_signal_kills_the_containers_at_once():
+    steps = StepProcesses(grace_seconds=60.0)
+    stubborn = FakeContainer("stubborn", stubborn=True)
+    thread, codes = run_in_background(steps, FakeClient(stubborn))
+    wait_until(lambda: steps._containers)
+    steps._on_signal(signal.SIGINT, None)
+    steps._on_signal(signal.SIGINT, None)
+    thread.join(timeout=10)
+    assert codes == [137] and stubborn.killed
+
+
+def test_a_container_started_after_the_run_was_stopped_is_stopped_too():
+    steps = StepProcesses(grace_seconds=1.0)
+    steps._on_signal(signal.SIGTERM, None)
+    late = FakeContainer("clean-up")
+    assert steps.run_container(FakeClient(late), "step", ["python"], {}) == 143
+    assert late.executed == [STOP_COMMAND]
+
+
+def test_the_reaper_stops_and_removes_the_containers_of_a_local_run_that_died():
+    training, stubborn, ended = FakeContainer("train"), FakeContainer("stubborn", stubborn=True), FakeContainer("x", 0)
+    ended.removed = True  # a step that ended before local-run died: already gone
+    client = FakeClient(training, stubborn, ended)
+    started = time.monotonic()
+    reap(1.0, io.BytesIO(b"container train\ncontainer stubborn\ncontainer x\n"), docker_client=client)
+    assert training.executed == [STOP_COMMAND] and training.exit_code == 143 and training.removed
+    assert stubborn.removed and stubborn.exit_code == 137  # after the grace, removed by force
+    assert time.monotonic() - started < 5
+    untouched = FakeContainer("train")
+    reap(1.0, io.BytesIO(b"container train\ndone\n"), docker_client=FakeClient(untouched))  # ended normally
+    assert untouched.executed == [] and not untouched.removed
+
+
+@pytest.mark.parametrize("error", [docker.errors.NotFound("gone"), docker.errors.APIError("engine down")])
+def test_a_container_call_that_fails_does_not_stop_the_others(error):
+    """A container that ended between the listing and the call, or an engine that stopped answering."""
+    steps = StepProcesses(grace_seconds=1.0)
+    gone, training = FakeContainer("gone"), FakeContainer("train")
+
+    def fails(*_arguments, **_keywords):
+        raise error
+
+    gone.exec_run = gone.kill = fails
+    client = FakeClient(gone, training)
+    first, first_codes = run_in_background(steps, client)
+    second, second_codes = run_in_background(steps, client)
+    wait_until(lambda: len(steps._containers) == 2)
+    steps._on_signal(signal.SIGTERM, None)
+    second.join(timeout=10)
+    assert second_codes == [143]
+    gone._end(137)  # it ends on its own; the failed calls raised nowhere
+    first.join(timeout=10)
+    assert first_codes == [137] and gone.removed and not first.is_alive()
