@@ -91,7 +91,7 @@ class StepProcesses:
         Also, the exit code is read before the container is removed: kfp 2.17 starts each step's container with
         auto_remove=True and then asks for its exit code; when the container is already gone, Docker answers 404,
         which kfp takes for success (a failed step would pass), and podman's Docker API 500, which fails the run
-        even when the step succeeded."""
+        even when the step succeeded. It is read from the container's state (`exit_code_of`), not by `wait`."""
         from kfp.local.docker_task_handler import add_latest_tag_if_not_present
 
         image = add_latest_tag_if_not_present(image=image)
@@ -110,7 +110,7 @@ class StepProcesses:
         try:
             for line in container.logs(stream=True, follow=True):
                 print(line.decode(errors="replace"), end="")
-            exit_code = container.wait()["StatusCode"]
+            exit_code = exit_code_of(container)
         finally:
             with self._lock:
                 self._containers.pop(container.id, None)
@@ -254,6 +254,17 @@ def stop_container(container) -> None:
     Python ends as it would by a terminal's signal (training saves a checkpoint first), and its `sh -c` with it."""
     with contextlib.suppress(*_docker_errors()):
         container.exec_run(["sh", "-c", "kill -TERM -1"], detach=True)
+
+
+def exit_code_of(container, poll_seconds: float = 0.5) -> int:
+    """The exit code of a container whose output has ended, read from its state once it has exited. Not by the
+    engine's `wait`: podman 4.3's Docker API (Debian 12's) left `wait` unanswered, for good, for a step that had
+    already exited (seen here; podman's issues 10256 and 28514 are of the same kind)."""
+    while True:
+        container.reload()
+        if container.status in ("exited", "dead"):
+            return int(container.attrs["State"]["ExitCode"])
+        time.sleep(poll_seconds)
 
 
 def kill_container(container) -> None:

@@ -51,7 +51,9 @@ class FakeEngine:
         return types.SimpleNamespace(
             id=f"container-{len(self.started)}",
             logs=lambda **_keywords: iter([b"the step failed\n"]),
-            wait=lambda: {"StatusCode": 1},
+            reload=lambda: None,
+            status="exited",
+            attrs={"State": {"Status": "exited", "ExitCode": 1}},
             remove=lambda force: None,
         )
 
