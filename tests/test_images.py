@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from components.images import REPOSITORY
 from images import build as images_build
 from pipeline import local_run
 from pipeline.pipeline import cifar10_pipeline
@@ -92,39 +95,68 @@ def test_images_hold_no_build_secret_and_run_as_a_non_root_user(engine, built):
         assert "BEGIN CERTIFICATE" not in history
 
 
+def containers_of_the_images(built) -> list[str]:
+    import docker
+
+    references = {image["image"] for image in built}
+    client = docker.from_env(timeout=60)
+    return [f"{container.short_id} ({container.status})" for container in client.containers.list(all=True)
+            if set(container.image.tags) & references]  # fmt: skip
+
+
 def test_whole_pipeline_runs_in_the_images_through_the_docker_runner(built, docker_api, tmp_path):
-    """fingerprint -> prepare_data -> warm start -> train (2 local workers in one container) -> evaluate -> promote,
-    each step's compiled KFP command in its own image."""
+    """A run whose local-run is killed (kill -9) while it trains in its container leaves no container behind, and a
+    checkpoint; resumed, it runs the whole pipeline, fingerprint -> prepare_data -> warm start -> train (2 local
+    workers in one container) -> evaluate -> promote, each step's compiled KFP command in its own image."""
     parameters = {
         "source": "synthetic",
         "synthetic_train_per_class": 20,
         "workers": 2,
         "depth": 8,
         "batch_size": 32,
-        "train_steps": 30,
+        "train_steps": 100_000,
         "accuracy_threshold": 0.2,
         "train_options": {"width_multiplier": 0.25, "log_every_steps": 10, "batch_norm_decay": 0.9},
     }
     output = tmp_path / "outputs"
-    run_folder = local_run.local_run(cifar10_pipeline, parameters, output, runner="docker")
-
+    options = [f"--{name.replace('_', '-')}={json.dumps(value) if isinstance(value, dict) else value}"
+               for name, value in parameters.items()]  # fmt: skip
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.pipeline", "local-run", "--runner", "docker", "--output-root", str(output),
+         *options],
+        cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    lines = []
+    for line in killed.stdout:
+        lines.append(line)
+        print(line, end="")
+        if re.search(r"train: step 20/100000 ", line):
+            break
+    assert killed.poll() is None, "".join(lines[-30:])
+    assert containers_of_the_images(built), "the training step runs in its container"
+    killed.kill()
+    killed.wait(timeout=30)
+    deadline = time.monotonic() + 300
+    while containers_of_the_images(built) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert containers_of_the_images(built) == [], "local-run's reaper stops and removes its steps' containers"
+    (run_folder,) = local_run.run_folders(cifar10_pipeline.name, output)
     model = local_run.model_directory_of(run_folder)  # the launcher auto trains as local workers here
-    assert model is not None, run_folder
+    assert model is not None and list(model.glob("ckpt-*.index")), "the workers saved a checkpoint on the way out"
+
+    resumed = local_run.local_run(
+        cifar10_pipeline, {"train_steps": 40}, output, runner="docker", resume=str(run_folder)
+    )
+    assert resumed != run_folder
+    assert re.search(r"resuming from .*ckpt-\d+ at step \d+", (resumed / local_run.RUN_LOG).read_text())
     summary = json.loads((model / "train_metrics.json").read_text())
-    assert summary["step"] == 30 and json.loads((model / "config.json").read_text())["workers"] == 2
+    assert summary["step"] == 40 and json.loads((model / "config.json").read_text())["workers"] == 2
     evaluation = json.loads((model / "eval_metrics.json").read_text())
     assert evaluation["blessed"] is True
     pointer = json.loads((output / "models" / "current.json").read_text())
-    assert pointer["version"] == 1 and (Path(pointer["saved_model"]) / "saved_model.pb").is_file()
+    assert pointer["version"] == 1 and pointer["state"] == "ready"
+    assert (Path(pointer["saved_model"]) / "saved_model.pb").is_file()
     user = local_run.docker_step_user()
     assert (model / "train_metrics.json").stat().st_uid == user.uid  # 10001 as root, else one's own IDs
     assert user.uid != 0 or user.docker_user == "0:0"  # never root inside, but rootless Docker's mapped root
-
-    # A resumed run writes into the first run's model directory, in its containers too.
-    resumed = local_run.local_run(
-        cifar10_pipeline, {**parameters, "train_steps": 40}, output, runner="docker", resume=str(run_folder)
-    )
-    assert json.loads((model / "train_metrics.json").read_text())["step"] == 40
-    assert json.loads((output / "models" / "current.json").read_text())["state"] == "ready"
-    assert resumed != run_folder
     shutil.rmtree(output)  # what the steps left is removable by whoever ran make
