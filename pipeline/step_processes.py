@@ -37,6 +37,7 @@ logger = logging.getLogger("pipeline")
 
 STOP_GRACE_SECONDS = 300.0  # how long a stopped step may take to save its checkpoint and end
 DONE = b"done\n"
+ENDED = ("exited", "dead", "stopped")  # a container's states once it has ended ("stopped": podman 4.3's Docker API)
 
 
 class StepProcesses:
@@ -262,7 +263,7 @@ def exit_code_of(container, poll_seconds: float = 0.5) -> int:
     already exited (seen here; podman's issues 10256 and 28514 are of the same kind)."""
     while True:
         container.reload()
-        if container.status in ("exited", "dead"):
+        if container.status in ENDED:
             return int(container.attrs["State"]["ExitCode"])
         time.sleep(poll_seconds)
 
@@ -277,7 +278,7 @@ def _container_running(container) -> bool:
         container.reload()
     except _docker_errors():
         return False
-    return container.status in ("created", "running", "restarting", "paused")
+    return container.status not in ENDED
 
 
 def reap(grace_seconds: float, stream=None, docker_client=None) -> int:

@@ -22,8 +22,9 @@ STOP_COMMAND = ["sh", "-c", "kill -TERM -1"]
 
 
 class FakeContainer:
-    def __init__(self, container_id: str, exit_code: int | None = None, stubborn: bool = False):
+    def __init__(self, container_id: str, exit_code: int | None = None, stubborn: bool = False, ended="exited"):
         self.id = container_id
+        self.ended_status = ended  # Docker's; podman 4.3's Docker API says "stopped"
         self.stubborn = stubborn
         self.exit_code = exit_code  # ends by itself with this code
         self.executed: list[list[str]] = []
@@ -34,7 +35,7 @@ class FakeContainer:
 
     @property
     def status(self) -> str:
-        return "exited" if self.ended.is_set() else "running"
+        return self.ended_status if self.ended.is_set() else "running"
 
     @property
     def attrs(self) -> dict:
@@ -104,9 +105,10 @@ def wait_until(condition, seconds: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_steps_exit_code_is_read_before_its_container_is_removed_and_decides_the_runs(capsys):
+@pytest.mark.parametrize("ended", ["exited", "stopped"])
+def test_a_steps_exit_code_is_read_before_its_container_is_removed_and_decides_the_runs(capsys, ended):
     steps = StepProcesses(grace_seconds=1.0)
-    bad_input = FakeContainer("step-1", exit_code=2)
+    bad_input = FakeContainer("step-1", exit_code=2, ended=ended)
     assert steps.run_container(FakeClient(bad_input), "step", ["python"], {}) == 2
     assert bad_input.removed and steps.exit_codes == [2] and steps.failure_exit_code() == 2
     assert "step: started" in capsys.readouterr().out  # the step's output goes on to the run's log
