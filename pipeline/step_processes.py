@@ -37,6 +37,7 @@ logger = logging.getLogger("pipeline")
 
 STOP_GRACE_SECONDS = 300.0  # how long a stopped step may take to save its checkpoint and end
 DONE = b"done\n"
+REMOVE_SECONDS = 120.0  # how long a container's removal may take (on vfs, a GPU image's copy: about 40 s)
 ENDED = ("exited", "dead", "stopped")  # a container's states once it has ended ("stopped": podman 4.3's Docker API)
 
 
@@ -115,8 +116,7 @@ class StepProcesses:
         finally:
             with self._lock:
                 self._containers.pop(container.id, None)
-            with contextlib.suppress(*_docker_errors()):
-                container.remove(force=True)
+            remove_container(container)
         with self._lock:
             self.exit_codes.append(exit_code)
         return exit_code
@@ -268,6 +268,36 @@ def exit_code_of(container, poll_seconds: float = 0.5) -> int:
         time.sleep(poll_seconds)
 
 
+def remove_container(container, seconds: float = REMOVE_SECONDS) -> bool:
+    """Remove a step's container (by force: also a running one), waiting at most `seconds`: podman 4.3's Docker API
+    sometimes never answered a removal (seen here, after a stopped run; podman's own `podman rm -f` then removed the
+    container at once), and a run must not hang on its cleanup. A container left is said in one line."""
+    outcome: list[BaseException | None] = []
+
+    def remove() -> None:
+        try:
+            container.remove(force=True)
+            outcome.append(None)
+        except _docker_errors() as error:
+            outcome.append(error)
+
+    worker = threading.Thread(target=remove, name="step-container-remove", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    gone = bool(outcome) and (outcome[0] is None or _is_not_found(outcome[0]))
+    if not gone:
+        reason = f"the engine said: {outcome[0]}" if outcome else f"the engine did not answer within {seconds:.0f} s"
+        logger.warning("container %s of a step was not removed (%s); remove it with: docker rm -f %s",
+                       container.id[:12], reason, container.id[:12])  # fmt: skip
+    return gone
+
+
+def _is_not_found(error: BaseException) -> bool:
+    import docker.errors
+
+    return isinstance(error, docker.errors.NotFound)
+
+
 def kill_container(container) -> None:
     with contextlib.suppress(*_docker_errors()):
         container.kill()
@@ -311,8 +341,7 @@ def reap(grace_seconds: float, stream=None, docker_client=None) -> int:
     for group in alive:
         _signal_group(group, signal.SIGKILL)
     for container in containers:
-        with contextlib.suppress(*_docker_errors()):
-            container.remove(force=True)
+        remove_container(container)
     return 0
 
 

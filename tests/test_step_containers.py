@@ -184,3 +184,19 @@ def test_a_container_call_that_fails_does_not_stop_the_others(error):
     gone._end(137)  # it ends on its own; the failed calls raised nowhere
     first.join(timeout=10)
     assert first_codes == [137] and gone.removed and not first.is_alive()
+
+
+def test_a_removal_the_engine_never_answers_does_not_hold_up_the_run(caplog):
+    """The step's exit code is already read; the container left is said in one line, with the command to remove it."""
+    from pipeline.step_processes import remove_container
+
+    stuck = FakeContainer("0123456789abcdef", exit_code=0)
+    never = threading.Event()
+    stuck.remove = lambda force: never.wait(timeout=30)
+    started = time.monotonic()
+    assert remove_container(stuck, seconds=1.0) is False
+    assert time.monotonic() - started < 5
+    assert "container 0123456789ab of a step was not removed (the engine did not answer within 1 s)" in caplog.text
+    assert "docker rm -f 0123456789ab" in caplog.text
+    never.set()
+    assert remove_container(FakeContainer("gone", exit_code=0), seconds=5) is True
