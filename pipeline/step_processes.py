@@ -37,6 +37,7 @@ logger = logging.getLogger("pipeline")
 
 STOP_GRACE_SECONDS = 300.0  # how long a stopped step may take to save its checkpoint and end
 DONE = b"done\n"
+DRAIN_SECONDS = 10.0  # how long a step's output may go on after the step exited
 REMOVE_SECONDS = 120.0  # how long a container's removal may take (on vfs, a GPU image's copy: about 40 s)
 ENDED = ("exited", "dead", "stopped")  # a container's states once it has ended ("stopped": podman 4.3's Docker API)
 
@@ -93,7 +94,7 @@ class StepProcesses:
         Also, the exit code is read before the container is removed: kfp 2.17 starts each step's container with
         auto_remove=True and then asks for its exit code; when the container is already gone, Docker answers 404,
         which kfp takes for success (a failed step would pass), and podman's Docker API 500, which fails the run
-        even when the step succeeded. It is read from the container's state (`exit_code_of`), not by `wait`."""
+        even when the step succeeded. It is read from the container's state, not by `wait` (`follow_until_exit`)."""
         from kfp.local.docker_task_handler import add_latest_tag_if_not_present
 
         image = add_latest_tag_if_not_present(image=image)
@@ -110,9 +111,7 @@ class StepProcesses:
         if stopped:
             stop_container(container)
         try:
-            for line in container.logs(stream=True, follow=True):
-                print(line.decode(errors="replace"), end="")
-            exit_code = exit_code_of(container)
+            exit_code = follow_until_exit(container)
         finally:
             with self._lock:
                 self._containers.pop(container.id, None)
@@ -257,15 +256,50 @@ def stop_container(container) -> None:
         container.exec_run(["sh", "-c", "kill -TERM -1"], detach=True)
 
 
-def exit_code_of(container, poll_seconds: float = 0.5) -> int:
-    """The exit code of a container whose output has ended, read from its state once it has exited. Not by the
-    engine's `wait`: podman 4.3's Docker API (Debian 12's) left `wait` unanswered, for good, for a step that had
-    already exited (seen here; podman's issues 10256 and 28514 are of the same kind)."""
+def follow_until_exit(container, poll_seconds: float = 0.5, drain_seconds: float | None = None) -> int:
+    """Print a step container's output as it comes and return its exit code, once it has exited.
+
+    The engine is asked for the container's state, not to tell when it ends: podman 4.3's Docker API (Debian 12's)
+    sometimes left `wait` unanswered, and the followed output stream open, for good, after the step had exited
+    (seen here; podman's issues 10256 and 28514 are of the same kind). So the output is streamed by a thread of its
+    own while the state is polled here; when the step has exited and its stream is still open after
+    `drain_seconds`, the stream is closed and what it had not yet printed is read once, in full."""
+    printed = 0
+    lock = threading.Lock()
+    abandoned = False
+    finished = threading.Event()
+    stream = container.logs(stream=True, follow=True)
+
+    def pump() -> None:
+        nonlocal printed
+        try:
+            for chunk in stream:
+                with lock:
+                    if abandoned:
+                        return
+                    print(chunk.decode(errors="replace"), end="", flush=True)
+                    printed += len(chunk)
+        except (*_docker_errors(), OSError, ValueError, AttributeError):
+            pass  # the stream closed under it (below), or the engine went away
+        finally:
+            finished.set()
+
+    threading.Thread(target=pump, name="step-container-output", daemon=True).start()
     while True:
         container.reload()
         if container.status in ENDED:
-            return int(container.attrs["State"]["ExitCode"])
+            exit_code = int(container.attrs["State"]["ExitCode"])
+            break
         time.sleep(poll_seconds)
+    if not finished.wait(DRAIN_SECONDS if drain_seconds is None else drain_seconds):
+        with lock:
+            abandoned = True
+        with contextlib.suppress(*_docker_errors(), OSError, AttributeError):
+            stream.close()
+        with contextlib.suppress(*_docker_errors()):
+            rest = container.logs(stdout=True, stderr=True)[printed:]
+            print(rest.decode(errors="replace"), end="", flush=True)
+    return exit_code
 
 
 def remove_container(container, seconds: float = REMOVE_SECONDS) -> bool:

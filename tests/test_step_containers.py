@@ -45,10 +45,13 @@ class FakeContainer:
         if self.removed:
             raise docker.errors.NotFound("no such container")
 
-    def logs(self, stream: bool, follow: bool):
-        assert stream and follow
-        yield b"step: started\n"
-        self.ended.wait(timeout=30)
+    OUTPUT = (b"step: started\n", b"step: done\n")
+
+    def logs(self, stream: bool = False, follow: bool = False, stdout: bool = True, stderr: bool = True):
+        if not stream:
+            return b"".join(self.OUTPUT) if self.ended.is_set() else self.OUTPUT[0]
+        assert follow
+        return FakeStream(self)
 
     def wait(self):
         raise AssertionError("podman 4.3's Docker API may never answer `wait` for a container that already exited")
@@ -72,6 +75,25 @@ class FakeContainer:
         if not self.ended.is_set():
             self.exit_code = code
             self.ended.set()
+
+
+class FakeStream:
+    """A followed output stream: the first line at once, the second when the step ends, then the stream ends, unless
+    it is one that stays open (as podman 4.3's sometimes did) until closed."""
+
+    def __init__(self, container: FakeContainer, stays_open: bool = False):
+        self.container, self.stays_open, self.closed = container, stays_open, threading.Event()
+
+    def __iter__(self):
+        yield self.container.OUTPUT[0]
+        self.container.ended.wait(timeout=30)
+        if self.stays_open:
+            self.closed.wait(timeout=30)
+            raise AttributeError("'NoneType' object has no attribute 'read'")  # what a closed response raises
+        yield self.container.OUTPUT[1]
+
+    def close(self):
+        self.closed.set()
 
 
 class FakeClient:
@@ -111,7 +133,7 @@ def test_a_steps_exit_code_is_read_before_its_container_is_removed_and_decides_t
     bad_input = FakeContainer("step-1", exit_code=2, ended=ended)
     assert steps.run_container(FakeClient(bad_input), "step", ["python"], {}) == 2
     assert bad_input.removed and steps.exit_codes == [2] and steps.failure_exit_code() == 2
-    assert "step: started" in capsys.readouterr().out  # the step's output goes on to the run's log
+    assert capsys.readouterr().out == "step: started\nstep: done\n"  # the step's output goes on to the run's log
 
 
 def test_stopping_the_run_stops_each_running_container_and_kills_it_after_the_grace():
@@ -200,3 +222,21 @@ def test_a_removal_the_engine_never_answers_does_not_hold_up_the_run(caplog):
     assert "docker rm -f 0123456789ab" in caplog.text
     never.set()
     assert remove_container(FakeContainer("gone", exit_code=0), seconds=5) is True
+
+
+def test_an_output_stream_left_open_after_the_step_exited_does_not_hold_up_the_run(capsys, monkeypatch):
+    """The exit code comes from the container's state; the output the stream had not printed is read in full."""
+    from pipeline import step_processes
+
+    monkeypatch.setattr(step_processes, "DRAIN_SECONDS", 1.0)
+    steps = StepProcesses(grace_seconds=1.0)
+    step = FakeContainer("prepare-data")
+    stream = FakeStream(step, stays_open=True)
+    step.logs = lambda **keywords: stream if keywords.get("stream") else FakeContainer.logs(step)
+    threading.Timer(0.5, step._end, args=(0,)).start()
+    started = time.monotonic()
+    thread, codes = run_in_background(steps, FakeClient(step))
+    thread.join(timeout=15)
+    assert codes == [0] and step.removed and stream.closed.is_set()
+    assert time.monotonic() - started < 10
+    assert capsys.readouterr().out == "step: started\nstep: done\n"  # nothing lost, nothing twice
