@@ -37,6 +37,8 @@ logger = logging.getLogger("pipeline")
 
 STOP_GRACE_SECONDS = 300.0  # how long a stopped step may take to save its checkpoint and end
 DONE = b"done\n"
+START_SECONDS = 600.0  # a container's start copies its image on vfs storage: over a minute for the GPU image
+STEP_NOT_STARTED = 1  # the exit code of a step whose container the engine did not start
 DRAIN_SECONDS = 10.0  # how long a step's output may go on after the step exited
 REMOVE_SECONDS = 120.0  # how long a container's removal may take (on vfs, a GPU image's copy: about 40 s)
 ENDED = ("exited", "dead", "stopped")  # a container's states once it has ended ("stopped": podman 4.3's Docker API)
@@ -98,12 +100,19 @@ class StepProcesses:
         from kfp.local.docker_task_handler import add_latest_tag_if_not_present
 
         image = add_latest_tag_if_not_present(image=image)
-        if not any(image in known.tags + known.attrs.get("RepoDigests", []) for known in client.images.list()):
-            logger.info("pulling %s", image)
-            client.images.pull(image)
-        container = client.containers.run(
-            image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **run_arguments
-        )
+        client.api.timeout = max(client.api.timeout or 0, START_SECONDS)
+        try:
+            if not any(image in known.tags + known.attrs.get("RepoDigests", []) for known in client.images.list()):
+                logger.info("pulling %s", image)
+                client.images.pull(image)
+            container = client.containers.run(
+                image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **run_arguments
+            )
+        except _docker_errors() as error:
+            print(f"the step's container could not be started: {_one_line(error)}", flush=True)
+            with self._lock:
+                self.exit_codes.append(STEP_NOT_STARTED)
+            return STEP_NOT_STARTED
         with self._lock:
             self._containers[container.id] = container
             stopped = self.stopped_by is not None
@@ -300,6 +309,10 @@ def follow_until_exit(container, poll_seconds: float = 0.5, drain_seconds: float
             rest = container.logs(stdout=True, stderr=True)[printed:]
             print(rest.decode(errors="replace"), end="", flush=True)
     return exit_code
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def remove_container(container, seconds: float = REMOVE_SECONDS) -> bool:

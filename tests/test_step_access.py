@@ -32,6 +32,7 @@ class FakeEngine:
         self.images = types.SimpleNamespace(list=lambda: [types.SimpleNamespace(tags=["any:latest"], attrs={})],
                                             pull=lambda image: None)  # fmt: skip
         self.containers = types.SimpleNamespace(run=self.run)
+        self.api = types.SimpleNamespace(timeout=60)
 
     def from_env(self, *_arguments, **_keywords):
         return self

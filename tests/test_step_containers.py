@@ -102,9 +102,13 @@ class FakeClient:
         self.known = {container.id: container for container in containers}
         self.images = types.SimpleNamespace(list=lambda: [types.SimpleNamespace(tags=["step:latest"], attrs={})])
         self.containers = types.SimpleNamespace(run=self._run, get=self._get)
+        self.api = types.SimpleNamespace(timeout=60)  # the Docker SDK's default, per request
+        self.refusal: Exception | None = None
 
     def _run(self, image, command, volumes, detach, **run_arguments):
         assert detach and image == "step:latest"
+        if self.refusal is not None:
+            raise self.refusal
         return self.waiting.pop(0)
 
     def _get(self, container_id):
@@ -240,3 +244,20 @@ def test_an_output_stream_left_open_after_the_step_exited_does_not_hold_up_the_r
     assert codes == [0] and step.removed and stream.closed.is_set()
     assert time.monotonic() - started < 10
     assert capsys.readouterr().out == "step: started\nstep: done\n"  # nothing lost, nothing twice
+
+
+def test_a_container_the_engine_does_not_start_fails_its_step_in_one_line(capsys):
+    """A timeout or a refusal while the engine creates the container (it copies the image on vfs storage, which took
+    over the SDK's 60 s here): the step fails with one line, not a traceback that ends the run."""
+    import requests.exceptions
+
+    steps = StepProcesses(grace_seconds=1.0)
+    client = FakeClient()
+    client.refusal = requests.exceptions.ReadTimeout("UnixHTTPConnectionPool(host='localhost'): Read timed out.")
+    assert steps.run_container(client, "step", ["python"], {}) == 1
+    assert client.api.timeout >= 600, "creating a container may take minutes where the engine copies the image"
+    assert capsys.readouterr().out == (
+        "the step's container could not be started: UnixHTTPConnectionPool(host='localhost'): Read timed out.\n"
+    )
+    client.refusal = docker.errors.ImageNotFound("No such image: step:latest")
+    assert steps.run_container(client, "step", ["python"], {}) == 1 and steps.exit_codes == [1, 1]
