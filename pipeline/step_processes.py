@@ -16,8 +16,9 @@ directory's writer lock. Here every step starts in a process group of its own, a
 
 With RUNNER=docker each step is a container, which the engine, not `local-run`, would keep running: here each is
 started, stopped (SIGTERM to every process in it but its PID 1, the step's `sh -c`, which as PID 1 neither dies of
-it nor passes it on; SIGKILL after the grace), and named to the reaper in the same way, and its exit code read
-before it is removed.
+it nor passes it on; SIGKILL after the grace); each carries the run's owner label, by which the reaper finds and
+removes them (one whose creation was under way when local-run died too); and its exit code is read before it is
+removed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -37,11 +39,14 @@ logger = logging.getLogger("pipeline")
 
 STOP_GRACE_SECONDS = 300.0  # how long a stopped step may take to save its checkpoint and end
 DONE = b"done\n"
+OWNER_LABEL = "cifar10-pipeline.local-run"  # on every step container: the local-run that owns it
+LATE_CONTAINER_SECONDS = 60.0  # how long the reaper watches for a container whose creation was under way
 START_SECONDS = 600.0  # a container's start copies its image on vfs storage: over a minute for the GPU image
 STEP_NOT_STARTED = 1  # the exit code of a step whose container the engine did not start
 DRAIN_SECONDS = 10.0  # how long a step's output may go on after the step exited
 REMOVE_SECONDS = 120.0  # how long a container's removal may take (on vfs, a GPU image's copy: about 40 s)
 ENDED = ("exited", "dead", "stopped")  # a container's states once it has ended ("stopped": podman 4.3's Docker API)
+RUNNING = ("running", "restarting", "paused")
 
 
 class StepProcesses:
@@ -52,6 +57,8 @@ class StepProcesses:
         self.stopped_by: int | None = None  # the signal that stopped the run
         self._groups: set[int] = set()
         self._containers: dict[str, Any] = {}  # the running steps' containers (RUNNER=docker), by ID
+        self.owner = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"  # labels this run's containers
+        self._owner_told = False
         self.exit_codes: list[int] = []  # of the steps that ended, in the order they ended
         self._lock = threading.Lock()
         self._reaper: subprocess.Popen | None = None
@@ -101,12 +108,23 @@ class StepProcesses:
 
         image = add_latest_tag_if_not_present(image=image)
         client.api.timeout = max(client.api.timeout or 0, START_SECONDS)
+        if not self._owner_told:  # before the first container is asked for: one may be made after local-run died
+            self._owner_told = True
+            self._tell_reaper(f"containers {self.owner}\n")
+        labels = {**(run_arguments.pop("labels", None) or {}), OWNER_LABEL: self.owner}
         try:
             if not any(image in known.tags + known.attrs.get("RepoDigests", []) for known in client.images.list()):
                 logger.info("pulling %s", image)
                 client.images.pull(image)
             container = client.containers.run(
-                image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **run_arguments
+                image=image,
+                command=command,
+                detach=True,
+                stdout=True,
+                stderr=True,
+                volumes=volumes,
+                labels=labels,
+                **run_arguments,
             )
         except _docker_errors() as error:
             print(f"the step's container could not be started: {_one_line(error)}", flush=True)
@@ -116,7 +134,6 @@ class StepProcesses:
         with self._lock:
             self._containers[container.id] = container
             stopped = self.stopped_by is not None
-        self._tell_reaper(f"container {container.id}\n")
         if stopped:
             stop_container(container)
         try:
@@ -350,64 +367,74 @@ def kill_container(container) -> None:
         container.kill()
 
 
-def _container_running(container) -> bool:
-    try:
-        container.reload()
-    except _docker_errors():
-        return False
-    return container.status not in ENDED
-
-
-def reap(grace_seconds: float, stream=None, docker_client=None) -> int:
-    """The reaper: read step groups (`<pid>`) and containers (`container <id>`) from stdin until `done` (a normal
-    end: nothing to do) or end of file (local-run died): then SIGTERM to every step still running, SIGKILL to what is
-    left after the grace period, and every container named removed."""
+def reap(grace_seconds: float, stream=None, docker_client=None, late_seconds: float = LATE_CONTAINER_SECONDS) -> int:
+    """The reaper: read step groups (`<pid>`) and the run's container label (`containers <owner>`) from stdin until
+    `done` (a normal end: nothing to do) or end of file (local-run died): then SIGTERM to every step still running,
+    SIGKILL to what is left after the grace period, and every container of the run removed, also one that the engine
+    finishes creating for `late_seconds` after that (its creation was under way when local-run died)."""
     stream = stream or sys.stdin.buffer
     groups: list[int] = []
-    container_ids: list[str] = []
+    owner = None
     for line in stream:
         if line == DONE:
             return 0
         words = line.split()
-        if len(words) == 2 and words[0] == b"container":
-            container_ids.append(words[1].decode())
+        if len(words) == 2 and words[0] == b"containers":
+            owner = words[1].decode()
         with contextlib.suppress(ValueError):
             groups.append(int(line))
-    containers = _containers_of(container_ids, docker_client)
+    containers = RunContainers(owner, docker_client) if owner else None
     alive = [group for group in groups if _group_alive(group)]
-    running = [container for container in containers if _container_running(container)]
     for group in alive:
         _signal_group(group, signal.SIGTERM)
-    for container in running:
-        stop_container(container)
+    running = containers.stop_running() if containers else []
     deadline = time.monotonic() + grace_seconds
     while (alive or running) and time.monotonic() < deadline:
         time.sleep(0.5)
         alive = [group for group in alive if _group_alive(group)]
-        running = [container for container in running if _container_running(container)]
+        running = containers.stop_running() if containers else []
     for group in alive:
         _signal_group(group, signal.SIGKILL)
-    for container in containers:
-        remove_container(container)
+    if containers:
+        containers.remove_all(late_seconds)
     return 0
 
 
-def _containers_of(container_ids: list[str], docker_client) -> list:
-    if not container_ids:
-        return []
-    try:
-        if docker_client is None:
-            import docker
+class RunContainers:
+    """For the reaper: the containers labelled with a local-run's owner label, found by asking the engine."""
 
-            docker_client = docker.from_env(timeout=60)
-        found = []
-        for container_id in container_ids:
-            with contextlib.suppress(*_docker_errors()):
-                found.append(docker_client.containers.get(container_id))
-        return found
-    except _docker_errors() as error:
-        print(f"step reaper: the containers {' '.join(container_ids)} could not be stopped: {error}", file=sys.stderr)
-        return []
+    def __init__(self, owner: str, docker_client=None):
+        self.owner, self.client, self.stopped = owner, docker_client, set()
+
+    def labelled(self) -> list:
+        try:
+            if self.client is None:
+                import docker
+
+                self.client = docker.from_env(timeout=START_SECONDS)
+            return self.client.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={self.owner}"})
+        except _docker_errors() as error:
+            print(f"step reaper: the run's containers ({OWNER_LABEL}={self.owner}) could not be listed: "
+                  f"{_one_line(error)}", file=sys.stderr)  # fmt: skip
+            return []
+
+    def stop_running(self) -> list:
+        """SIGTERM to each running container not yet stopped; returns those still running."""
+        running = [container for container in self.labelled() if container.status in RUNNING]
+        for container in running:
+            if container.id not in self.stopped:
+                self.stopped.add(container.id)
+                stop_container(container)
+        return running
+
+    def remove_all(self, late_seconds: float) -> None:
+        deadline = time.monotonic() + late_seconds
+        while True:
+            for container in self.labelled():
+                remove_container(container)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(2.0)
 
 
 if __name__ == "__main__":

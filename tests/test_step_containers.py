@@ -16,7 +16,7 @@ import types
 import docker.errors
 import pytest
 
-from pipeline.step_processes import StepProcesses, reap
+from pipeline.step_processes import OWNER_LABEL, StepProcesses, reap
 
 STOP_COMMAND = ["sh", "-c", "kill -TERM -1"]
 
@@ -25,9 +25,11 @@ class FakeContainer:
     def __init__(self, container_id: str, exit_code: int | None = None, stubborn: bool = False, ended="exited"):
         self.id = container_id
         self.ended_status = ended  # Docker's; podman 4.3's Docker API says "stopped"
+        self.status_before_start = "running"  # "created": made, never started
         self.stubborn = stubborn
         self.exit_code = exit_code  # ends by itself with this code
         self.executed: list[list[str]] = []
+        self.labels: dict[str, str] = {}
         self.killed = self.removed = False
         self.ended = threading.Event()
         if exit_code is not None:
@@ -35,7 +37,7 @@ class FakeContainer:
 
     @property
     def status(self) -> str:
-        return self.ended_status if self.ended.is_set() else "running"
+        return self.ended_status if self.ended.is_set() else self.status_before_start
 
     @property
     def attrs(self) -> dict:
@@ -101,7 +103,7 @@ class FakeClient:
         self.waiting = list(containers)
         self.known = {container.id: container for container in containers}
         self.images = types.SimpleNamespace(list=lambda: [types.SimpleNamespace(tags=["step:latest"], attrs={})])
-        self.containers = types.SimpleNamespace(run=self._run, get=self._get)
+        self.containers = types.SimpleNamespace(run=self._run, list=self._list)
         self.api = types.SimpleNamespace(timeout=60)  # the Docker SDK's default, per request
         self.refusal: Exception | None = None
 
@@ -109,12 +111,14 @@ class FakeClient:
         assert detach and image == "step:latest"
         if self.refusal is not None:
             raise self.refusal
-        return self.waiting.pop(0)
+        container = self.waiting.pop(0)
+        container.labels = run_arguments["labels"]
+        return container
 
-    def _get(self, container_id):
-        if container_id not in self.known or self.known[container_id].removed:
-            raise docker.errors.NotFound(f"no such container: {container_id}")
-        return self.known[container_id]
+    def _list(self, all: bool, filters: dict):
+        assert all, "stopped and created containers are the run's too"
+        key, value = filters["label"].split("=", 1)
+        return [c for c in self.known.values() if not c.removed and c.labels.get(key) == value]
 
 
 def run_in_background(steps: StepProcesses, client: FakeClient) -> tuple[threading.Thread, list[int]]:
@@ -177,17 +181,38 @@ def test_a_container_started_after_the_run_was_stopped_is_stopped_too():
 
 
 def test_the_reaper_stops_and_removes_the_containers_of_a_local_run_that_died():
+    """Found by the run's owner label: the running ones are stopped (killed with the removal after the grace), the
+    ended ones removed, and one the engine finished creating after local-run died removed too."""
+    owner = {OWNER_LABEL: "host-123-456"}
     training, stubborn, ended = FakeContainer("train"), FakeContainer("stubborn", stubborn=True), FakeContainer("x", 0)
-    ended.removed = True  # a step that ended before local-run died: already gone
-    client = FakeClient(training, stubborn, ended)
+    late, another_runs = FakeContainer("late"), FakeContainer("other")
+    for container in (training, stubborn, ended, late):
+        container.labels = owner
+    another_runs.labels = {OWNER_LABEL: "host-123-789"}
+    late.status_before_start = "created"
+    client = FakeClient(training, stubborn, ended, another_runs)
+    threading.Timer(1.5, lambda: client.known.update(late=late)).start()  # its creation was under way
     started = time.monotonic()
-    reap(1.0, io.BytesIO(b"container train\ncontainer stubborn\ncontainer x\n"), docker_client=client)
+    reap(1.0, io.BytesIO(b"123\ncontainers host-123-456\n"), docker_client=client, late_seconds=3.0)
     assert training.executed == [STOP_COMMAND] and training.exit_code == 143 and training.removed
     assert stubborn.removed and stubborn.exit_code == 137  # after the grace, removed by force
-    assert time.monotonic() - started < 5
+    assert ended.removed and late.removed and not another_runs.removed
+    assert late.executed == []  # never started: nothing to stop
+    assert time.monotonic() - started < 10
     untouched = FakeContainer("train")
-    reap(1.0, io.BytesIO(b"container train\ndone\n"), docker_client=FakeClient(untouched))  # ended normally
+    untouched.labels = owner
+    reap(1.0, io.BytesIO(b"containers host-123-456\ndone\n"), docker_client=FakeClient(untouched))  # ended normally
     assert untouched.executed == [] and not untouched.removed
+
+
+def test_every_container_carries_its_runs_owner_label_which_the_reaper_is_told_first():
+    steps = StepProcesses(grace_seconds=1.0)
+    told = []
+    steps._tell_reaper = told.append
+    step = FakeContainer("step", exit_code=0)
+    steps.run_container(FakeClient(step), "step", ["python"], {}, labels={"team": "vision"})
+    assert step.labels == {"team": "vision", OWNER_LABEL: steps.owner}
+    assert told == [f"containers {steps.owner}\n"]
 
 
 @pytest.mark.parametrize("error", [docker.errors.NotFound("gone"), docker.errors.APIError("engine down")])
