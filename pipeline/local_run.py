@@ -111,6 +111,15 @@ def run_folders(pipeline_name: str, output_root: Path) -> list[Path]:
 
 
 def model_directory_of(run_folder: Path) -> Path | None:
+    """Where the run trained: the local model directory it was given (a resumed run trains on in the earlier run's,
+    as its record says), else its training step's own."""
+    try:
+        record = run_record.read(run_folder)
+    except ValueError:
+        record = None  # a damaged record is said where the run is resumed; here, the step's folder
+    given = str((record.parameters if record else {}).get("model_dir") or "")
+    if given and "://" not in given and Path(given).is_dir():
+        return Path(given)
     found = sorted(run_folder.glob(f"{TRAINING_TASKS}/model"))
     return found[0] if found else None
 

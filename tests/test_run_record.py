@@ -59,6 +59,24 @@ def test_resume_last_is_the_newest_interrupted_run_not_one_that_runs_or_finished
     assert local_run.resumable_run(PIPELINE, tmp_path, "last") == interrupted
 
 
+def test_a_resumed_run_that_is_stopped_again_resumes_in_the_first_runs_model_directory(tmp_path):
+    """A resumed run trains on in the earlier run's model directory; its own training step's folder stays empty.
+    Stopped again, it is resumed from there, and what it says of itself names that directory."""
+    first = a_run(tmp_path, "09-00-00", "interrupted")
+    trained_in = first / "launch-training-job-component" / "model"
+    parameters, _ = local_run.resumed(PIPELINE, {}, tmp_path, "last")
+    second = a_run(tmp_path, "10-00-00", "interrupted", checkpoint=False)  # its own model folder: empty
+    run_record.write(second, dataclasses.replace(run_record.read(second), parameters=parameters))
+    (trained_in / "ckpt-60.index").write_bytes(b"x")  # the second run trained on, there
+    assert local_run.model_directory_of(second) == trained_in
+    assert local_run.resumable_run(PIPELINE, tmp_path, "last") == second
+    again, continued = local_run.resumed(PIPELINE, {}, tmp_path, "last")
+    assert continued == second and again["model_dir"] == str(trained_in)
+    assert "interrupted at step 60 (its checkpoint is saved); continue with: make local-run RESUME=" in (
+        local_run._interrupted(second)
+    )
+
+
 def test_clean_runs_keeps_running_and_interrupted_runs_unless_told(tmp_path, caplog):
     interrupted = a_run(tmp_path, "09-00-00", "interrupted")
     finished = a_run(tmp_path, "10-00-00", "finished")
