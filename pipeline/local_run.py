@@ -26,7 +26,7 @@ from typing import Any
 from pipeline import run_record, terminal
 from pipeline.commands import LOCAL_RUN_SOURCE, CommandError, check_parameters, describe_length
 from pipeline.step_processes import StepProcesses
-from pipeline.step_user import StepUser, engine_is_podman, engine_is_rootless, step_user_for
+from pipeline.step_user import StepUser, engine_is_rootless, step_user_for
 
 logger = logging.getLogger("pipeline")
 
@@ -407,7 +407,7 @@ def docker_step_user() -> StepUser:
     import docker
 
     client = docker.from_env(timeout=60)
-    return step_user_for(engine_is_rootless(client.info()), engine_is_podman(client.version()))
+    return step_user_for(engine_is_rootless(client.info()))
 
 
 def prepare_step_folders(user: StepUser, output_root: Path, run_folder: Path, parameters: dict[str, Any]) -> None:

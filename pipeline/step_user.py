@@ -4,9 +4,10 @@ Every step of `make local-run RUNNER=docker` runs in its image as a user of its 
 - the host is root: the images' non-root user (10001), never root, as the restricted Pod Security profile has it;
 - the host is a user and the engine runs as root (Docker, rootful podman): that user's own IDs, so what the steps
   leave belongs to whoever ran make;
-- the engine is rootless podman: the user's own IDs again, in a user namespace that maps them to the user
-  (`--userns=keep-id`); without it, a user inside would be a subordinate ID on the host;
-- the engine is rootless Docker (no keep-id): the container's root, which that engine maps to the user who runs it.
+- the engine is rootless (podman or Docker): the container's root, which such an engine maps to the user who runs
+  it (any other user inside is one of the user's subordinate IDs on the host, which may not write the user's
+  folders). podman's `--userns=keep-id`, which would keep the user's own IDs inside, cannot be asked for through
+  the Docker API that kfp.local speaks: the Docker SDK refuses any user namespace mode but `host`.
 
 Before the first step the host makes (or takes over) every folder under the mounted output root that a step writes
 into, through `StepUser.give`, and `StepUser.problems` checks the step user's access to everything the host
@@ -25,20 +26,16 @@ IMAGE_USER = 10001  # the images' user (images/Dockerfile)
 
 @dataclasses.dataclass(frozen=True)
 class StepUser:
-    uid: int
+    uid: int  # who the steps' files belong to on the host
     gid: int
-    userns: str | None = None  # "keep-id" on a rootless engine
 
     @property
     def docker_user(self) -> str:
         return f"{self.uid}:{self.gid}"
 
     def run_arguments(self) -> dict[str, str]:
-        """The user (and user namespace) arguments of docker's containers.run."""
-        arguments = {"user": self.docker_user}
-        if self.userns:
-            arguments["userns_mode"] = self.userns
-        return arguments
+        """The user argument of docker's containers.run."""
+        return {"user": self.docker_user}
 
     def may_write(self, folder: Path) -> bool:
         """Whether this user may create and remove entries in `folder` (write and search permission)."""
@@ -90,22 +87,21 @@ def may_write(info: os.stat_result, uid: int, gids: set[int]) -> bool:
     return info.st_mode & bits == bits
 
 
-def step_user_for(rootless: bool, podman: bool, host_uid: int | None = None, host_gid: int | None = None) -> StepUser:
+def step_user_for(rootless: bool, host_uid: int | None = None, host_gid: int | None = None) -> StepUser:
     """The user the steps run as (see the module's description), with the host's IDs for the host's files."""
     uid = os.getuid() if host_uid is None else host_uid
     gid = os.getgid() if host_gid is None else host_gid
-    if rootless and podman:
-        return StepUser(uid, gid, userns="keep-id")
     if rootless:
-        return RootlessDockerUser(uid, gid)
+        return RootlessEngineUser(uid, gid)
     if uid == 0:
         return StepUser(IMAGE_USER, IMAGE_USER)
     return StepUser(uid, gid)
 
 
 @dataclasses.dataclass(frozen=True)
-class RootlessDockerUser(StepUser):
-    """Rootless Docker: the container's root is the host user `uid`, whose files the steps then write."""
+class RootlessEngineUser(StepUser):
+    """A rootless engine (podman or Docker): the container's root is the host user `uid`, whose files the steps then
+    write."""
 
     @property
     def docker_user(self) -> str:
@@ -113,10 +109,8 @@ class RootlessDockerUser(StepUser):
 
 
 def engine_is_rootless(info: dict) -> bool:
-    """Whether the engine that answered `docker info` runs without root (rootless Docker or podman)."""
-    return any("rootless" in str(option) for option in info.get("SecurityOptions") or [])
-
-
-def engine_is_podman(version: dict) -> bool:
-    """Whether the Docker API that answered `docker version` is podman's."""
-    return any("podman" in str(component.get("Name", "")).lower() for component in version.get("Components") or [])
+    """Whether the engine that answered `docker info` runs without root: rootless Docker says so among its security
+    options, rootless podman's Docker API in a field of its own (`Rootless`, seen with podman 4.3)."""
+    return info.get("Rootless") is True or any(
+        "rootless" in str(option) for option in info.get("SecurityOptions") or []
+    )

@@ -18,7 +18,7 @@ import pytest
 
 from pipeline import local_run
 from pipeline.pipeline import cifar10_pipeline
-from pipeline.step_user import IMAGE_USER, StepUser, may_write, step_user_for
+from pipeline.step_user import IMAGE_USER, StepUser, engine_is_rootless, may_write, step_user_for
 
 PARAMETERS = {"source": "synthetic", "workers": 1, "train_steps": 4, "depth": 8, "synthetic_train_per_class": 4}
 
@@ -90,15 +90,18 @@ def step_output_folders(started: dict) -> list[Path]:
     return paths
 
 
-def test_the_steps_user_is_the_images_user_as_root_and_ones_own_otherwise():
-    assert (
-        step_user_for(rootless=False, podman=False, host_uid=0, host_gid=0).docker_user == f"{IMAGE_USER}:{IMAGE_USER}"
-    )
-    assert step_user_for(rootless=False, podman=True, host_uid=1000, host_gid=100).docker_user == "1000:100"
-    rootless_podman = step_user_for(rootless=True, podman=True, host_uid=1000, host_gid=100)
-    assert rootless_podman.run_arguments() == {"user": "1000:100", "userns_mode": "keep-id"}
-    rootless_docker = step_user_for(rootless=True, podman=False, host_uid=1000, host_gid=100)
-    assert rootless_docker.docker_user == "0:0" and (rootless_docker.uid, rootless_docker.gid) == (1000, 100)
+def test_the_steps_user_is_the_images_user_as_root_ones_own_as_a_user_and_root_on_a_rootless_engine():
+    assert step_user_for(rootless=False, host_uid=0, host_gid=0).docker_user == f"{IMAGE_USER}:{IMAGE_USER}"
+    assert step_user_for(rootless=False, host_uid=1000, host_gid=100).run_arguments() == {"user": "1000:100"}
+    rootless = step_user_for(rootless=True, host_uid=1000, host_gid=100)
+    assert rootless.run_arguments() == {"user": "0:0"} and (rootless.uid, rootless.gid) == (1000, 100)
+    # What each engine's `info` says (trimmed), as they answered here.
+    podman_rootless = {"Driver": "vfs", "SecurityOptions": ["name=seccomp,profile=default"], "Rootless": True}
+    docker_rootless = {"SecurityOptions": ["name=seccomp,profile=default", "name=rootless"]}
+    podman_as_root = {"SecurityOptions": ["name=seccomp,profile=default"], "Rootless": False}
+    docker_as_root = {"SecurityOptions": ["name=seccomp,profile=default"]}
+    assert engine_is_rootless(podman_rootless) and engine_is_rootless(docker_rootless)
+    assert not engine_is_rootless(podman_as_root) and not engine_is_rootless(docker_as_root)
 
 
 def test_permission_bits_decide_the_steps_access():
