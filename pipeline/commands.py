@@ -7,8 +7,10 @@ the pipeline's own signature so the two never drift apart.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import logging
+import re
 import time
 from importlib import resources
 from pathlib import Path
@@ -262,8 +264,35 @@ def compile_pipeline(pipeline, output: Path | None = None) -> Path:
 
     output = output or compiled_path(pipeline)
     compiler.Compiler().compile(pipeline, str(output))
+    output.write_text(with_sorted_default_comments(output.read_text()))
     logger.info("compiled %s", output)
     return output
+
+
+_DEFAULT_COMMENT = re.compile(r"^(#    \w+: \w+ \[Default: )(\{.*\})(\])$")
+
+
+def with_sorted_default_comments(text: str) -> str:
+    """The compiled YAML with each dict default in its header comment written with sorted keys: kfp writes them in
+    the order of a protobuf map, which changes from process to process, so that the same pipeline compiled twice
+    differed in a comment (and the check that the committed YAML is current failed at random)."""
+
+    def in_order(value):
+        if isinstance(value, dict):
+            return {key: in_order(value[key]) for key in sorted(value)}
+        return [in_order(item) for item in value] if isinstance(value, list) else value
+
+    def rewritten(line: str) -> str:
+        match = _DEFAULT_COMMENT.match(line)
+        if not match:
+            return line
+        try:
+            value = ast.literal_eval(match.group(2))
+        except (ValueError, SyntaxError):
+            return line
+        return f"{match.group(1)}{in_order(value)!r}{match.group(3)}"
+
+    return "\n".join(rewritten(line) for line in text.split("\n"))
 
 
 COMPONENTS_ROOT = Path(str(resources.files("components")))
