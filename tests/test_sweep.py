@@ -313,3 +313,19 @@ def test_on_a_cluster_each_trial_is_a_trainjob_and_they_run_up_to_the_parallelis
     assert [record["state"] for record in found] == ["complete", "complete"], found
     assert all(record["model_dirs"][0].startswith(f"{sweep_dir}/trials/") for record in found)
     assert json.loads(storage.read_bytes(f"{sweep_dir}/best.json"))["validation_accuracy"] > 0
+
+
+def test_a_remote_sweeps_working_copy_is_kept_where_the_dataset_mirror_is(tmp_path, monkeypatch):
+    """Under the project's cache folder (cache_dir, else XDG_CACHE_HOME's or ~/.cache's cifar10-pipeline), not in the
+    working directory when XDG_CACHE_HOME is set but empty."""
+    from components.common.dataset import default_cache_dir
+    from components.sweep.sweep import SweepFolder
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    monkeypatch.chdir(tmp_path)
+    folder = SweepFolder("s3://bucket/sweeps/lr", None)
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "cifar10-pipeline"
+    assert folder.local.parent == default_cache_dir() / "sweeps" and folder.local.is_dir()
+    given = SweepFolder("s3://bucket/sweeps/lr", str(tmp_path / "cache"))
+    assert given.local.parent == tmp_path / "cache" / "sweeps"

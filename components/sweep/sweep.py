@@ -30,7 +30,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import signal
 import statistics
 import subprocess
@@ -42,7 +41,7 @@ from typing import Any
 
 from components.common import documents, exit_codes, processes, storage
 from components.common.config import config_from_mapping
-from components.common.dataset import read_manifest
+from components.common.dataset import default_cache_dir, read_manifest
 from components.common.model_directory import VALIDATION_CURVE, VALIDATION_CURVE_SCHEMA
 from components.common.progress import format_duration
 from components.sweep.config import SweepConfig
@@ -90,8 +89,8 @@ class SweepFolder:
         if self.remote:
             import hashlib
 
-            base = Path(cache_dir) if cache_dir else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-            self.local = base / "cifar10-pipeline" / "sweeps" / hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+            base = Path(cache_dir) if cache_dir else default_cache_dir()  # where the dataset is mirrored too
+            self.local = base / "sweeps" / hashlib.sha256(self.uri.encode()).hexdigest()[:16]
             self.publisher = storage.publisher_for(self.uri)
         else:
             self.local = Path(uri)
