@@ -102,3 +102,12 @@ def image(stage: str) -> str:
     if stage not in IMAGE_OF_STAGE:
         raise ValueError(f"unknown stage {stage!r}; stages are {tuple(IMAGE_OF_STAGE)}")
     return image_of_kind(IMAGE_OF_STAGE[stage])
+
+
+def images_named_in(text: str) -> tuple[str, str] | None:
+    """(registry, tag) of the project's images a compiled pipeline (or component YAML) names, or None when it names
+    none (an image of another project's, say)."""
+    import re
+
+    found = set(re.findall(r"image: ['\"]?(\S+)/(?:cpu|gpu):([\w][\w.-]*)['\"]?\s*$", text, re.MULTILINE))
+    return sorted(found)[0] if len(found) == 1 else None

@@ -198,7 +198,7 @@ def build_images(
     return [build(engine, BuildRequest(kind, image_of_kind(kind), base_image, ca_bundle)) for kind in kinds]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m images.build", description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="which images (default: both)")
     parser.add_argument(
@@ -215,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stand-in-base", action="store_true", help="build on a base made from Debian packages")
     parser.add_argument("--push", action="store_true", help="push each image after building it")
     parser.add_argument("--print-references", action="store_true", help="print the image references and exit")
-    arguments = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if arguments.print_references:
         print(json.dumps({kind: image_of_kind(kind) for kind in arguments.kinds}))

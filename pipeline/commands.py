@@ -10,7 +10,9 @@ import argparse
 import ast
 import json
 import logging
+import os
 import re
+import tempfile
 import time
 from importlib import resources
 from pathlib import Path
@@ -18,6 +20,13 @@ from typing import Any
 
 from components.common import exit_codes
 from components.common.logs import setup_logging
+from pipeline.parameters import (
+    LOCAL_RUN_SOURCE,
+    CommandError,
+    check_parameters,
+    parameter_types,
+    trains,
+)
 
 logger = logging.getLogger("pipeline")
 
@@ -36,25 +45,10 @@ def compiled_path(pipeline) -> Path:
     return COMPILED_FILES.get(pipeline.name, COMPILED.with_name(f"{pipeline.name}.yaml"))
 
 
-def trains(pipeline) -> bool:
-    """Whether `pipeline` is the training pipeline (whose parameters the train stage's checks apply to)."""
-    return "launcher" in _parameter_types(pipeline)
-
-
 DEFAULT_EXPERIMENT = "cifar10"
-LOCAL_RUN_SOURCE = "synthetic"  # local-run is a demo unless told otherwise (make local-run SOURCE=...)
-
-
-class CommandError(RuntimeError):
-    """A command cannot do what was asked (no Docker engine, a bad cron expression...)."""
 
 
 # -- parameters -----------------------------------------------------------------------------------------------
-
-
-def _parameter_types(pipeline) -> dict[str, tuple[str, Any]]:
-    """{name: (KFP type, default)} of the pipeline's inputs."""
-    return {name: (spec.type, spec.default) for name, spec in pipeline.component_spec.inputs.items()}
 
 
 def _descriptions(pipeline) -> dict[str, str]:
@@ -63,23 +57,27 @@ def _descriptions(pipeline) -> dict[str, str]:
 
 
 def parse_json(text: str) -> Any:
-    """A JSON option's value, or a JSON or YAML file holding it (`--space space.yaml`); its error names the line and
-    column, or the file."""
-    if not text.lstrip().startswith(("{", "[")) and Path(text).is_file():
-        import yaml
+    """A JSON option's value: inline JSON (starting with { or [), or a JSON or YAML file holding it (`--space
+    space.yaml`), read by the one reader of documents (components/common/documents.py: size, depth and number
+    bounds); its error names the line and column, or the file."""
+    from components.common import documents
 
-        from components.common import documents
-
-        try:
-            return yaml.safe_load(documents.read_bytes(text, "JSON or YAML file").decode("utf-8"))
-        except (documents.DocumentError, UnicodeDecodeError, yaml.YAMLError) as error:
-            raise argparse.ArgumentTypeError(f"{text}: not JSON or YAML ({str(error).splitlines()[0]})") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(
-            f"not JSON: {error.msg} at line {error.lineno}, column {error.colno}: {text[:80]!r}"
-        ) from None
+        if text.lstrip().startswith(("{", "[")):
+            return documents.load(text, f"inline JSON {_shortened(text)}", "value", yaml_allowed=False)
+        if not Path(text).expanduser().exists():
+            raise argparse.ArgumentTypeError(
+                f"{text}: no such file (give a JSON or YAML file, or inline JSON starting with {{ or [)"
+            )
+        content = documents.read_bytes(str(Path(text).expanduser()), "JSON or YAML file")
+        return documents.load(content, text, "JSON or YAML document")
+    except documents.DocumentError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _shortened(text: str, limit: int = 40) -> str:
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= limit else flat[: limit - 3] + "...")
 
 
 def _converter(kfp_type: str):
@@ -123,7 +121,7 @@ def add_parameter_options(parser: argparse.ArgumentParser, pipeline, overrides: 
     """One option per pipeline parameter; `overrides` are this command's own defaults (shown as such)."""
     group = parser.add_argument_group("pipeline parameters (default: the pipeline's)")
     descriptions = _descriptions(pipeline)
-    for name, (kfp_type, default) in _parameter_types(pipeline).items():
+    for name, (kfp_type, default) in parameter_types(pipeline).items():
         default = (overrides or {}).get(name, default)
         group.add_argument(
             "--" + name.replace("_", "-"),
@@ -138,134 +136,27 @@ def add_parameter_options(parser: argparse.ArgumentParser, pipeline, overrides: 
 def chosen_parameters(arguments: argparse.Namespace, pipeline) -> dict[str, Any]:
     return {
         name: getattr(arguments, f"parameter_{name}")
-        for name in _parameter_types(pipeline)
+        for name in parameter_types(pipeline)
         if getattr(arguments, f"parameter_{name}") is not None
     }
-
-
-# -- checking parameters before anything runs ------------------------------------------------------------------
-
-LAUNCHERS = ("auto", "trainjob", "tfjob", "pod")
-# Pipeline parameters that become TrainConfig fields (and LaunchConfig fields) of the same name.
-TRAIN_PARAMETERS = ("workers", "depth", "batch_size", "learning_rate", "train_steps", "epochs", "preset")
-LAUNCH_PARAMETERS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_image", "queue_name")
-LAUNCH_PARAMETERS += ("object_store_secret",)
-
-
-def check_parameters(pipeline, parameters: dict[str, Any]):
-    """Refuse, in seconds and before any step runs, run parameters that the train step would refuse after the
-    data was prepared: an unknown launcher, both epochs and train_steps, an option the train stage does not know
-    or a value it refuses, a train option that repeats a named parameter, a bad worker setting. (Only the training
-    pipeline's: another pipeline's parameters are checked by its step.)"""
-    from components.common.kfp_parameters import config_from_parameters
-    from components.train.config import TrainConfig
-    from components.train.launch_config import LaunchConfig
-
-    if not trains(pipeline):
-        return None
-    for name in ("epochs", "train_steps"):
-        if name in parameters and not parameters[name] > 0:
-            raise CommandError(
-                f"{name}: {parameters[name]} is not a length; give a positive number, or leave it out for the "
-                "recipe's own length"
-            )
-    defaults = {name: default for name, (_kind, default) in _parameter_types(pipeline).items()}
-    values = {**defaults, **parameters}
-    if values["launcher"] not in LAUNCHERS:
-        raise CommandError(f"launcher: {values['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
-    check_data_parameters(values)
-    check_registry_parameters(values)
-    check_sweep_parameters(values)
-    options = dict(values.get("train_options") or {})
-    named = {*TRAIN_PARAMETERS, *LAUNCH_PARAMETERS, "warm_start", "model_dir", "data", "launcher"}
-    repeated = sorted(set(options) & named)
-    if repeated:
-        raise CommandError(f"train_options: {repeated} are pipeline parameters; set them as such, not in train_options")
-    train = {name: values[name] for name in TRAIN_PARAMETERS}
-    job = values["launcher"] in ("trainjob", "tfjob")
-    location = "s3://check/" if job else "/check/"
-    train.update(data=location + "data", model_dir=location + "model", launcher="auto" if not job else "trainjob")
-    train.update(options)
-    launch = {name: values[name] for name in LAUNCH_PARAMETERS}
-    secret = values.get("image_pull_secret") or ""
-    launch["image_pull_secrets"] = (secret,) if secret else ()
-    try:
-        config = config_from_parameters(TrainConfig, train, "pipeline parameters")
-        config_from_parameters(LaunchConfig, launch, "pipeline parameters")
-    except ValueError as error:
-        raise CommandError(str(error)) from error
-    return config
-
-
-def check_data_parameters(values: dict[str, Any]) -> None:
-    """The data check's and the leakage's parameters, as their steps would refuse them after the data was prepared."""
-    from components.evaluate.data_check import CheckDataConfig
-    from components.prepare_data.config import PrepareDataConfig
-
-    try:
-        PrepareDataConfig(output="/check", leakage=values["leakage"])
-    except ValueError as error:
-        raise CommandError(str(error)) from error
-    try:
-        CheckDataConfig(data="/check", mode=values["data_check"], thresholds=dict(values["data_thresholds"] or {}))
-    except ValueError as error:
-        message = str(error)  # the step's field names, as the pipeline's parameters call them
-        for field_name, parameter in (("mode:", "data_check:"), ("thresholds:", "data_thresholds:")):
-            message = parameter + message.removeprefix(field_name) if message.startswith(field_name) else message
-        raise CommandError(message) from error
-
-
-def check_sweep_parameters(values: dict[str, Any]) -> None:
-    """The sweep pipeline's search space and budget, as its sweep step would refuse them after the data was
-    prepared (nothing for a pipeline without a search)."""
-    if "space" not in values:
-        return
-    from components.sweep.config import SweepConfig
-    from components.sweep.space import parse_space
-
-    names = ("trials", "max_minutes", "sampler", "pruner", "startup_trials", "parallelism", "repeats")
-    try:
-        parse_space(values["space"], "space")
-        SweepConfig(data="/check", sweep_dir="/check", space="{}", workers=values["trial_workers"],
-                    **{name: values[name] for name in names})  # fmt: skip
-    except ValueError as error:
-        raise CommandError(str(error)) from error
-
-
-def check_registry_parameters(values: dict[str, Any]) -> None:
-    """The Model Registry's address and model name, as the promote step would refuse them after training."""
-    from components.evaluate.registry import check_address, check_model_name
-
-    try:
-        if values.get("model_registry"):
-            check_address(values["model_registry"])
-        check_model_name(values.get("registered_model_name", "cifar10"))
-    except ValueError as error:
-        raise CommandError(str(error)) from error
-
-
-def describe_length(config) -> str:
-    """How long training is, as a person reads it before a long run."""
-    recipe = f"the {config.preset} recipe" if config.preset else "no preset"
-    if config.train_steps is not None:
-        return f"{config.train_steps} steps of batch {config.batch_size} ({recipe})"
-    if config.epochs is not None:
-        return f"{config.epochs:g} epochs of batch {config.batch_size} ({recipe})"
-    return (
-        f"80000 steps of batch {config.batch_size}, the stage's default ({recipe}; --epochs or --train-steps to set it)"
-    )
 
 
 # -- compile ----------------------------------------------------------------------------------------------------
 
 
-def compile_pipeline(pipeline, output: Path | None = None) -> Path:
+def compile_pipeline(pipeline, output: Path | None = None, quiet: bool = False) -> Path:
     from kfp import compiler
 
     output = output or compiled_path(pipeline)
     compiler.Compiler().compile(pipeline, str(output))
     output.write_text(with_sorted_default_comments(output.read_text()))
-    logger.info("compiled %s", output)
+    if not quiet:
+        from components.images import images_named_in
+
+        named = images_named_in(output.read_text())
+        logger.info(
+            "compiled %s%s", output, f" (images: {named[0]}/cpu:{named[1]} and gpu:{named[1]})" if named else ""
+        )
     return output
 
 
@@ -302,7 +193,7 @@ def compile_components(root: Path = COMPONENTS_ROOT) -> list[Path]:
     """Each stage's published component YAML (pipeline.PUBLISHED_COMPONENTS), under `root`/<stage>/."""
     from kfp import compiler
 
-    from pipeline.pipeline import PUBLISHED_COMPONENTS
+    from pipeline.training_pipeline import PUBLISHED_COMPONENTS
 
     written = []
     for relative, component in PUBLISHED_COMPONENTS.items():
@@ -314,7 +205,49 @@ def compile_components(root: Path = COMPONENTS_ROOT) -> list[Path]:
     return written
 
 
-# -- local-run --------------------------------------------------------------------------------------------------
+# -- what a submission sends ----------------------------------------------------------------------------------
+
+
+def package_for_submission(pipeline, directory: Path) -> Path:
+    """The pipeline compiled for a submission, into `directory` (the compiled file under pipeline/ is `make
+    compile`'s and stays as it wrote it), naming the images of the registry `make compile REGISTRY=...` wrote into
+    that file unless REGISTRY is given now; says in one line which images it names."""
+    from components import images
+
+    package = compile_pipeline(pipeline, directory / compiled_path(pipeline).name, quiet=True)
+    text = package.read_text()
+    named = images.images_named_in(text)
+    if named is None:  # a pipeline without the project's images
+        return package
+    registry, tag = named
+    compiled = compiled_path(pipeline)
+    remembered = images.images_named_in(compiled.read_text()) if compiled.is_file() else None
+    if not os.environ.get("CIFAR10_PIPELINE_REGISTRY") and remembered and remembered[0] != registry:
+        for kind in images.KINDS:
+            text = text.replace(f"{registry}/{kind}:{tag}", f"{remembered[0]}/{kind}:{tag}")
+        package.write_text(text)
+        registry = remembered[0]
+    where = "REGISTRY" if os.environ.get("CIFAR10_PIPELINE_REGISTRY") else f"as make compile wrote {compiled.name}"
+    logger.info("images: %s/cpu:%s and gpu:%s (%s)", registry, tag, tag, where)
+    if registry == images.DEFAULT_REGISTRY:
+        logger.warning(
+            "no images are published at %s: build and push yours, then name them: make push REGISTRY=<yours> && "
+            "make compile REGISTRY=<yours>", registry
+        )  # fmt: skip
+    elif remembered and remembered[1] != tag:
+        logger.warning(
+            "%s was compiled from other code (tag %s); this submission names tag %s: push its images (make push "
+            "REGISTRY=%s)", compiled.name, remembered[1], tag, registry
+        )  # fmt: skip
+    return package
+
+
+def say_the_source(pipeline, parameters: dict[str, Any]) -> None:
+    """On a cluster, the data a run trains on is said in one line when it is the pipeline's default."""
+    if "source" in parameter_types(pipeline) and "source" not in parameters:
+        logger.info(
+            "source: %s (the pipeline's default; SOURCE=... for your data)", parameter_types(pipeline)["source"][1]
+        )
 
 
 # -- a KFP endpoint (pipeline/kfp_endpoint.py owns the client, the credentials and the namespace) ----------------
@@ -334,20 +267,22 @@ def submit(
 
     check_parameters(pipeline, parameters)
     endpoint = kfp_endpoint.connect(endpoint_config)
-    package = compile_pipeline(pipeline)
     name = run_name or f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    result = endpoint.call(
-        f"submitting run {name}",
-        lambda: endpoint.client.create_run_from_pipeline_package(
-            str(package),
-            arguments=parameters,
-            run_name=name,
-            experiment_name=experiment,
-            namespace=endpoint.namespace,
-            enable_caching=None,  # None keeps every task's own caching option; True or False would overwrite them all
-        ),
-        identifier="run_id",
-    )
+    say_the_source(pipeline, parameters)
+    with tempfile.TemporaryDirectory(prefix="cifar10-pipeline-") as directory:
+        package = package_for_submission(pipeline, Path(directory))
+        result = endpoint.call(
+            f"submitting run {name}",
+            lambda: endpoint.client.create_run_from_pipeline_package(
+                str(package),
+                arguments=parameters,
+                run_name=name,
+                experiment_name=experiment,
+                namespace=endpoint.namespace,
+                enable_caching=None,  # None keeps every task's own caching option; True or False would overwrite all
+            ),
+            identifier="run_id",
+        )
     logger.info("submitted run %s (%s): %s", name, result.run_id, kfp_endpoint.run_address(endpoint, result.run_id))
     if wait:
         kfp_endpoint.follow_run(endpoint, result.run_id, wait_timeout_seconds, poll_seconds)
@@ -377,39 +312,78 @@ def schedule(
     name: str,
     cron: str,
     max_concurrency: int = 1,
+    replace: bool = False,
 ) -> str:
-    """A recurring run that retrains, warm-starting from the model promoted at the time of each run."""
+    """A recurring run that retrains, warm-starting from the model promoted at the time of each run. A schedule of
+    the same name is refused, or with `replace` replaced (the new one is made, then the old one deleted)."""
     from pipeline import kfp_endpoint
 
     check_cron(cron)
     if trains(pipeline) and not parameters.get("promotion_root"):
         raise CommandError("a schedule needs --promotion-root (a gs:// folder) to warm-start from and to promote to")
-    own = _parameter_types(pipeline)
+    own = parameter_types(pipeline)
     parameters = {**{name: value for name, value in SCHEDULE_DEFAULTS.items() if name in own}, **parameters}
     check_parameters(pipeline, parameters)
     endpoint = kfp_endpoint.connect(endpoint_config)
-    package = compile_pipeline(pipeline)
+    existing = kfp_endpoint.recurring_runs(endpoint, name)
+    if existing and not replace:
+        raise CommandError(
+            f"a schedule named {name} exists ({existing[0].recurring_run_id}, {existing[0].status}): REPLACE=1 "
+            "(--replace) replaces it, NAME=... (--name) makes another; make schedules lists them"
+        )
+    say_the_source(pipeline, parameters)
     experiment_id = endpoint.call(
         f"creating experiment {experiment}",
         lambda: endpoint.client.create_experiment(experiment, namespace=endpoint.namespace),
         identifier="experiment_id",
     ).experiment_id
-    job = endpoint.call(
-        f"scheduling {name}",
-        lambda: endpoint.client.create_recurring_run(
-            experiment_id=experiment_id,
-            job_name=name,
-            cron_expression=cron,
-            max_concurrency=max_concurrency,
-            no_catchup=True,
-            params=parameters,
-            pipeline_package_path=str(package),
-            enable_caching=None,  # as in submit(): each task keeps its own caching option
-        ),
-        identifier="recurring_run_id",
-    )
+    with tempfile.TemporaryDirectory(prefix="cifar10-pipeline-") as directory:
+        package = package_for_submission(pipeline, Path(directory))
+        job = endpoint.call(
+            f"scheduling {name}",
+            lambda: endpoint.client.create_recurring_run(
+                experiment_id=experiment_id,
+                job_name=name,
+                cron_expression=cron,
+                max_concurrency=max_concurrency,
+                no_catchup=True,
+                params=parameters,
+                pipeline_package_path=str(package),
+                enable_caching=None,  # as in submit(): each task keeps its own caching option
+            ),
+            identifier="recurring_run_id",
+        )
     logger.info("scheduled %s (%s): cron %r in experiment %s", name, job.recurring_run_id, cron, experiment)
+    for old in existing:
+        kfp_endpoint.change_recurring_run(endpoint, old.recurring_run_id, "delete")
+        logger.info("replaced %s: deleted the earlier schedule %s", name, old.recurring_run_id)
     return job.recurring_run_id
+
+
+def list_schedules(endpoint_config, change: tuple[str, str] | None = None) -> list:
+    """The recurring runs the endpoint holds (in the namespace), one line each; `change` = (enable|disable|delete,
+    name) changes the one of that name first."""
+    from pipeline import kfp_endpoint
+
+    endpoint = kfp_endpoint.connect(endpoint_config)
+    if change is not None:
+        action, name = change
+        found = kfp_endpoint.recurring_runs(endpoint, name)
+        if not found:
+            raise CommandError(f"no schedule is named {name}; make schedules lists them")
+        for recurring in found:
+            kfp_endpoint.change_recurring_run(endpoint, recurring.recurring_run_id, action)
+            logger.info("%s: %s (%s)", name, {"enable": "enabled", "disable": "disabled", "delete": "deleted"}[action],
+                        recurring.recurring_run_id)  # fmt: skip
+    listed = kfp_endpoint.recurring_runs(endpoint)
+    for recurring in listed:
+        trigger = recurring.trigger
+        cron = trigger.cron_schedule.cron if trigger and trigger.cron_schedule else "(periodic)"
+        logger.info("%s  %s  %s  cron %r  created %s", recurring.display_name, recurring.recurring_run_id,
+                    recurring.status or recurring.mode, cron, recurring.created_at)  # fmt: skip
+    if not listed:
+        logger.info("no schedules%s", f" in namespace {endpoint.namespace}" if endpoint.namespace else "")
+    return listed
 
 
 # -- the command line -------------------------------------------------------------------------------------------
@@ -433,7 +407,10 @@ def endpoint_config(arguments: argparse.Namespace):
 
 
 def build_parser(pipeline) -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m pipeline.pipeline", description=__doc__.splitlines()[0], allow_abbrev=False)
+    word = {"cifar10-sweep": " sweep", "cifar10-predict": " predict"}.get(pipeline.name, "")
+    parser = OneLineParser(
+        prog=f"python -m pipeline.pipeline{word}", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     compile_parser = commands.add_parser("compile", help="write pipeline/pipeline.yaml", allow_abbrev=False)
     compile_parser.add_argument(
@@ -491,8 +468,18 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     recurring.add_argument("--cron", required=True, help="six fields, seconds first: '0 0 3 * * *'")
     recurring.add_argument("--name", default=f"{pipeline.name}-{'retraining' if trains(pipeline) else 'scheduled'}")
     recurring.add_argument("--max-concurrency", type=int, default=1)
+    recurring.add_argument(
+        "--replace", action="store_true", help="replace a schedule of the same name (without it, one is refused)"
+    )
     add_parameter_options(recurring, pipeline, {key: value for key, value in SCHEDULE_DEFAULTS.items()
-                                                if key in _parameter_types(pipeline)})  # fmt: skip
+                                                if key in parameter_types(pipeline)})  # fmt: skip
+    listing = commands.add_parser(
+        "schedules", help="list the recurring runs; enable, disable or delete one by its name", allow_abbrev=False
+    )
+    add_endpoint_options(listing)
+    changes = listing.add_mutually_exclusive_group()
+    for action in ("enable", "disable", "delete"):
+        changes.add_argument(f"--{action}", metavar="NAME", help=f"{action} the schedule of this name, then list")
     board = commands.add_parser(
         "tensorboard", help="TensorBoard on a model directory (local, gs:// or s3://)", allow_abbrev=False
     )
@@ -509,7 +496,7 @@ def main(pipeline, argv: list[str] | None = None) -> int:
     try:
         if arguments.command == "compile":
             compile_pipeline(pipeline, arguments.output)
-            if arguments.components_root is not None:
+            if compiled_path(pipeline) == COMPILED:  # the stages' published components, with the training pipeline
                 compile_components(arguments.components_root)
         elif arguments.command == "local-run":
             from pipeline.local_run import local_run
@@ -542,7 +529,11 @@ def main(pipeline, argv: list[str] | None = None) -> int:
                 arguments.name,
                 arguments.cron,
                 arguments.max_concurrency,
+                arguments.replace,
             )
+        elif arguments.command == "schedules":
+            chosen = [(action, getattr(arguments, action)) for action in ("enable", "disable", "delete")]
+            list_schedules(endpoint_config(arguments), next(((a, n) for a, n in chosen if n), None))
         elif arguments.command == "tensorboard":
             from components.common.tensorboard import serve
 

@@ -359,6 +359,35 @@ def connect(config: EndpointConfig) -> Endpoint:
     return Endpoint(config=config, credentials=credentials, namespace=namespace, client=kfp_client)
 
 
+# -- recurring runs ------------------------------------------------------------------------------------------------
+
+
+def recurring_runs(endpoint: Endpoint, name: str | None = None) -> list:
+    """The recurring runs in the endpoint's namespace (all of them on a single-user endpoint), or those named
+    `name`, every page read."""
+    found, token = [], ""
+    predicate = {"operation": "EQUALS", "key": "display_name", "string_value": name}
+    text_filter = json.dumps({"predicates": [predicate]}) if name else None
+    while True:
+        page = endpoint.call(
+            "listing the schedules",
+            lambda token=token: endpoint.client.list_recurring_runs(
+                page_token=token, page_size=100, namespace=endpoint.namespace, filter=text_filter
+            ),
+        )
+        found += [run for run in (page.recurring_runs or []) if name is None or run.display_name == name]
+        token = page.next_page_token or ""
+        if not token:
+            return found
+
+
+def change_recurring_run(endpoint: Endpoint, recurring_run_id: str, action: str) -> None:
+    """enable, disable or delete one recurring run."""
+    method = {"enable": "enable_recurring_run", "disable": "disable_recurring_run", "delete": "delete_recurring_run"}
+    endpoint.call(f"{action} schedule {recurring_run_id}", lambda: getattr(endpoint.client, method[action])(
+        recurring_run_id))  # fmt: skip
+
+
 # -- following a run ------------------------------------------------------------------------------------------------
 
 

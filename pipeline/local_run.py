@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import run_record, terminal
-from pipeline.commands import LOCAL_RUN_SOURCE, CommandError, check_parameters, describe_length
+from pipeline.parameters import LOCAL_RUN_SOURCE, CommandError, check_parameters, describe_length
 from pipeline.step_processes import StepProcesses
 from pipeline.step_user import StepUser, engine_is_rootless, step_user_for
 

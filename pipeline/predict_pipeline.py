@@ -7,13 +7,11 @@ python -m pipeline.predict_pipeline schedule --host $KFP_HOST --cron "0 0 4 * * 
 Locally, `make predict` runs the same stage (components/predict/, docs/predict.md).
 """
 
-import sys
-
 from kfp import dsl
 
 from components.predict.component import predict_component
 from components.train.launch_config import LaunchConfig
-from pipeline.pipeline import with_pod_settings
+from pipeline.training_pipeline import with_pod_settings
 
 PIPELINE_NAME = "cifar10-predict"
 
@@ -48,13 +46,3 @@ def predict_pipeline(
     task.set_caching_options(False)  # new images arrive under the same prefix; the promoted model changes
     task.set_cpu_request("2").set_memory_request("4Gi")
     with_pod_settings(task, object_store_secret, image_pull_secret)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pipeline.commands import main as run_command
-
-    return run_command(predict_pipeline, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,14 +12,13 @@ validation), evaluate on the test split and promote through the same gate as eve
 from __future__ import annotations
 
 import inspect
-import sys
 
 from kfp import dsl
 
 from components.sweep.component import sweep_component
 from components.sweep.config import SweepConfig
-from pipeline.commands import LAUNCH_PARAMETERS, TRAIN_PARAMETERS
-from pipeline.pipeline import cifar10_pipeline, retrain, with_pod_settings
+from pipeline.parameters import LAUNCH_PARAMETERS, TRAIN_PARAMETERS
+from pipeline.training_pipeline import cifar10_pipeline, retrain, with_pod_settings
 
 SWEEP_PIPELINE_NAME = "cifar10-sweep"
 SWEEP = SweepConfig(data="", sweep_dir="", space="")
@@ -101,13 +100,3 @@ def _sweep_pipeline():
 
 
 cifar10_sweep = _sweep_pipeline()
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pipeline.commands import main as run_command
-
-    return run_command(cifar10_sweep, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

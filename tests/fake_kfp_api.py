@@ -158,6 +158,7 @@ class FakeKfpApi:
         self.headers_seen: list[dict[str, str]] = []
         self.experiments: dict[str, dict] = {}
         self.runs: dict[str, dict] = {}
+        self.recurring_runs: dict[str, dict] = {}
         self._reads: dict[str, int] = {}
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -239,12 +240,59 @@ class FakeKfpApi:
             check_model(body, "V2beta1RecurringRun", "recurring_run")
             self._check_submission(body, "recurring_run", allowed)
             self._check_trigger(body)
-            return {**body, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED", "created_at": _now()}
+            status = "ENABLED" if body.get("mode") == "ENABLE" else "DISABLED"
+            recurring = {**body, "recurring_run_id": str(uuid.uuid4()), "status": status, "created_at": _now()}
+            recurring["namespace"] = self.experiments.get(body.get("experiment_id") or "", {}).get("namespace", "")
+            self.recurring_runs[recurring["recurring_run_id"]] = recurring
+            return recurring
+        if method == "GET" and path == f"{API}/recurringruns":
+            return self._list_recurring_runs(query, allowed)
+        match = re.fullmatch(rf"{API}/recurringruns/([^/:]+)(:enable|:disable)?", path)
+        if match and method in ("DELETE", "POST", "GET"):
+            recurring = self.recurring_runs.get(match.group(1))
+            if recurring is None:
+                raise RefusedError(404, f"recurring run {match.group(1)} not found")
+            self._namespace_of(recurring.get("namespace"), allowed, "recurring run")
+            if method == "DELETE" and not match.group(2):
+                del self.recurring_runs[match.group(1)]
+                return {}
+            if method == "POST" and match.group(2):
+                enabled = match.group(2) == ":enable"
+                recurring.update(status="ENABLED" if enabled else "DISABLED", mode="ENABLE" if enabled else "DISABLE")
+                return {}
+            if method == "GET" and not match.group(2):
+                return recurring
         if method == "POST" and path == f"{API}/pipelines/upload":
             self._namespace_of((query.get("namespace") or [None])[0], allowed, "pipeline upload")
             name = (query.get("name") or ["pipeline"])[0]
             return {"pipeline_id": str(uuid.uuid4()), "display_name": name, "created_at": _now()}
         raise RefusedError(404, f"{method} {path} is not an endpoint of this stand-in")
+
+    def _list_recurring_runs(self, query: dict, allowed: set[str] | None) -> dict:
+        """GET /recurringruns: in a namespace (multi-user: one, or an experiment, is required), filtered by
+        display_name, `page_size` to a page with a next_page_token, as the backend pages."""
+        namespace = (query.get("namespace") or [None])[0]
+        experiment = (query.get("experiment_id") or [None])[0]
+        if allowed is not None and not experiment:
+            self._namespace_of(namespace, allowed, "recurring runs")
+        found = [r for r in self.recurring_runs.values() if allowed is None or r.get("namespace") == namespace]
+        found = [r for r in found if not experiment or r.get("experiment_id") == experiment]
+        if query.get("filter"):
+            predicates = json.loads(query["filter"][0])["predicates"]
+            for predicate in predicates:
+                if predicate.get("key") != "display_name" or predicate.get("operation") != "EQUALS":
+                    raise RefusedError(400, f"filter: this stand-in knows display_name EQUALS, not {predicate}")
+                name = predicate.get("string_value", predicate.get("stringValue"))
+                found = [r for r in found if r["display_name"] == name]
+        found.sort(key=lambda r: r["created_at"])
+        start = int((query.get("page_token") or ["0"])[0] or 0)
+        size = int((query.get("page_size") or ["10"])[0])
+        page = found[start : start + size]
+        answer = {"recurringRuns": page, "total_size": len(found)}  # the proto field is named so (recurring_run.proto)
+        if start + size < len(found):
+            answer["next_page_token"] = str(start + size)
+        check_model(answer, "V2beta1ListRecurringRunsResponse", "recurring runs (as answered)")
+        return answer
 
     def _read_run(self, run_id: str, allowed: set[str] | None) -> dict:
         """A run advances a state each time it is read: PENDING, RUNNING, then the stand-in's `run_outcome`."""
@@ -340,6 +388,9 @@ class FakeKfpApi:
 
             def do_POST(self):
                 self._serve("POST")
+
+            def do_DELETE(self):
+                self._serve("DELETE")
 
             def log_message(self, *_arguments):
                 pass

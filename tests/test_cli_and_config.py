@@ -313,9 +313,12 @@ def test_local_run_help_describes_its_options_and_the_default_make_local_run_use
     for option in ("--runner", "--output-root", "--verbose", "--resume"):
         described = re.search(rf"{option}(?: \S+)? (.*?)(?= --|$)", help_text).group(1)
         assert len(described.split()) >= 5, (option, described)
-    makefile = (REPOSITORY / "Makefile").read_text()
-    make_default = re.search(r"^SOURCE \?= (\S+)", makefile, re.MULTILINE).group(1)
-    assert re.search(rf'--source STRING .*?\(default: "{make_default}"\)', help_text)
+    from pipeline import make
+    from pipeline.parameters import LOCAL_RUN_SOURCE
+
+    assert re.search(rf'--source STRING .*?\(default: "{LOCAL_RUN_SOURCE}"\)', help_text)
+    (demo,) = make.commands_of("local-run", make.Values({}, environment={}))
+    assert "--source" not in demo.arguments  # make local-run's source is local-run's own default
 
 
 def test_progress_says_nothing_of_work_too_short_to_need_it(caplog):

@@ -402,7 +402,7 @@ def test_the_report_shows_the_accuracy_without_the_leaking_images_and_the_pairs(
 )
 def test_bad_data_parameters_are_refused_before_anything_runs(tmp_path, capsys, option, value, message):
     from pipeline import commands
-    from pipeline.pipeline import cifar10_pipeline
+    from pipeline.training_pipeline import cifar10_pipeline
 
     code = commands.main(cifar10_pipeline, ["local-run", "--output-root", str(tmp_path), option, value])
     assert code == 2 and message in capsys.readouterr().err

@@ -11,7 +11,8 @@ import yaml
 
 from components import images
 from images import build as images_build
-from pipeline import commands, local_run
+from pipeline import local_run
+from pipeline.parameters import CommandError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -144,5 +145,5 @@ def test_docker_runner_refuses_local_paths_it_cannot_mount(tmp_path):
     output = tmp_path / "outputs"
     local_run.check_paths_are_mounted({"source": "synthetic", "promotion_root": str(output / "models")}, output)
     local_run.check_paths_are_mounted({"source": "s3://bucket/cifar-10-python.tar.gz"}, output)
-    with pytest.raises(commands.CommandError, match=r"^source: .*archive.tar.gz is outside .*outputs.*copy it under"):
+    with pytest.raises(CommandError, match=r"^source: .*archive.tar.gz is outside .*outputs.*copy it under"):
         local_run.check_paths_are_mounted({"source": str(tmp_path / "archive.tar.gz")}, output)

@@ -23,7 +23,7 @@ import pytest
 from components.images import REPOSITORY
 from images import build as images_build
 from pipeline import local_run
-from pipeline.pipeline import cifar10_pipeline
+from pipeline.training_pipeline import cifar10_pipeline
 
 pytestmark = pytest.mark.images
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

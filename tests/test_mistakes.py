@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import commands
-from pipeline.pipeline import cifar10_pipeline
+from pipeline.training_pipeline import cifar10_pipeline
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def test_settings_for_the_programs_pass_through_make():
 def test_the_makefile_works_from_any_folder(tmp_path):
     ran = make("-n", "local-run", folder=tmp_path, makefile=REPOSITORY / "Makefile")
     assert ran.returncode == 0, ran.stderr
-    assert f"{sys.prefix}/bin/python -m pipeline.pipeline local-run" in ran.stdout
+    assert "python -m pipeline.pipeline local-run --runner subprocess --output-root outputs" in ran.stdout
     tested = make("-n", "test", folder=tmp_path, makefile=REPOSITORY / "Makefile")
     assert f"cd {REPOSITORY}/ && " in tested.stdout
 
@@ -52,7 +52,7 @@ def test_the_makefile_works_from_any_folder(tmp_path):
         (["--trian-steps", "3"], "(did you mean --train-steps?)"),
         (
             ["--train-options", '{"ema_decay": 0.999,}'],
-            "not JSON: Expecting property name enclosed in double quotes at line 1, column 21",
+            "not valid JSON (Expecting property name enclosed in double quotes at line 1, column 21)",
         ),
         (["--train-options", "{\n  'a': 1}"], "at line 2, column 3"),
     ],

@@ -19,7 +19,8 @@ from components.common.dataset import open_dataset
 from components.images import image
 from components.train.launch_config import LaunchConfig
 from pipeline import commands, local_run
-from pipeline.pipeline import cifar10_pipeline
+from pipeline.parameters import CommandError
+from pipeline.training_pipeline import cifar10_pipeline
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SMALL = {
@@ -262,7 +263,7 @@ def test_every_pipeline_parameter_has_a_description_shown_in_help():
 def test_docker_runner_without_an_engine_says_why_and_what_to_do_instead(tmp_path):
     if local_run.docker_engine_problem() is None:
         pytest.skip("a Docker engine answers on this machine, so the DockerRunner would really run")
-    with pytest.raises(commands.CommandError, match=r"RUNNER=docker needs a running Docker engine.*make local-run"):
+    with pytest.raises(CommandError, match=r"RUNNER=docker needs a running Docker engine.*make local-run"):
         local_run.local_run(cifar10_pipeline, SMALL, tmp_path, runner="docker")
 
 
@@ -345,7 +346,7 @@ def test_the_train_steps_parameters_are_one_list():
     import inspect
 
     from components.train.component import launch_training_job_component
-    from pipeline.pipeline import TRAINING
+    from pipeline.training_pipeline import TRAINING
 
     assert {"dataset", "model_dir", "preset", "workers", "depth", "epochs", "options"} <= set(TRAINING)
     assert set(TRAINING) <= set(inspect.signature(launch_training_job_component.python_func).parameters)

@@ -12,8 +12,8 @@ from components.evaluate import registry
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import Evaluator
 from components.train import loop
-from pipeline import commands
-from pipeline.pipeline import cifar10_pipeline
+from pipeline.parameters import CommandError, check_parameters
+from pipeline.training_pipeline import cifar10_pipeline
 from tests.builders import tiny_train_config
 from tests.fake_model_registry import FakeModelRegistry
 
@@ -198,7 +198,7 @@ def test_the_stand_in_refuses_what_the_registry_document_does_not_allow(model_re
     ],
 )
 def test_a_bad_registry_setting_is_refused_before_anything_runs(parameters, expected):
-    with pytest.raises(commands.CommandError, match=expected.replace("(", r"\(")):
-        commands.check_parameters(cifar10_pipeline, parameters)
+    with pytest.raises(CommandError, match=expected.replace("(", r"\(")):
+        check_parameters(cifar10_pipeline, parameters)
     with pytest.raises(ValueError, match=expected.split(":")[0]):
         EvaluateConfig(data="/d", model_dir="/m", **parameters)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import local_run
-from pipeline.pipeline import cifar10_pipeline
 from pipeline.step_user import IMAGE_USER, StepUser, engine_is_rootless, may_write, step_user_for
+from pipeline.training_pipeline import cifar10_pipeline
 
 PARAMETERS = {"source": "synthetic", "workers": 1, "train_steps": 4, "depth": 8, "synthetic_train_per_class": 4}
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pipeline import commands
-from pipeline.pipeline import cifar10_pipeline
+from pipeline.training_pipeline import cifar10_pipeline
 from tests.fake_kfp_api import API, FakeKfpApi, RefusedError, check_model
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -217,3 +217,82 @@ def test_the_predict_pipeline_is_submitted_and_scheduled_with_its_own_package(kf
     assert [line for line in fresh.read_text().splitlines() if "sdkVersion" not in line] == [
         line for line in current.read_text().splitlines() if "sdkVersion" not in line
     ], "pipeline/predict.yaml is stale: run make compile"
+
+
+def images_in(body: dict) -> set[str]:
+    executors = body["pipeline_spec"]["pipeline_spec"]["deploymentSpec"]["executors"]
+    return {executor["container"]["image"] for executor in executors.values()}
+
+
+def test_run_submits_the_images_make_compile_named_and_leaves_the_compiled_file_alone(kfp_api, tmp_path, monkeypatch,
+                                                                                        capsys):  # fmt: skip
+    """make compile REGISTRY=... then make run: the run names the registry compile wrote, not the default."""
+    from components import images
+
+    compiled = tmp_path / "pipeline.yaml"
+    monkeypatch.setitem(commands.COMPILED_FILES, "cifar10-pipeline", compiled)
+    ran = subprocess.run(
+        [sys.executable, "-m", "pipeline.make", "compile", "REGISTRY=registry.example.com/ml", "--print"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert "CIFAR10_PIPELINE_REGISTRY=registry.example.com/ml python -m pipeline.pipeline compile" in ran.stdout
+    # what that compile writes (here into a scratch file; this process's components name the default registry)
+    commands.compile_pipeline(cifar10_pipeline, compiled)
+    compiled.write_text(compiled.read_text().replace(images.DEFAULT_REGISTRY + "/", "registry.example.com/ml/"))
+    before = compiled.read_bytes()
+    assert commands.main(cifar10_pipeline, ["run", "--host", kfp_api.url, "--source", "s3://b/data.tar.gz"]) == 0
+    (run,) = kfp_api.bodies("POST", f"{API}/runs")
+    tag = images.image_tag()
+    assert images_in(run) == {f"registry.example.com/ml/{kind}:{tag}" for kind in ("cpu", "gpu")}
+    assert compiled.read_bytes() == before
+    assert f"images: registry.example.com/ml/cpu:{tag} and gpu:{tag} (as make compile wrote pipeline.yaml)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_run_without_a_source_says_which_data_it_trains_on(kfp_api, capsys):
+    assert commands.main(cifar10_pipeline, ["run", "--host", kfp_api.url]) == 0
+    (run,) = kfp_api.bodies("POST", f"{API}/runs")
+    assert "source" not in run["runtime_config"]["parameters"]
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if " source: " in line]
+    assert "cifar-10-python.tar.gz (the pipeline's default; SOURCE=... for your data)" in line
+
+
+def test_a_schedule_of_the_same_name_is_refused_replaced_listed_and_disabled(kfp_api, capsys):
+    schedule = ["schedule", "--host", kfp_api.url, "--cron", "0 0 3 * * *", "--promotion-root", "s3://b/models"]
+    assert commands.main(cifar10_pipeline, schedule) == 0
+    (first,) = kfp_api.recurring_runs
+    assert commands.main(cifar10_pipeline, [*schedule, "--epochs", "2"]) == 2
+    refusal = capsys.readouterr().err
+    assert "a schedule named cifar10-pipeline-retraining exists" in refusal and "REPLACE=1" in refusal
+    assert list(kfp_api.recurring_runs) == [first]
+    assert commands.main(cifar10_pipeline, [*schedule, "--epochs", "2", "--replace"]) == 0
+    (second,) = kfp_api.recurring_runs
+    assert second != first and kfp_api.recurring_runs[second]["runtime_config"]["parameters"]["epochs"] == 2
+    assert commands.main(cifar10_pipeline, [*schedule, "--name", "weekly"]) == 0
+    capsys.readouterr()
+    listing = ["schedules", "--host", kfp_api.url]
+    assert commands.main(cifar10_pipeline, [*listing, "--disable", "weekly"]) == 0
+    messages = [
+        line.split(" pipeline: ", 1)[1] for line in capsys.readouterr().err.splitlines() if " pipeline: " in line
+    ]
+    listed = {line.split()[0]: line.split()[2] for line in messages if "cron" in line}
+    assert listed == {"cifar10-pipeline-retraining": "ENABLED", "weekly": "DISABLED"}
+    assert commands.main(cifar10_pipeline, [*listing, "--delete", "weekly"]) == 0
+    assert [run["display_name"] for run in kfp_api.recurring_runs.values()] == ["cifar10-pipeline-retraining"]
+    assert commands.main(cifar10_pipeline, [*listing, "--enable", "nightly"]) == 2
+    assert "no schedule is named nightly" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("outcome", "code"), [("SUCCEEDED", 0), ("FAILED", 1)])
+def test_run_wait_keeps_its_exit_code_without_make(outcome, code, tmp_path):
+    """make turns a failure into its own 2; the same target through python -m pipeline.make keeps the run's code."""
+    with FakeKfpApi(run_outcome=outcome) as api:
+        ran = subprocess.run(
+            [sys.executable, "-m", "pipeline.make", "run", f"KFP_HOST={api.url}", "WAIT=1", "SOURCE=s3://b/d.tar.gz",
+             "EXTRA=--poll-seconds 0.1",
+            ],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+    assert ran.returncode == code, ran.stderr[-2000:]
+    assert ("failed at task launch-training-job-component" in ran.stderr) == (code == 1)

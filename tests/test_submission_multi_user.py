@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import commands, kfp_endpoint
-from pipeline.pipeline import cifar10_pipeline
+from pipeline.training_pipeline import cifar10_pipeline
 from tests.fake_kfp_api import API, FakeKfpApi
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.alice-default-editor.c2lnbmF0dXJl"

@@ -17,6 +17,7 @@ import pytest
 from components.sweep import sweep as sweep_module
 from components.sweep.__main__ import main as sweep_main
 from components.sweep.space import SearchSpaceError, parse_space, read_space
+from pipeline.parameters import CommandError, check_parameters
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 # A trial that trains in a few seconds: a quarter-width ResNet-8, 40 steps, measured on the validation split every 10.
@@ -195,18 +196,18 @@ def test_a_bad_sweep_setting_exits_2_in_one_line_before_any_trial(split_data, tm
 
 def test_the_sweep_pipeline_is_compiled_with_the_training_pipelines_parameters_and_its_own():
     from pipeline import commands
-    from pipeline.pipeline import cifar10_pipeline
     from pipeline.sweep_pipeline import SWEEP_PARAMETERS, cifar10_sweep
+    from pipeline.training_pipeline import cifar10_pipeline
 
     training = set(cifar10_pipeline.component_spec.inputs)
     inputs = cifar10_sweep.component_spec.inputs
     assert set(inputs) == training | set(SWEEP_PARAMETERS)
     assert inputs["validation_fraction"].default == 0.1 and all(spec.description for spec in inputs.values())
     assert commands.compiled_path(cifar10_sweep).name == "sweep.yaml"
-    with pytest.raises(commands.CommandError, match="space: learning_rate: low 2 and high 1"):
-        commands.check_parameters(cifar10_sweep, {"space": {"learning_rate": {"low": 2, "high": 1}}})
-    with pytest.raises(commands.CommandError, match="trials"):
-        commands.check_parameters(cifar10_sweep, {"trials": 0})
+    with pytest.raises(CommandError, match="space: learning_rate: low 2 and high 1"):
+        check_parameters(cifar10_sweep, {"space": {"learning_rate": {"low": 2, "high": 1}}})
+    with pytest.raises(CommandError, match="trials"):
+        check_parameters(cifar10_sweep, {"trials": 0})
 
 
 def test_every_search_setting_reaches_a_trial_as_the_train_stage_types_it():

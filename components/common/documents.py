@@ -164,6 +164,97 @@ def parse(
     return document
 
 
+def load(content: bytes | str, origin: str, kind: str, yaml_allowed: bool = True) -> Any:
+    """A JSON (or, with `yaml_allowed`, YAML) value of any shape within the bounds every document obeys: depth
+    (counted before the document is built, so a deeply nested one costs nothing), integer digits, finite numbers,
+    string sizes, no field given twice; YAML without aliases (an alias bomb expands when written). Errors are one
+    line naming `origin` and, for a syntax error, the line and column."""
+    reader = _Reader(origin, kind, None)
+    if isinstance(content, bytes):
+        try:
+            content = content.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise reader.fail("", f"not UTF-8 text (byte {error.start})") from error
+    as_json = not yaml_allowed or content.lstrip().startswith(("{", "["))
+    depth = _depth(content) if as_json else 0
+    if depth > MAX_DEPTH:
+        raise reader.fail("", f"nested {depth:,} levels deep, more than the {MAX_DEPTH} a {kind} may have")
+    try:  # JSON first where it may be JSON: its numbers are exact (YAML 1.1 reads 1e-05 as text)
+        document = _json(content, reader, kind) if as_json else _yaml(content, reader, kind)
+    except DocumentError:
+        if not yaml_allowed or not as_json:
+            raise
+        document = _yaml(content, reader, kind)  # a YAML flow mapping: {low: 0.01, high: 0.3}
+    reader.check_bounds(document, "")
+    return document
+
+
+def _json(content: str, reader: _Reader, kind: str) -> Any:
+    try:
+        return json.loads(
+            content, parse_int=_integer, parse_float=_float, parse_constant=_NonFinite, object_pairs_hook=_object
+        )
+    except json.JSONDecodeError as error:
+        raise reader.fail("", f"not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+    except RecursionError as error:
+        raise reader.fail("", f"nested too deep for a {kind}") from error
+
+
+def _yaml(content: str, reader: _Reader, kind: str) -> Any:
+    import yaml
+
+    try:
+        depth = 0
+        for event in yaml.parse(content, Loader=yaml.SafeLoader):  # events come one at a time: stop at the bound
+            if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise reader.fail("", f"nested more than the {MAX_DEPTH} levels a {kind} may have")
+            elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+                depth -= 1
+            elif isinstance(event, yaml.AliasEvent):
+                raise reader.fail("", f"a YAML alias (*{event.anchor}); write the value out instead")
+        return yaml.load(content, Loader=_unique_key_loader())  # a SafeLoader that marks repeated keys
+    except DocumentError:
+        raise
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = error.problem or error.context or "not YAML"
+        raise reader.fail("", f"not valid JSON or YAML ({problem}{where})") from None
+    except yaml.YAMLError as error:
+        raise reader.fail("", f"not valid JSON or YAML ({str(error).splitlines()[0]})") from None
+    except (RecursionError, ValueError) as error:  # ValueError: an integer of thousands of digits, say
+        raise reader.fail("", f"a value YAML cannot build ({str(error).splitlines()[0][:120]})") from None
+
+
+def _unique_key_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            document = {}
+            for key_node, value_node in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                value = self.construct_object(value_node, deep=deep)
+                document[key] = _Duplicate(str(key)) if key in document else value
+            return document
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)
+    # Numbers as JSON writes them: YAML 1.1 wants a dot in a float, so that 1e-05 would be text.
+    UniqueKeyLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    UniqueKeyLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+                   r"|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+        list("-+0123456789."),
+    )  # fmt: skip
+    return UniqueKeyLoader
+
+
 # -- the parts ----------------------------------------------------------------------------------------------------
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -256,6 +347,10 @@ class _Reader:
                 raise self.fail(where, f"{value.text[:20]} is not a finite number")
             if isinstance(value, _Duplicate):
                 raise self.fail(where, "given more than once")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**MAX_INTEGER_DIGITS:
+                raise self.fail(where, f"a number of more than {MAX_INTEGER_DIGITS} digits")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise self.fail(where, f"{value} is not a finite number")
             if isinstance(value, str) and len(value) > MAX_TEXT:
                 raise self.fail(where, f"a string of {len(value):,} characters (at most {MAX_TEXT:,})")
             if isinstance(value, dict):

@@ -82,3 +82,20 @@ def given_parameters(config_class: type, parameters: dict[str, Any]) -> dict[str
             if name == "preset" or name not in defaults or value != defaults[name]
         }
     return given
+
+
+def as_delivered(value: Any) -> Any:
+    """A dict or list parameter's value as a step receives it: KFP carries it as a protobuf Struct (ListValue), whose
+    numbers are all doubles (8 arrives as 8.0), on the local runners and on a cluster alike. Checking this, not what
+    was typed, is checking what the step will see."""
+    from google.protobuf import json_format, struct_pb2
+
+    if isinstance(value, dict):
+        message = struct_pb2.Struct()
+        message.update(value)
+    elif isinstance(value, list):
+        message = struct_pb2.ListValue()
+        message.extend(value)
+    else:
+        return value
+    return json_format.MessageToDict(message)

@@ -4,11 +4,14 @@ A JSON or YAML mapping of train settings (any TrainConfig field a user may set, 
 names them with underscores) to a range or a list of choices:
 
     learning_rate: {low: 0.01, high: 0.3, log: true}     # a float range, sampled on a log scale
-    depth: {low: 8, high: 20, step: 6}                   # integers when both bounds are integers
+    depth: {low: 8, high: 20, step: 6}                   # integers: depth is an integer setting
     weight_decay: {choices: [0, 0.0005]}                 # one of these values
 
 Each setting and each of its values is checked as the train stage would check it (a trial must never be the first
-to find a value train refuses): every bound and every choice goes through TrainConfig.
+to find a value train refuses): every bound and every choice goes through TrainConfig. A setting's type decides
+what its values are, not how they were written: a KFP dict parameter carries every number as a double (protobuf's
+Struct), so `depth: {low: 8, high: 20}` reaches the sweep step as 8.0 and 20.0, and is still an integer range;
+`learning_rate: {low: 1, high: 2}` is a float range.
 """
 
 from __future__ import annotations
@@ -39,10 +42,7 @@ class Dimension:
     log: bool = False
     step: float | int | None = None
     choices: tuple | None = None
-
-    @property
-    def integer(self) -> bool:
-        return self.choices is None and isinstance(self.low, int) and isinstance(self.high, int)
+    integer: bool = False  # an integer setting's range (TrainConfig says which)
 
     def suggest(self, trial) -> Any:
         """This dimension's value for an Optuna trial."""
@@ -131,32 +131,63 @@ def _dimension(name: str, spec: Any, where: str) -> Dimension:
     return Dimension(name, low, high, log, step)
 
 
-def _typed_choices(dimension: Dimension) -> Dimension:
-    """Choices of a numeric train setting written as YAML reads 5e-4 (text) taken as the numbers they spell."""
+def _setting_kinds(name: str) -> set:
+    """The types a train setting's values have (int, float, str, bool), from TrainConfig."""
     import typing
 
     from components.train.config import TrainConfig
 
-    if dimension.choices is None:
-        return dimension
-    hints = typing.get_type_hints(TrainConfig)
-    kinds = set(typing.get_args(hints.get(dimension.name))) or {hints.get(dimension.name)}
+    hint = typing.get_type_hints(TrainConfig).get(name)
+    return (set(typing.get_args(hint)) - {type(None)}) or {hint}
+
+
+def _typed(dimension: Dimension, where: str) -> Dimension:
+    """The dimension's values as its setting's type has them: an integer setting's bounds, step and choices as
+    integers (8.0 is 8; 8.5 is refused), a numeric setting's choices written as YAML 1.1 reads 5e-4 (text) as the
+    numbers they spell; a float setting's range stays a float range whatever its bounds."""
+    kinds = _setting_kinds(dimension.name)
     if str in kinds or not kinds & {int, float}:
         return dimension
-    return dataclasses.replace(dimension, choices=tuple(_numeric(choice) for choice in dimension.choices))
+    if dimension.choices is not None:
+        choices = tuple(_numeric(choice) for choice in dimension.choices)
+        if int in kinds and float not in kinds:
+            choices = tuple(_whole(choice, dimension.name, where) for choice in choices)
+        return dataclasses.replace(dimension, choices=choices)
+    if int in kinds and float not in kinds:
+        low, high = (_whole(value, dimension.name, where) for value in (dimension.low, dimension.high))
+        step = None if dimension.step is None else _whole(dimension.step, dimension.name, where)
+        return dataclasses.replace(dimension, low=low, high=high, step=step, integer=True)
+    low, high = float(dimension.low), float(dimension.high)
+    return dataclasses.replace(dimension, low=low, high=high, step=None if dimension.step is None else
+                               float(dimension.step))  # fmt: skip
 
 
-def _check_against_train(dimensions: list[Dimension], where: str) -> None:
-    """Every bound and choice, one at a time, as the train stage checks it."""
+def _whole(value: Any, name: str, where: str) -> Any:
+    """An integer setting's value: 8.0 (as a KFP dict parameter delivers 8) is 8; 8.5 is refused."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, float):
+        raise SearchSpaceError(f"{where}: {name}: {shown(value)} is not an integer ({name} is an integer setting)")
+    return value
+
+
+def _check_names(dimensions: list[Dimension], where: str) -> None:
     from components.train.config import TrainConfig
 
-    fields = {item.name: item for item in dataclasses.fields(TrainConfig)}
+    fields = {item.name for item in dataclasses.fields(TrainConfig)}
     for dimension in dimensions:
         if dimension.name not in fields or dimension.name in NOT_SEARCHABLE:
             searchable = sorted(name for name in fields if name not in NOT_SEARCHABLE)
             raise SearchSpaceError(
                 f"{where}: {dimension.name}: not a train setting a search can vary (it can: {', '.join(searchable)})"
             )
+
+
+def _check_against_train(dimensions: list[Dimension], where: str) -> None:
+    """Every bound and choice, one at a time, as the train stage checks it."""
+    from components.train.config import TrainConfig
+
+    for dimension in dimensions:
         values = list(dimension.choices) if dimension.choices is not None else [dimension.low, dimension.high]
         for value in values:
             try:
@@ -171,34 +202,25 @@ def parse_space(document: Any, where: str) -> SearchSpace:
         raise SearchSpaceError(f"{where}: a search space is a non-empty mapping of train settings to ranges or choices")
     if len(document) > MAX_SETTINGS:
         raise SearchSpaceError(f"{where}: {len(document)} settings; a search varies at most {MAX_SETTINGS}")
-    dimensions = [_typed_choices(_dimension(str(name), spec, where)) for name, spec in document.items()]
+    dimensions = [_dimension(str(name), spec, where) for name, spec in document.items()]
+    _check_names(dimensions, where)
+    dimensions = [_typed(dimension, where) for dimension in dimensions]
     _check_against_train(dimensions, where)
     return SearchSpace(tuple(dimensions))
 
 
 def read_space(location: str) -> SearchSpace:
-    """A search space from a JSON or YAML file, or from inline JSON (the pipeline parameter's text)."""
-    import yaml
-
+    """A search space from a JSON or YAML file, or from inline JSON (the pipeline parameter's text), read by the one
+    reader of documents (size, depth and number bounds; a syntax error's line and column)."""
     from components.common import documents
 
     text = location.strip()
-    if text.startswith("{"):
-        where, content = "space", text
-        try:
-            return parse_space(json.loads(text), where)  # JSON first: YAML 1.1 reads 1e-05 as text
-        except json.JSONDecodeError:
-            pass
-    else:
-        try:
-            content = documents.read_bytes(location, "search space (JSON or YAML)").decode("utf-8")
-        except FileNotFoundError:
-            raise SearchSpaceError(f"{location}: the search space file does not exist") from None
-        except UnicodeDecodeError:
-            raise SearchSpaceError(f"{location}: not UTF-8 text; expected a search space (JSON or YAML)") from None
-        where = location
     try:
-        document = yaml.safe_load(content)  # JSON is YAML
-    except yaml.YAMLError as error:
-        raise SearchSpaceError(f"{where}: not JSON or YAML: {str(error).splitlines()[0]}") from None
-    return parse_space(document, where)
+        if text.startswith("{"):
+            return parse_space(documents.load(text, "space", "search space", yaml_allowed=False), "space")
+        content = documents.read_bytes(location, "search space (JSON or YAML)")
+        return parse_space(documents.load(content, location, "search space"), location)
+    except FileNotFoundError:
+        raise SearchSpaceError(f"{location}: the search space file does not exist") from None
+    except documents.DocumentError as error:
+        raise SearchSpaceError(str(error)) from None

@@ -1,0 +1,176 @@
+"""make's variables: one table (pipeline/make.py) says which variables each target takes and the option each becomes;
+every pair reaches its program's own argument parser, and a variable no chosen target takes stops make naming it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import make
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+# A value for each variable that its programs accept, and that can be found again in the command built from it.
+SAMPLES = {
+    "OUTPUT": "/tmp/sample-output", "SOURCE": "/tmp/sample-source.tar.gz", "RUNNER": "docker", "WORKERS": "4",
+    "DEPTH": "14", "BATCH_SIZE": "96", "TRAIN_STEPS": "77", "EPOCHS": "7", "THRESHOLD": "0.61",
+    "TRAIN_OPTIONS": '{"ema_decay": 0.99}', "PRESET": "airbench94", "DATA_CHECK": "block", "LEAKAGE": "drop_from_eval",
+    "MODEL_REGISTRY": "http://127.0.0.1:9", "PROMOTION_ROOT": "/tmp/sample-models", "RESUME": "sample-run",
+    "VERBOSE": "1", "EXTRA": "--source-sha256 abc", "SPACE": '{"depth": {"low": 8, "high": 20}}', "TRIALS": "9",
+    "KFP_HOST": "http://127.0.0.1:8", "NAMESPACE": "sample-ns", "EXPERIMENT": "sample-experiment", "WAIT": "1",
+    "CRON": "0 0 5 * * 1", "NAME": "sample-schedule", "REPLACE": "1", "ENABLE": "sample-a", "DISABLE": "sample-b",
+    "DELETE": "sample-c", "LOGDIR": "/tmp/sample-logs", "PORT": "6123", "KEEP": "3", "ALL": "1",
+    "MODEL": "/tmp/sample-model", "IMAGES": "/tmp/sample-images", "PREDICTIONS": "/tmp/sample.jsonl",
+    "REGISTRY": "registry.example.com/sample", "TAG": "sample-tag", "ENGINE": "podman", "BASE_IMAGE": "sample:base",
+    "CA_BUNDLE": "/tmp/sample-ca.pem", "STAND_IN_BASE": "1", "VERSION": "2.6.2", "PYTHON": "python3.99",
+}  # fmt: skip
+# How a flag variable shows in the command: the option it adds.
+FLAGS = {"VERBOSE": "--verbose", "WAIT": "--wait", "REPLACE": "--replace", "ALL": "--all",
+         "STAND_IN_BASE": "--stand-in-base"}  # fmt: skip
+# Variables of several targets that only one of a pair can show at once (RESUME drops the demo's length, say) are still
+# each checked alone; a variable that sets the images (REGISTRY, TAG) reaches the command through its environment.
+IMAGE_SETTINGS = {"REGISTRY": "CIFAR10_PIPELINE_REGISTRY", "TAG": "CIFAR10_PIPELINE_TAG"}
+
+
+def parser_of(command: make.Command):
+    """The argument parser of the program the command runs (the real one)."""
+    if command.module == "pipeline.pipeline":
+        from pipeline import commands
+        from pipeline.pipeline import PIPELINES, pipeline_named
+
+        word = command.arguments[0] if command.arguments[0] in PIPELINES else None
+        return commands.build_parser(pipeline_named(word)), command.arguments[1:] if word else command.arguments
+    if command.module in ("components.predict", "components.prepare_data"):
+        from components.common.config import build_parser
+        from components.predict.config import PredictConfig
+        from components.prepare_data.config import PrepareDataConfig
+
+        config = PredictConfig if command.module == "components.predict" else PrepareDataConfig
+        return build_parser(config, "test"), command.arguments
+    if command.module == "images.build":
+        from images.build import build_parser
+
+        return build_parser(), command.arguments
+    if command.module == "components.evaluate.serving_ops.generate":
+        import argparse
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("versions", nargs="+")
+        return parser, command.arguments
+    raise AssertionError(f"no parser known for {command.module}")
+
+
+EXTRA = {"predict": "--top-k 5", "local-run": "--validation-fraction 0.1", "sweep": "--repeats 2"}
+
+
+def sample(target: str, name: str) -> str:
+    return EXTRA.get(target, SAMPLES[name]) if name == "EXTRA" else SAMPLES[name]
+
+
+def given_for(target: str, name: str) -> dict[str, str]:
+    given = {name: sample(target, name)}
+    for required, _why in [make.REQUIRED[target]] if target in make.REQUIRED else []:
+        given.setdefault(required, SAMPLES[required])
+    return given
+
+
+PAIRS = [
+    (target.name, name) for target in make.TARGETS.values() if target.commands is not None for name in target.variables
+]
+
+
+@pytest.mark.parametrize(("target", "name"), PAIRS)
+def test_every_variable_of_a_target_reaches_its_programs_parser(target, name):
+    commands = make.commands_of(target, make.Values(given_for(target, name), environment={}))
+    value = sample(target, name)
+    reached = False
+    for command in commands:
+        parser, arguments = parser_of(command)
+        parser.parse_args(arguments)  # the program takes the command as built (argparse exits 2 otherwise)
+        words = command.arguments
+        if name in IMAGE_SETTINGS:
+            reached |= command.environment.get(IMAGE_SETTINGS[name]) == value
+        elif name in FLAGS:
+            reached |= FLAGS[name] in words
+        elif name == "EXTRA":
+            reached |= words[-2:] == value.split()
+        else:
+            reached |= value in words or any(word.startswith(value) for word in words)
+    assert reached, f"make {target} {name}={value}: not in {[command.shown() for command in commands]}"
+
+
+def test_a_variable_no_chosen_target_takes_is_one_line_naming_the_targets_that_do():
+    every = set(make.VARIABLES)
+    for target in make.TARGETS.values():
+        for name in sorted(every - set(target.variables) - set(make.EVERY_TARGET)):
+            (line,) = make.problems([target.name], [name])
+            users = [other.name for other in make.TARGETS.values() if name in other.variables]
+            assert line == f"{name}: make {target.name} does not use it; it is for: {', '.join(users)}"
+        assert make.problems([target.name], [*target.variables, *make.EVERY_TARGET, "KFP_TOKEN"]) == []
+    assert make.problems(["local-run", "run"], ["WAIT", "RUNNER"]) == []  # each taken by one of the goals
+    assert make.problems(["local-run"], ["EPOCH"]) == ["EPOCH: not a variable of this Makefile (did you mean EPOCHS?)"]
+
+
+def run_make(*arguments: str, folder: Path = REPOSITORY) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["make", "--no-print-directory", "-f", str(REPOSITORY / "Makefile"), *arguments, f"VENV={sys.prefix}"],
+        capture_output=True, text=True, timeout=120, cwd=folder,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        (["local-run", "KFP_HOST=http://x"], "KFP_HOST: make local-run does not use it; it is for: run, schedule"),
+        (["test", "EPOCHS=2"], "EPOCHS: make test does not use it; it is for: local-run, sweep, run, schedule"),
+        (["run", "RESUME=last"], "RESUME: make run does not use it; it is for: local-run, sweep"),
+        (["sweep", "SPAC=x.yaml"], "SPAC: not a variable of this Makefile (did you mean SPACE?)"),
+    ],
+)
+def test_make_refuses_a_variable_before_anything_runs(tmp_path, arguments, expected):
+    ran = run_make(*arguments, folder=tmp_path)
+    assert ran.returncode == 2 and ran.stdout == ""
+    (line,) = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert expected in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_makefile_and_the_table_name_the_same_targets_and_variables():
+    makefile = (REPOSITORY / "Makefile").read_text()
+    rules = set(re.findall(r"^([a-z][a-z-]*):", makefile, re.MULTILINE))
+    programs = set(re.search(r"^PROGRAMS := ((?:.*\\\n)*.*)$", makefile, re.MULTILINE).group(1).replace("\\\n", " ")
+                   .split())  # fmt: skip
+    assert rules - {"$(PROGRAMS)"} | programs == set(make.TARGETS)
+    assert programs == {name for name, target in make.TARGETS.items() if target.commands is not None}
+    # each recipe the Makefile writes out uses only its own variables, and those the table gives it
+    recipes = re.findall(r"^([a-z][a-z-]*):[^\n]*\n((?:\t[^\n]*\n)*)", makefile, re.MULTILINE)
+    internal = {"ROOT", "BIN", "VENV", "PYTHON", "PROGRAMS", "GIVEN_VARIABLES"}
+    for name, recipe in recipes:
+        used = set(re.findall(r"\$\(([A-Z_]+)\)", recipe)) - internal
+        assert used <= set(make.TARGETS[name].variables), (name, used)
+
+
+def test_make_n_shows_the_command_a_target_runs(tmp_path):
+    ran = run_make("-n", "local-run", "EPOCHS=1", folder=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    (command,) = [line for line in ran.stdout.splitlines() if line.startswith("python -m pipeline.pipeline")]
+    assert "--epochs 1" in command and "--train-steps" not in command
+    assert list(tmp_path.iterdir()) == []  # shown, not run
+    demo = make.commands_of("local-run", make.Values({}, environment={}))[0].arguments
+    assert demo[demo.index("--train-steps") + 1] == "300" and demo[demo.index("--depth") + 1] == "8"
+    resumed = make.commands_of("local-run", make.Values({"RESUME": "last"}, environment={}))[0].arguments
+    assert "--train-steps" not in resumed and resumed[resumed.index("--resume") + 1] == "last"
+
+
+def test_the_images_setting_reaches_the_image_builder():
+    (command,) = make.commands_of("images", make.Values({"REGISTRY": "registry.example.com/ml"}, environment={}))
+    shown = subprocess.run(
+        [sys.executable, "-m", "images.build", "--print-references"],
+        env={**__import__("os").environ, **command.environment}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert all(reference.startswith("registry.example.com/ml/") for reference in json.loads(shown.stdout).values())
