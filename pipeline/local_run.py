@@ -124,8 +124,36 @@ def model_directory_of(run_folder: Path) -> Path | None:
     return found[0] if found else None
 
 
-# Options a resumed run may change: its length (to train on for longer).
-CHANGEABLE_ON_RESUME = ("train_steps", "epochs")
+SWEEP_TASK_FOLDER = "sweep-component/sweep"  # the sweep pipeline's search, under a run's folder
+
+
+def sweep_directory_of(run_folder: Path) -> Path | None:
+    """Where the run's search kept its study (the sweep pipeline's): the folder it was given (a resumed run searches
+    on in the earlier run's), else its sweep step's own; None when it has no study."""
+    from components.sweep.sweep import STUDY
+
+    try:
+        record = run_record.read(run_folder)
+    except ValueError:
+        record = None
+    given = str((record.parameters if record else {}).get("sweep_dir") or "")
+    candidates = ([Path(given)] if given and "://" not in given else []) + [run_folder / SWEEP_TASK_FOLDER]
+    return next((folder for folder in candidates if (folder / STUDY).is_file()), None)
+
+
+def _has_checkpoint(run_folder: Path) -> bool:
+    from components.common.model_directory import list_checkpoints
+
+    model_dir = model_directory_of(run_folder)
+    return bool(model_dir and list_checkpoints(model_dir))
+
+
+def _resumable(run_folder: Path) -> bool:
+    return _has_checkpoint(run_folder) or sweep_directory_of(run_folder) is not None
+
+
+# Options a resumed run may change: its length (to train on for longer), a search's budget.
+CHANGEABLE_ON_RESUME = ("train_steps", "epochs", "trials", "max_minutes")
 
 
 def resumable_run(pipeline_name: str, output_root: Path, resume: str) -> Path:
@@ -135,10 +163,12 @@ def resumable_run(pipeline_name: str, output_root: Path, resume: str) -> Path:
         candidates = []
         for folder in reversed(run_folders(pipeline_name, output_root)):
             record = run_record.read(folder)
-            if (record is None or record.resumable()) and model_directory_of(folder):
+            if (record is None or record.resumable()) and _resumable(folder):
                 candidates.append(folder)
         if not candidates:
-            raise CommandError(f"--resume last: no interrupted run in {output_root} has a model directory to resume")
+            raise CommandError(
+                f"--resume last: no interrupted run in {output_root} has a checkpoint or a search to continue"
+            )
         folder = candidates[0]
     else:
         folder = Path(resume) if Path(resume).is_dir() else output_root / resume
@@ -151,21 +181,28 @@ def resumable_run(pipeline_name: str, output_root: Path, resume: str) -> Path:
     return folder
 
 
-def resumed(pipeline_name: str, parameters: dict[str, Any], output_root: Path, resume: str) -> tuple[dict, Path]:
-    """The parameters that continue the training of run `resume`: that run's own options (from its record), with
-    its model directory, where training resumes from the latest checkpoint; options given again must agree, but
-    for the length. Returns them and the run's folder."""
-    if parameters.get("model_dir"):
-        raise CommandError(
-            "give --resume or --model-dir, not both: resuming trains in the earlier run's model directory"
-        )
+def resumed(
+    pipeline_name: str, parameters: dict[str, Any], output_root: Path, resume: str, searches: bool = False
+) -> tuple[dict, Path]:
+    """The parameters that continue run `resume`: that run's own options (from its record), with its model
+    directory, where training resumes from the latest checkpoint, and (`searches`: the sweep pipeline) its sweep's
+    folder, whose study the search continues without training a finished trial again; options given again must
+    agree, but for the length and the search's budget. Returns them and the run's folder."""
+    for name in ("model_dir", "sweep_dir"):
+        if parameters.get(name):
+            raise CommandError(
+                f"give --resume or --{name.replace('_', '-')}, not both: resuming continues in the earlier run's "
+                "folders"
+            )
     folder = resumable_run(pipeline_name, output_root, resume)
     from components.common.model_directory import checkpoint_step, list_checkpoints
 
     model_dir = model_directory_of(folder) if folder.is_dir() else None
     found = list_checkpoints(model_dir) if model_dir else []
-    if not found:
-        raise CommandError(f"--resume {resume}: {folder} is not a run with a checkpoint to resume from")
+    searched = sweep_directory_of(folder) if folder.is_dir() and searches else None
+    if not found and searched is None:
+        what = "a checkpoint or a search" if searches else "a checkpoint"
+        raise CommandError(f"--resume {resume}: {folder} is not a run with {what} to continue from")
     record = run_record.read(folder)
     own = dict(record.parameters) if record is not None else {}
     for name, value in parameters.items():
@@ -174,9 +211,15 @@ def resumed(pipeline_name: str, parameters: dict[str, Any], output_root: Path, r
                 f"--resume {folder.name}: {name} was {json.dumps(own[name])} in that run, {json.dumps(value)} now; "
                 "leave it out to continue with the run's own (only the length may change)"
             )
-    logger.info("resuming %s from its checkpoint at step %d, with its own options", folder.name,
-                checkpoint_step(found[-1]))  # fmt: skip
-    return {**own, **parameters, "model_dir": str(model_dir)}, folder
+    continued = {**own, **parameters}
+    if searched is not None:
+        continued["sweep_dir"] = str(searched)
+        logger.info("continuing %s's search (%s), with its own options", folder.name, searched)
+    if found:
+        continued["model_dir"] = str(model_dir)
+        logger.info("resuming %s's training from its checkpoint at step %d, with its own options", folder.name,
+                    checkpoint_step(found[-1]))  # fmt: skip
+    return continued, folder
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
@@ -205,7 +248,8 @@ def local_run(
     output_root.mkdir(parents=True, exist_ok=True)
     continued = None
     if resume:
-        parameters, continued = resumed(pipeline.name, parameters, output_root, resume)
+        searches = "sweep_dir" in pipeline.component_spec.inputs
+        parameters, continued = resumed(pipeline.name, parameters, output_root, resume, searches)
         train_config = check_parameters(pipeline, parameters)
     parameters = {"source": LOCAL_RUN_SOURCE, "promotion_root": str(output_root / MODELS), **parameters}
     check_local_inputs(parameters)
@@ -303,16 +347,20 @@ def _without_retries(pipeline):
 
 
 def _interrupted(run_folder: Path) -> str:
+    """What a stopped run leaves to continue, and the command that continues it (make sweep for a search's run)."""
     from components.common.model_directory import checkpoint_step, list_checkpoints
 
     model_dir = model_directory_of(run_folder)
     steps = [checkpoint_step(prefix) for prefix in list_checkpoints(model_dir)] if model_dir else []
-    if not steps:
-        return "interrupted before training saved a checkpoint; nothing to resume (run again to start over)"
-    return (
-        f"interrupted at step {steps[-1]} (its checkpoint is saved); continue with: make local-run "
-        f"RESUME={run_folder.name} (the same options), or python -m pipeline.pipeline local-run --resume {run_folder}"
-    )
+    searched = sweep_directory_of(run_folder)
+    target, word = ("sweep", "sweep ") if searched is not None else ("local-run", "")
+    again = (f"continue with: make {target} RESUME={run_folder.name} (the same options), or python -m "
+             f"pipeline.pipeline {word}local-run --resume {run_folder}")  # fmt: skip
+    if steps:
+        return f"interrupted at step {steps[-1]} (its checkpoint is saved); {again}"
+    if searched is not None:
+        return f"interrupted during the search (its study is saved in {searched}); {again}"
+    return "interrupted before training saved a checkpoint; nothing to resume (run again to start over)"
 
 
 def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list[str]:
@@ -330,7 +378,8 @@ def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list
         lines.append(
             f"accuracy {summary['metrics']['accuracy']:.4f}: {decision}" + (f" ({reasons})" if reasons else "")
         )
-    for sweep_dir in sorted(run_folder.glob("sweep-component/sweep")):  # the sweep pipeline's search
+    sweep_dir = sweep_directory_of(run_folder)
+    if sweep_dir is not None:  # the sweep pipeline's search
         from components.sweep.sweep import BEST, REPORT, read_best
 
         if (sweep_dir / BEST).exists():

@@ -36,6 +36,8 @@ SWEEP_PARAMETERS = {
     "parallelism": (int, SWEEP.parallelism, "Trials trained at once (each a TrainJob or TFJob on a cluster)."),
     "repeats": (int, SWEEP.repeats, "Trainings per trial with different seeds (its accuracy: their mean)."),
     "trial_workers": (int, SWEEP.workers, "Workers of each trial."),
+    "sweep_dir": (str, "", "The sweep's folder (\"\": the run's own); an earlier run's folder continues its study "
+                  "(make sweep RESUME=...)."),
 }  # fmt: skip
 # The training step's launch settings and named train settings, which every trial uses too (workers: trial_workers).
 NAMED_TRAIN_SETTINGS = tuple(name for name in TRAIN_PARAMETERS if name != "workers")
@@ -58,6 +60,7 @@ def _search(dataset, check, parameters: dict) -> dsl.PipelineChannel:
         **{name: parameters[name] for name in NAMED_TRAIN_SETTINGS},
         launcher=parameters["launcher"],
         workers=parameters["trial_workers"],
+        sweep_dir=parameters["sweep_dir"],
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
     ).set_display_name("search the train settings")
     task.set_caching_options(False).after(check)

@@ -384,7 +384,7 @@ def _closed_port() -> int:
         (["--workers", "0"], r"workers: 0 is not in \[1, 4096\]"),
         (["--train-options", '{"learning_rat": 0.1}'], r"'learning_rat' \(did you mean 'learning_rate'"),
         (["--launcher", "tfjob"], r"launcher tfjob needs a Kubernetes cluster"),
-        (["--resume", "last"], r"--resume last: no interrupted run in .* has a model directory to resume"),
+        (["--resume", "last"], r"--resume last: no interrupted run in .* has a checkpoint or a search to continue"),
     ],
     ids=["missing source", "unreachable URL", "no workers", "misspelt option", "cluster launcher", "nothing to resume"],
 )  # fmt: skip

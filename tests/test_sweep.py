@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -171,7 +172,7 @@ def test_a_yaml_space_file_gives_integers_ranges_and_choices(tmp_path):
     space = read_space(str(path))
     kinds = {dimension.name: dimension for dimension in space.dimensions}
     assert kinds["depth"].integer and not kinds["learning_rate"].integer and kinds["learning_rate"].low == 0.01
-    assert kinds["weight_decay"].choices == (0, 0.0005)  # YAML reads 5e-4 as text: taken as the number
+    assert kinds["weight_decay"].choices == (0.0, 0.0005)  # a float setting's choices, as numbers
     inline = read_space('{"weight_decay": {"choices": [1e-05, 3.774e-05]}}')
     assert inline.dimensions[0].choices == (1e-05, 3.774e-05)
 
@@ -204,10 +205,36 @@ def test_the_sweep_pipeline_is_compiled_with_the_training_pipelines_parameters_a
     assert set(inputs) == training | set(SWEEP_PARAMETERS)
     assert inputs["validation_fraction"].default == 0.1 and all(spec.description for spec in inputs.values())
     assert commands.compiled_path(cifar10_sweep).name == "sweep.yaml"
-    with pytest.raises(CommandError, match="space: learning_rate: low 2 and high 1"):
+    with pytest.raises(CommandError, match="space: learning_rate: low 2.0 and high 1.0"):
         check_parameters(cifar10_sweep, {"space": {"learning_rate": {"low": 2, "high": 1}}})
     with pytest.raises(CommandError, match="trials"):
         check_parameters(cifar10_sweep, {"trials": 0})
+
+
+def test_the_documented_space_is_the_same_space_after_kfps_struct():
+    """docs/sweep.md's space, as the sweep step receives it from a KFP dict parameter (every number a double)."""
+    import re
+
+    from components.common import documents
+    from components.common.kfp_parameters import as_delivered
+
+    page = (REPOSITORY / "docs" / "sweep.md").read_text()
+    documented = documents.load(re.search(r"```yaml\n(.*?)```", page, re.DOTALL).group(1), "docs/sweep.md", "space")
+    delivered = as_delivered(documented)
+    assert delivered["depth"] == {"low": 8.0, "high": 20.0, "step": 6.0}  # what the wire does
+    dimensions = {dimension.name: dimension for dimension in parse_space(delivered, "space").dimensions}
+    assert dimensions == {dimension.name: dimension for dimension in parse_space(documented, "space").dimensions}
+    assert dimensions["depth"].integer and (dimensions["depth"].low, dimensions["depth"].step) == (8, 6)
+    assert isinstance(dimensions["depth"].low, int) and not dimensions["learning_rate"].integer
+    with pytest.raises(SearchSpaceError, match=r"depth: 8\.5 is not an integer"):
+        parse_space({"depth": {"low": 8.5, "high": 20}}, "space")
+    check_parameters(cifar10_sweep_pipeline(), {"space": documented})  # the check before a run sees the same
+
+
+def cifar10_sweep_pipeline():
+    from pipeline.sweep_pipeline import cifar10_sweep
+
+    return cifar10_sweep
 
 
 def test_every_search_setting_reaches_a_trial_as_the_train_stage_types_it():
@@ -221,37 +248,68 @@ def test_every_search_setting_reaches_a_trial_as_the_train_stage_types_it():
     assert os.path.basename(settings["model_dir"]) == "0003"
 
 
-def test_the_sweep_pipeline_searches_then_trains_the_best_on_all_the_training_data_and_promotes_it(tmp_path):
-    """Locally through kfp.local, end to end: prepare with a validation split, search (one tiny trial), train the
-    best trial's settings on train + validation, evaluate on the test split, promote through the gate."""
+def test_the_sweep_pipeline_stopped_in_its_search_continues_then_trains_the_best_and_promotes_it(tmp_path):
+    """Locally through kfp.local, end to end, as make sweep runs it: prepare with a validation split, search; Ctrl-C
+    during the search says how to continue, and `RESUME=last` continues the study without training a finished trial
+    again, then trains the best trial's settings on train + validation, evaluates on the test split and promotes."""
     from pipeline import local_run
-    from pipeline.sweep_pipeline import cifar10_sweep
 
     parameters = {
         "source": "synthetic", "synthetic_train_per_class": 20, "workers": 1, "depth": 8, "batch_size": 32,
-        "train_steps": 40, "accuracy_threshold": 0.2, "trials": 1, "startup_trials": 1, "pruner": "none",
-        "space": {"learning_rate": {"choices": [0.08]}},  # the search itself: the tests above; here what follows it
+        "train_steps": 40, "accuracy_threshold": 0.2, "trials": 2, "startup_trials": 2, "pruner": "none",
+        # integer settings as docs/sweep.md writes them (a KFP dict parameter delivers 8 as 8.0: still an integer)
+        "space": {"learning_rate": {"choices": [0.08, 0.05]}, "depth": {"low": 8, "high": 14, "step": 6},
+                  "batch_size": {"choices": [32]}},
         "train_options": {"width_multiplier": 0.25, "log_every_steps": 20, "batch_norm_decay": 0.9,
                           "validation_every_steps": 10},
     }  # fmt: skip
-    run = local_run.local_run(cifar10_sweep, parameters, tmp_path)
+    options = [f"--{name.replace('_', '-')}={json.dumps(value) if isinstance(value, dict) else value}"
+               for name, value in parameters.items()]  # fmt: skip
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.pipeline", "sweep", "local-run", "--output-root", str(tmp_path), *options],
+        cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    lines = []
+    for line in run.stdout:  # until the first trial is recorded
+        lines.append(line)
+        if re.search(r"trial 0 validation accuracy", line):
+            break
+    os.killpg(run.pid, signal.SIGINT)
+    lines.append(run.communicate(timeout=180)[0])
+    output = "".join(lines)
+    assert run.returncode == 130, output[-3000:]
+    match = re.search(r"interrupted .*; continue with: make sweep RESUME=(cifar10-sweep-\S+) ", output)
+    assert match, output[-3000:]
+    (first_sweep,) = (tmp_path / match.group(1)).glob("sweep-component/sweep")
+    finished_first = records(first_sweep)
+    assert [record["trial"] for record in finished_first][:1] == [0]
 
-    (sweep_dir,) = run.glob("sweep-component/sweep")
-    (found,) = records(sweep_dir)
+    from pipeline.sweep_pipeline import cifar10_sweep
+
+    resumed = local_run.local_run(cifar10_sweep, {}, tmp_path, resume="last")
+    sweep_dir = local_run.sweep_directory_of(resumed)
+    assert sweep_dir == first_sweep  # the study continued where it was kept
+    found = records(sweep_dir)
+    assert found[: len(finished_first)] == finished_first  # a finished trial is never trained again
+    assert "trial 0 started" not in (resumed / local_run.RUN_LOG).read_text()
+    assert len([record for record in found if record["state"] == "complete"]) == 2
     best = json.loads((sweep_dir / "best.json").read_text())
-    assert found["state"] == "complete" and best["params"] == found["params"] == {"learning_rate": 0.08}
-    (model_dir,) = run.glob(f"{local_run.TRAINING_TASKS}/model")
+    assert best["params"]["batch_size"] == 32 and best["params"]["learning_rate"] in (0.08, 0.05)
+    assert best["params"]["depth"] in (8, 14) and isinstance(best["params"]["depth"], int)
+    (model_dir,) = resumed.glob(f"{local_run.TRAINING_TASKS}/model")
     trained = json.loads((model_dir / "config.json").read_text())
-    assert trained["learning_rate"] == best["params"]["learning_rate"] and trained["train_on"] == "train+validation"
+    assert {name: trained[name] for name in best["params"]} == best["params"]
+    assert trained["train_on"] == "train+validation"
     assert trained["resolved"]["train_examples"] == 200  # train (160) and validation (40): all the training data
     assert not (model_dir / "validation.json").exists()  # nothing held out to measure on
     pointer = json.loads((tmp_path / "models" / "current.json").read_text())
     assert pointer["version"] == 1 and pointer["train_settings"]["train_on"] == "train+validation"
-    (report,) = run.glob("sweep-component/report")
+    (report,) = resumed.glob("sweep-component/report")
     assert "Best: trial" in report.read_text()
-    (metrics,) = run.glob("sweep-component/executor_output.json")
+    (metrics,) = resumed.glob("sweep-component/executor_output.json")
     assert "best_validation_accuracy" in metrics.read_text()
-    described = "\n".join(local_run.describe_run(run, tmp_path / "models", run / "local-run.log"))
+    described = "\n".join(local_run.describe_run(resumed, tmp_path / "models", resumed / "local-run.log"))
     assert f"search: best trial {best['trial']}" in described and "accuracy " in described.splitlines()[0]
 
 

@@ -35,24 +35,26 @@ def sweep_component(
     worker_image: str = "",
     queue_name: str = "",
     object_store_secret: str = "mlpipeline-minio-artifact",
+    sweep_dir: str = "",
     run_id: str = "",
 ) -> dict:
-    """Search train settings over `space` (e.g. {"learning_rate": {"low": 0.01, "high": 0.3, "log": true}}): an
-    Optuna study whose trials the train stage trains on the dataset's training split and measures on its validation
-    split (never the test split), up to `parallelism` at once (TrainJobs or TFJobs on a cluster, their workers as
-    the training step's: `gpus_per_worker`, `worker_cpu`, `worker_memory`, `worker_image`, `queue_name`,
-    `object_store_secret`), pruning those behind. `sweep` is the sweep's folder
-    (trials.jsonl, best.json, the study: a retried step continues it), `report` its HTML report, `metrics` the best
-    validation accuracy. `launcher` as the training step's (auto: on a cluster the job kind it serves, one job per
-    trial; pod: in this step's pod). Every trial trains with `train_options` and the named settings (`preset`, `depth`,
-    `batch_size`, `epochs` or `train_steps`, `learning_rate`) under its own. Returns the train options of the final
-    training: `train_options`, the best trial's settings, and train_on train+validation."""
+    """Search train settings over `space` (e.g. {"learning_rate": {"low": 0.01, "high": 0.3, "log": true}}): an Optuna
+    study whose trials the train stage trains on the dataset's training split and measures on its validation split
+    (never the test split), up to `parallelism` at once (TrainJobs or TFJobs on a cluster, their workers as the
+    training step's: `gpus_per_worker`, `worker_cpu`, `worker_memory`, `worker_image`, `queue_name`,
+    `object_store_secret`), pruning those behind. `sweep` is the sweep's folder (trials.jsonl, best.json, the study:
+    a retried step continues it; `sweep_dir` names another, an earlier run's whose study this one continues),
+    `report` its HTML report, `metrics` the best validation accuracy. `launcher` as the training step's (auto: on a
+    cluster the job kind it serves, one job per trial; pod: in this step's pod). Every trial trains with
+    `train_options` and the named settings (`preset`, `depth`, `batch_size`, `epochs` or `train_steps`,
+    `learning_rate`) under its own. Returns the train options of the final training: `train_options`, the best
+    trial's settings, and train_on train+validation."""
     from components.common.cli import component_errors
     from components.sweep.kfp_run import EXPECTED_ERRORS, run_sweep
 
     with component_errors("sweep", EXPECTED_ERRORS):
         return run_sweep(
-            dataset, sweep, report, metrics, space=space, run_id=run_id,
+            dataset, sweep, report, metrics, space=space, run_id=run_id, sweep_dir=sweep_dir,
             launch_options=dict(
                 gpus_per_worker=gpus_per_worker, worker_cpu=worker_cpu, worker_memory=worker_memory,
                 worker_image=worker_image, queue_name=queue_name, object_store_secret=object_store_secret,

@@ -25,7 +25,7 @@ SWEEP_DIRECTORY = "sweep-directory"  # under `<pipeline root>/<pipeline>/<run id
 
 def run_sweep(
     dataset: Any, sweep_artifact: Any, report: Any, metrics: Any, space: dict, launch_options: dict, run_id: str,
-    named: dict, **options: Any,
+    named: dict, sweep_dir: str = "", **options: Any,
 ) -> dict:  # fmt: skip
     """Search; returns the train options the final training uses: the sweep's own, the best trial's settings, and
     train_on train+validation (the validation split was for choosing; the final model learns from it too)."""
@@ -35,7 +35,9 @@ def run_sweep(
     # TrainJob or TFJob per trial); pod trains in this step's pod; under kfp.local, local processes.
     options["launcher"] = resolve_launcher(options["launcher"], int(options.get("workers", 1)))
     shared = options["launcher"] in CLUSTER_LAUNCHERS
-    sweep_dir = pipeline_model_directory(sweep_artifact, run_id, None, shared=shared, folder=SWEEP_DIRECTORY)
+    sweep_dir = pipeline_model_directory(
+        sweep_artifact, run_id, sweep_dir or None, shared=shared, folder=SWEEP_DIRECTORY
+    )
     # The training step's named settings (those given) under the train options, as the train step combines them.
     train_options = {**given_parameters(TrainConfig, named), **dict(options.pop("train_options") or {})}
     config = config_from_parameters(

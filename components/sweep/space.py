@@ -152,6 +152,8 @@ def _typed(dimension: Dimension, where: str) -> Dimension:
         choices = tuple(_numeric(choice) for choice in dimension.choices)
         if int in kinds and float not in kinds:
             choices = tuple(_whole(choice, dimension.name, where) for choice in choices)
+        elif float in kinds:
+            choices = tuple(float(choice) if _number(choice) else choice for choice in choices)
         return dataclasses.replace(dimension, choices=choices)
     if int in kinds and float not in kinds:
         low, high = (_whole(value, dimension.name, where) for value in (dimension.low, dimension.high))

@@ -365,7 +365,10 @@ class Sweep:
     def _stop_all(self) -> int:
         """A signal to the sweep: its running trials stop (saving checkpoints) and stay running in the study, so
         that the sweep started again trains them on."""
-        logger.warning("stopping %d running trial(s); start the sweep again to continue", len(self.running))
+        logger.warning(
+            "stopping %d running trial(s): they save a checkpoint, and the study (in %s) continues them when the sweep "
+            "runs again on that folder", len(self.running), self.config.sweep_dir
+        )  # fmt: skip
         for running in self.running:
             running.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_SECONDS
