@@ -23,7 +23,7 @@ def predict_pipeline(
     split: str = "eval",
     top_k: int = 3,
     batch_size: int = 256,
-    resize: bool = False,
+    resize: str = "",
     object_store_secret: str = LaunchConfig().object_store_secret,
     image_pull_secret: str = "",
 ):
@@ -36,7 +36,8 @@ def predict_pipeline(
         split: With a prepared dataset: the split to score.
         top_k: Classes listed per image.
         batch_size: Images per model call.
-        resize: Resize images of another size to the model's (without it, such an image stops the step).
+        resize: HEIGHTxWIDTH (or N), the model's input size: resize every image to it ("": an image of another size is
+            skipped and counted).
         object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
         image_pull_secret: The secret for pulling the image from a private registry ("": none).
     """

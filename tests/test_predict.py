@@ -4,6 +4,7 @@ predictions must be the evaluate stage's), and a stopped job that continues with
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +50,17 @@ def test_a_folder_with_bad_and_oddly_sized_images(promoted, tmp_path, capsys):
     output = tmp_path / "predictions.jsonl"
 
     arguments = ["--model", str(root), "--images", str(images), "--output", str(output), "--top-k", "2"]
-    assert predict_main(arguments) == 2
-    assert "large.jpg: image is 64x48, the model takes 32x32; give --resize" in capsys.readouterr().err
-
-    assert predict_main([*arguments, "--resize"]) == 0
+    assert predict_main(arguments) == 0  # an image of another size is skipped and counted, as a broken one is
+    assert "large.jpg: image is 64x48, the model takes 32x32 (--resize 32x32 includes it)" in capsys.readouterr().err
+    first = json.loads((tmp_path / "predictions.summary.json").read_text())
+    assert (first["scored"], first["skipped"]) == (5, 3)
+    assert predict_main([*arguments, "--resize", "64x64"]) == 2  # resize takes prepare_data's form: the model's size
+    assert "resize: 64x64 is not the model's input size; it takes 32x32" in capsys.readouterr().err
+    assert predict_main([*arguments, "--resize", "32x32"]) == 2  # another job (other options) on the same file
+    assert 'holds the output of another predictions job (resize null (now "32x32"))' in capsys.readouterr().err
+    output = tmp_path / "resized.jsonl"
+    arguments = ["--model", str(root), "--images", str(images), "--output", str(output), "--top-k", "2"]
+    assert predict_main([*arguments, "--resize", "32x32"]) == 0
     predictions = {line["image"].removeprefix(f"{images}/"): line for line in lines_of(output)}
     assert sorted(predictions) == [
         "0.png",
@@ -69,10 +77,10 @@ def test_a_folder_with_bad_and_oddly_sized_images(promoted, tmp_path, capsys):
     top = predictions["more/large.jpg"]["top"]
     assert len(top) == 2 and top[0]["probability"] >= top[1]["probability"]
     assert top[0]["class"] == f"synthetic_class_{top[0]['index']}"
-    summary = json.loads((tmp_path / "predictions.summary.json").read_text())
+    summary = json.loads((tmp_path / "resized.summary.json").read_text())
     assert summary["scored"] == 6 and summary["skipped"] == 2 and sum(summary["per_class"].values()) == 6
     assert sum(summary["confidence_histogram"].values()) == 6
-    report = (tmp_path / "predictions.html").read_text()
+    report = (tmp_path / "resized.html").read_text()
     assert report.count("<figure>") == 6 and "6 images scored, 2 skipped" in report
 
 
@@ -170,3 +178,100 @@ def test_a_promotion_root_and_images_in_an_object_store(promoted, tmp_path, s3_b
     assert summary["scored"] == 3 and summary["skipped"] == 1 and summary["model"] == f"{bucket}/models/1"
     names = ("0.png", "1.png", "2.png", "broken.jpg")
     assert sorted(line["image"] for line in lines_of(output)) == [f"{bucket}/incoming/{name}" for name in names]
+
+
+def test_an_output_is_the_jobs_own_and_never_mixes_two_jobs(promoted, tmp_path, capsys):
+    """Other images, another model version, a file no job wrote, a folder, a FIFO, a report over the predictions,
+    two jobs at once: each refused in one line, and nothing written."""
+    import os
+    import shutil
+    import threading
+
+    from components.common import outputs
+
+    root, _evaluation = promoted
+    rng = np.random.default_rng(1)
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        folder.mkdir()
+        for index in range(3):
+            (folder / f"{index}.png").write_bytes(tf.io.encode_png(rng.integers(0, 256, (32, 32, 3), np.uint8)).numpy())
+    output = tmp_path / "out.jsonl"
+
+    def run(*extra: str, images: Path = folders[0], model: Path = root, target: Path = output) -> tuple[int, str]:
+        code = predict_main(["--model", str(model), "--images", str(images), "--output", str(target), *extra])
+        return code, capsys.readouterr().err
+
+    assert run()[0] == 0
+    before = output.read_bytes()
+    code, said = run(images=folders[1])
+    assert code == 2 and f'holds the output of another predictions job (images "{folders[0]}"' in said
+    assert run()[0] == 0 and output.read_bytes() == before  # the same job: nothing new to score
+    # another version of the root's
+    second = tmp_path / "models"
+    shutil.copytree(root, second)
+    shutil.copytree(second / "1", second / "2")
+    assert run(model=second / "2", target=tmp_path / "v.jsonl")[0] == 0
+    code, said = run(model=second / "1", target=tmp_path / "v.jsonl")
+    assert code == 2 and "model_version 2 (now 1)" in said
+    # a file of the user's, without the job's record: never emptied, never appended to
+    mine = tmp_path / "mine.jsonl"
+    mine.write_bytes(b"my own notes, no trailing newline")
+    code, said = run(target=mine)
+    assert code == 2 and "was not written by a predictions job" in said and mine.read_bytes().endswith(b"newline")
+    # a folder, a FIFO, a link: refused at once, nothing blocks
+    code, said = run(target=tmp_path / "b")
+    assert code == 2 and "a folder, not a file" in said
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    code, said = run(target=tmp_path / "fifo.jsonl")
+    assert code == 2 and "a FIFO, not a file" in said
+    (tmp_path / "link.jsonl").symlink_to(output)
+    assert "a link" in run(target=tmp_path / "link.jsonl")[1]
+    # the report over the predictions it summarizes
+    code, said = run("--report", str(output))
+    assert code == 2 and "the report would overwrite" in said and output.read_bytes() == before
+    # two jobs on one output: the second is refused naming the first
+    holding, release = threading.Event(), threading.Event()
+
+    def first_job():
+        with outputs.continued_file(tmp_path / "busy.jsonl", "predictions", {"images": "x"}):
+            holding.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=first_job)
+    thread.start()
+    holding.wait(30)
+    code, said = run(target=tmp_path / "busy.jsonl")
+    release.set()
+    thread.join()
+    assert code == 2 and f"is being written by another predictions job (pid {os.getpid()}" in said
+
+
+def test_any_file_name_can_be_reported(promoted, tmp_path):
+    root, _evaluation = promoted
+    images = tmp_path / "images"
+    images.mkdir()
+    odd = os.fsencode(images) + b"/caf\xe9 <b>.png"  # not UTF-8, and markup
+    with open(odd, "wb") as handle:
+        handle.write(tf.io.encode_png(np.zeros((32, 32, 3), np.uint8)).numpy())
+    output = tmp_path / "odd.jsonl"
+    summary = predicting.predict(PredictConfig(model=str(root), images=str(images), output=str(output)))
+    assert summary["scored"] == 1
+    report = (tmp_path / "odd.html").read_text()
+    assert "caf\\xe9 &lt;b&gt;.png" in report and "<b>" not in report
+
+
+@pytest.mark.parametrize("count", [3, 20])
+def test_class_names_that_do_not_match_the_models_outputs_are_refused(promoted, tmp_path, capsys, count):
+    import shutil
+
+    root, _evaluation = promoted
+    model = tmp_path / "saved_model"
+    shutil.copytree(root / "1", model)
+    names_file = model / "assets" / "label_names.json"
+    names_file.write_text(json.dumps({"label_names": [f"class {index}" for index in range(count)]}))
+    code = predict_main(["--model", str(model), "--images", str(tmp_path), "--output", str(tmp_path / "p.jsonl")])
+    assert code == 2
+    said = capsys.readouterr().err
+    assert f"its class names list {count} classes, the model scores 10" in said and str(model) in said
+    assert not (tmp_path / "p.jsonl").exists()

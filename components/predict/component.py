@@ -15,7 +15,7 @@ def predict_component(
     split: str = "eval",
     top_k: int = 3,
     batch_size: int = 256,
-    resize: bool = False,
+    resize: str = "",
 ) -> int:
     """Score `images` (a folder, a prepared dataset's `split`, or a gs:// / s3:// prefix) with `model` (a promotion
     root's current version, a version folder or a SavedModel); `predictions` is the JSON Lines file (one image per

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from components.common.config import check_fields
+from components.prepare_data.config import parse_image_size
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,8 @@ class PredictConfig:
     )
     output: str = field(
         metadata={
-            "help": "the predictions, JSON Lines (one image per line); an existing file is continued: the images it "
-            "already holds are not scored again"
+            "help": "the predictions, JSON Lines (one image per line); the same job run again continues it (the images "
+            "it holds are not scored again); a file of another job (other images, model version or options) is refused"
         }
     )
     split: str = field(
@@ -35,11 +36,11 @@ class PredictConfig:
         default=3, metadata={"range": "[1, 1000]", "help": "classes listed per image, most likely first"}
     )
     batch_size: int = field(default=256, metadata={"range": "[1, 65536]", "help": "images per model call"})
-    resize: bool = field(
-        default=False,
+    resize: str | None = field(
+        default=None,
         metadata={
-            "help": "resize images of another size to the model's input size (bilinear, antialiased, as prepare_data "
-            "--resize does); without it, such an image stops the job in one line"
+            "help": "HEIGHTxWIDTH (or N), the model's input size: resize every image to it (bilinear, antialiased, as "
+            "prepare_data --resize does); without it, an image of another size is skipped and counted"
         },
     )
     report: str | None = field(
@@ -59,6 +60,13 @@ class PredictConfig:
         for name in ("model", "images", "output"):
             if not getattr(self, name):
                 raise ValueError(f"{name}: must be given")
+        if self.resize is not None:
+            parse_image_size(self.resize)
+
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """(height, width) asked for by `resize`, or None."""
+        return parse_image_size(self.resize) if self.resize else None
 
     @property
     def report_path(self) -> str:

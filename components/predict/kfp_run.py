@@ -11,7 +11,7 @@ from components.predict.predict import predict
 
 def run_predict(
     model: str, images: str, predictions: Any, report: Any, summary: Any, split: str, top_k: int, batch_size: int,
-    resize: bool,
+    resize: str,
 ) -> int:  # fmt: skip
     values = {
         "model": model, "images": images, "output": predictions.path, "report": report.path, "split": split,

@@ -9,11 +9,13 @@ JSON Lines, written as its batch is scored:
 
     {"image": "new-images/cat/0001.png", "top": [{"class": "cat", "index": 3, "probability": 0.91}, ...]}
 
-A file that cannot be read or decoded is skipped with one line in the log and a line `{"image": ..., "skipped":
-reason}`, never the end of the job; an image of another size than the model's stops the job in one line unless
-`--resize` (as prepare_data). An output that exists is continued: its images are not scored again (a stopped job
-picks up where it stopped; a last line cut short is dropped). At the end, a summary (`.summary.json`) and an HTML
-report: images per predicted class, the confidence distribution, and the least confident images.
+A file that cannot be read or decoded, or an image of another size than the model's (unless `--resize HxW`, the
+model's size, as prepare_data resizes), is skipped with one line in the log and a line `{"image": ..., "skipped":
+reason}`, never the end of the job; a job none of whose images can be scored is refused. The output is the job's
+(components/common/outputs.py): the same job run again continues it (its images are not scored again; a last line
+cut short is dropped), and a file of another job (other images, another model version, other options) or of no job
+is refused, never appended to. At the end, a summary (`.summary.json`) and an HTML report: images per predicted
+class, the confidence distribution, and the least confident images.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from components.common import documents, storage
+from components.common import documents, outputs, storage
 from components.common.dataset import MANIFEST_NAME
 from components.common.progress import Progress
 from components.evaluate.export import LABEL_NAMES_ASSET
@@ -54,6 +56,7 @@ class ServedModel:
     label_names: list[str]
     height: int
     width: int
+    version: int | None = None  # the promoted version (a promotion root or a version folder), else None
 
 
 # -- the model ------------------------------------------------------------------------------------------------------
@@ -65,12 +68,14 @@ def open_model(location: str) -> ServedModel:
 
     from components.evaluate.pointer import read_ready
 
-    folder, names = location.rstrip("/"), None
+    folder, names, version = location.rstrip("/"), None, None
     if _exists(storage.join(folder, "current.json")):
         ready = read_ready(folder)
         if ready is None:
             raise PredictError(f"{folder}: nothing is promoted there yet (current.json names no ready version)")
-        folder, names = ready["saved_model"].rstrip("/"), ready.get("label_names")
+        folder, names, version = ready["saved_model"].rstrip("/"), ready.get("label_names"), ready["version"]
+    elif Path(folder).name.isdigit() and _exists(storage.join(storage.parent_and_name(folder)[0], "current.json")):
+        version = int(Path(folder).name)  # a version folder of a promotion root
     if not _exists(storage.join(folder, "saved_model.pb")):
         raise PredictError(f"{folder}: not a SavedModel (no saved_model.pb), a version folder or a promotion root")
     local = _local_copy(folder)
@@ -86,9 +91,16 @@ def open_model(location: str) -> ServedModel:
     if spec is None or spec.shape.rank != 4:
         raise PredictError(f"{folder}: serving_default takes no uint8 images [N, H, W, 3]; not a model of this project")
     height, width = int(spec.shape[1]), int(spec.shape[2])
+    outputs = signature.structured_outputs.get("probabilities")
+    classes = int(outputs.shape[-1]) if outputs is not None and outputs.shape.rank == 2 else None
+    if classes is not None and classes != len(names):
+        raise PredictError(
+            f"{folder}: its class names list {len(names)} classes, the model scores {classes}: the SavedModel's "
+            f"assets/{LABEL_NAMES_ASSET} does not belong to it"
+        )
     logger.info("model %s: %d classes, %dx%d images", folder, len(names), width, height)
     return ServedModel(folder, lambda images: signature(images=tf.constant(images))["probabilities"].numpy(), names,
-                       height, width)  # fmt: skip
+                       height, width, version)  # fmt: skip
 
 
 def _exists(location: str) -> bool:
@@ -217,7 +229,6 @@ def _continue(output: str) -> set[str]:
     """The images an earlier run of this job already wrote (the file is cut back to its last whole line)."""
     path = Path(output)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
         return set()
     done = {prediction["image"] for prediction in read_predictions(output)}
     content = path.read_bytes()
@@ -227,24 +238,25 @@ def _continue(output: str) -> set[str]:
         with open(path, "r+b") as handle:
             handle.truncate(whole)
     if done:
-        logger.info("%s holds %d images already: continuing after them", output, len(done))
+        logger.info("%s holds %d images of this job already: continuing after them", output, len(done))
     return done
 
 
 # -- scoring --------------------------------------------------------------------------------------------------------
 
 
-def _fitted(key: str, image: np.ndarray, model: ServedModel, resize: bool) -> np.ndarray:
+def _fitted(image: np.ndarray, model: ServedModel, resize: bool) -> tuple[np.ndarray | None, str]:
+    """The image at the model's size, or (None, why it is skipped)."""
     if image.shape[:2] == (model.height, model.width):
-        return image
+        return image, ""
     if not resize:
-        raise PredictError(
-            f"{key}: image is {image.shape[1]}x{image.shape[0]}, the model takes {model.width}x{model.height}; give "
-            "--resize to resize every image to the model's size"
+        return None, (
+            f"image is {image.shape[1]}x{image.shape[0]}, the model takes {model.width}x{model.height} (--resize "
+            f"{model.height}x{model.width} includes it)"
         )
     from components.common.pixels import resize_images
 
-    return resize_images(image[None], model.height, model.width).numpy()[0]
+    return resize_images(image[None], model.height, model.width).numpy()[0], ""
 
 
 def _lines(keys: list[str], probabilities: np.ndarray, names: list[str], top_k: int) -> list[str]:
@@ -264,12 +276,45 @@ def _lines(keys: list[str], probabilities: np.ndarray, names: list[str], top_k: 
     ]
 
 
+def job_of(config: PredictConfig, model: ServedModel) -> dict:
+    """What makes a predictions file this job's: the images, the model and its version, the options that change a
+    line (a continued file must hold nothing else)."""
+    images = config.images if storage.is_remote(config.images) else os.path.abspath(config.images)
+    return {"images": images.rstrip("/"), "split": config.split, "model": model.location, "model_version":
+            model.version, "top_k": config.top_k, "resize": config.resize}  # fmt: skip
+
+
 def predict(config: PredictConfig) -> dict:
-    """Score every image not yet in the output; returns the summary."""
+    """Score every image of the job not yet in the output; returns the summary."""
     model = open_model(config.model)
+    if config.image_size is not None and config.image_size != (model.height, model.width):
+        raise PredictError(
+            f"resize: {config.resize} is not the model's input size; it takes {model.height}x{model.width}"
+        )
     images = find_images(config)
     if not images.keys:
         raise PredictError(f"images: {config.images} holds no file to score")
+    inputs = [config.images, config.model]
+    outputs.check_destination(config.report_path, "report", [*inputs, config.output, config.summary_path])
+    outputs.check_destination(config.summary_path, "summary", [*inputs, config.output, config.report_path])
+    with outputs.continued_file(config.output, "predictions", job_of(config, model),
+                                [*inputs, config.report_path, config.summary_path]):  # fmt: skip
+        summary, skipped, seconds, pending = _score(config, model, images)
+    if summary["scored"] == 0:
+        raise PredictError(
+            f"images: none of the {summary['skipped']:,} images of {config.images} could be scored (the log and "
+            f"{config.output} say why for each)"
+        )
+    summary["this_run"] = {"images": pending, "skipped": skipped, "seconds": round(seconds, 3)}
+    outputs.write_json(config.summary_path, summary, "summary", [*inputs, config.output, config.report_path])
+    logger.info(
+        "%d images scored, %d skipped (%d in this run); predictions: %s; report: %s",
+        summary["scored"], summary["skipped"], skipped, config.output, config.report_path,
+    )  # fmt: skip
+    return summary
+
+
+def _score(config: PredictConfig, model: ServedModel, images: Images) -> tuple[dict, int, float, int]:
     done = _continue(config.output)
     pending = [key for key in images.keys if key not in done]
     progress = Progress("predict", len(pending), unit="images", logger=logger)
@@ -287,26 +332,19 @@ def predict(config: PredictConfig) -> dict:
                 batch.clear()
 
         for key, image, why in images.pixels(pending):
-            if image is None:
-                logger.warning("skipping %s: %s", key, why)
+            fitted, why = _fitted(image, model, config.image_size is not None) if image is not None else (None, why)
+            if fitted is None:
+                logger.warning("skipping %s: %s", outputs.printable(key), why)
                 output.write(json.dumps({"image": key, "skipped": why}) + "\n")
                 progress.advance(1)
                 skipped += 1
                 continue
             batch_keys.append(key)
-            batch.append(_fitted(key, image, model, config.resize))
+            batch.append(fitted)
             if len(batch) == config.batch_size:
                 flush()
         flush()
-    scoring_seconds = time.monotonic() - started
-    summary = summarize(config, model, images)
-    summary["this_run"] = {"images": len(pending), "seconds": round(scoring_seconds, 3)}
-    Path(config.summary_path).write_text(json.dumps(summary, indent=2) + "\n")
-    logger.info(
-        "%d images scored, %d skipped (%d in this run); predictions: %s; report: %s",
-        summary["scored"], summary["skipped"], skipped, config.output, config.report_path,
-    )  # fmt: skip
-    return summary
+    return summarize(config, model, images), skipped, time.monotonic() - started, len(pending)
 
 
 # -- the summary and the report -------------------------------------------------------------------------------------
@@ -336,6 +374,7 @@ def summarize(config: PredictConfig, model: ServedModel, images: Images) -> dict
     ]
     summary = {
         "model": model.location,
+        "model_version": model.version,
         "images": config.images,
         "scored": scored,
         "skipped": skipped,
@@ -346,8 +385,8 @@ def summarize(config: PredictConfig, model: ServedModel, images: Images) -> dict
         },
         "least_confident": least_confident,
     }
-    Path(config.summary_path).write_text(json.dumps(summary, indent=2) + "\n")
-    Path(config.report_path).write_text(_report(summary, _pictures(least_confident, images)))
+    others = [config.images, config.model, config.output, config.summary_path]
+    outputs.write_text(config.report_path, _report(summary, _pictures(least_confident, images)), "report", others)
     return summary
 
 
@@ -374,16 +413,17 @@ def _report(summary: dict, pictures: dict[str, np.ndarray]) -> str:
     tiles = "".join(
         f"<figure><img src='{data_uri(encode_png(enlarged(pictures[entry['image']])))}' "
         f"alt='{html.escape(entry['class'])}'>"
-        f"<figcaption>{html.escape(Path(entry['image']).name)}<br>{html.escape(entry['class'])} "
+        f"<figcaption>{html.escape(outputs.printable(Path(entry['image']).name))}<br>{html.escape(entry['class'])} "
         f"({entry['probability']:.2f})</figcaption></figure>"
         for entry in summary["least_confident"]
         if entry["image"] in pictures
     )
-    title = f"Predictions of {html.escape(summary['model'])}"
+    version = f" (version {summary['model_version']})" if summary.get("model_version") is not None else ""
+    title = f"Predictions of {html.escape(outputs.printable(summary['model']))}{version}"
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style></head><body>"
         f"<h1>{title}</h1><p>{summary['scored']:,} images scored, {summary['skipped']:,} skipped, from "
-        f"{html.escape(summary['images'])}.</p><h2>Predicted classes</h2><table>{classes}</table>"
+        f"{html.escape(outputs.printable(summary['images']))}.</p><h2>Predicted classes</h2><table>{classes}</table>"
         f"<h2>Confidence of the top class</h2><table>{confidence}</table>"
         f"<h2>The least confident images</h2><div class='grid'>{tiles}</div></body></html>"
     )
