@@ -390,11 +390,15 @@ def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list
                 + ", ".join(f"{name}={value}" for name, value in best["params"].items())
             )
             lines.append(f"search report: {sweep_dir / REPORT}; TensorBoard: make tensorboard LOGDIR={sweep_dir}")
+    lines += _data_lines(run_folder, model_dir)
     pointer = promotion_root / POINTER
     if pointer.exists():
         current = parse_pointer(documents.read_bytes(str(pointer), "promotion pointer"), str(promotion_root))
         if current.get("state") == "ready":
-            lines.append(f"promoted model: version {current['version']} at {current['saved_model']}")
+            where = f"version {current['version']} at {current['saved_model']}"
+            promoted_here = any(run_folder.glob("promote-component*/executor_output.json"))
+            lines.append(f"promoted model: {where}" if promoted_here else
+                         f"still promoted: {where} (this run's model was not promoted)")  # fmt: skip
     report = sorted(run_folder.glob(f"{TRAINING_TASKS}/model/eval/report.html"))
     if report:
         lines.append(f"report: {report[0]} (open it in a browser)")
@@ -402,6 +406,32 @@ def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list
         lines.append(f"model directory: {model_dir}")
         lines.append(f"TensorBoard: make tensorboard LOGDIR={model_dir}")
     lines.append(f"full log: {log_path}")
+    return lines
+
+
+def _data_lines(run_folder: Path, model_dir: Path | None) -> list[str]:
+    """What the data check found (by severity, whether it blocked the promotion, where its findings are) and what
+    the leakage option removed."""
+    from components.common import documents
+    from components.common.data_statistics import ERROR, read_statistics
+    from components.evaluate.report import leakage_removed_line
+
+    lines = []
+    for findings_file in sorted(run_folder.glob("check-data-component*/findings")):
+        found = documents.read(findings_file, documents.ANY_OBJECT, "data check findings")
+        severities = [finding.get("severity") for finding in found.get("findings", [])]
+        errors, warnings = severities.count(ERROR), len(severities) - severities.count(ERROR)
+        blocked = f"; it blocked the promotion ({found['blocking']})" if found.get("blocking") else ""
+        lines.append(f"data check against {found.get('reference', '?')}: {errors} error(s), {warnings} warning(s)"
+                     f"{blocked}; the findings (JSON): {findings_file}")  # fmt: skip
+    config_file = model_dir / "config.json" if model_dir else None
+    if config_file is not None and config_file.is_file():
+        data = str(documents.read(config_file, documents.ANY_OBJECT, "training config").get("data") or "")
+        statistics_file = Path(data) / "statistics.json"
+        if data and "://" not in data and statistics_file.is_file():
+            removed = read_statistics(str(statistics_file)).get("leakage_removed")
+            if removed:
+                lines.append(leakage_removed_line(removed))
     return lines
 
 

@@ -37,10 +37,6 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
     data was prepared: an unknown launcher, both epochs and train_steps, an option the train stage does not know
     or a value it refuses, a train option that repeats a named parameter, a bad worker setting. (Only the training
     pipeline's: another pipeline's parameters are checked by its step.)"""
-    from components.common.kfp_parameters import config_from_parameters
-    from components.train.config import TrainConfig
-    from components.train.launch_config import LaunchConfig
-
     if not trains(pipeline):
         return None
     for name in ("epochs", "train_steps"):
@@ -52,7 +48,18 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
     from components.common.kfp_parameters import as_delivered
 
     defaults = {name: default for name, (_kind, default) in parameter_types(pipeline).items()}
-    values = {name: as_delivered(value) for name, value in {**defaults, **parameters}.items()}  # as the steps see them
+    given = {**defaults, **parameters}
+    _check_values(given)  # as given: its messages quote what the user wrote
+    # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails
+    # there
+    return _check_values({name: as_delivered(value) for name, value in given.items()})
+
+
+def _check_values(values: dict[str, Any]):
+    from components.common.kfp_parameters import config_from_parameters
+    from components.train.config import TrainConfig
+    from components.train.launch_config import LaunchConfig
+
     if values["launcher"] not in LAUNCHERS:
         raise CommandError(f"launcher: {values['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
     check_data_parameters(values)

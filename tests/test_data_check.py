@@ -8,6 +8,7 @@ on an unchanged copy nor on another sample drawn the same way.
 
 from __future__ import annotations
 
+import html
 import json
 
 import numpy as np
@@ -360,7 +361,10 @@ def test_a_scheduled_run_on_changed_data_is_not_promoted_and_on_unchanged_data_i
         )  # fmt: skip
     changed, unchanged = outcomes["changed"], outcomes["unchanged"]
     assert not changed.decision.blessed and changed.promotion is None
-    assert changed.decision.reasons[-1].startswith("data check: train: the red channel's mean is")
+    assert changed.decision.reasons[-1].startswith(
+        "promotion blocked by the data check (data_check block): train: the red channel's mean is"
+    )
+    assert changed.decision.reasons[-1] in html.unescape(changed.report_html)
     assert unchanged.decision.blessed and unchanged.promotion.version == 2
     assert "Class balance of the eval split" in unchanged.report_html  # the report's data section
 

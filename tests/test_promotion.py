@@ -551,4 +551,6 @@ def test_the_serving_request_tool_ends_bad_input_in_one_line_naming_the_image(tr
     assert serving_request.main([str(good), str(bad), "--answer-from", root]) == 2
     errors = [line for line in capfd.readouterr().err.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and f"serving_request: {bad}: " in errors[0], errors
+    if problem == "another size":
+        assert "the image is 48x64, the served model takes 32x32 images (width x height)" in errors[0], errors
     assert serving_request.main([str(good), "--answer-from", root]) == 0

@@ -205,7 +205,7 @@ def test_the_sweep_pipeline_is_compiled_with_the_training_pipelines_parameters_a
     assert set(inputs) == training | set(SWEEP_PARAMETERS)
     assert inputs["validation_fraction"].default == 0.1 and all(spec.description for spec in inputs.values())
     assert commands.compiled_path(cifar10_sweep).name == "sweep.yaml"
-    with pytest.raises(CommandError, match=r"space: learning_rate: low 2\.0 and high 1\.0"):
+    with pytest.raises(CommandError, match="space: learning_rate: low 2 and high 1"):
         check_parameters(cifar10_sweep, {"space": {"learning_rate": {"low": 2, "high": 1}}})
     with pytest.raises(CommandError, match="trials"):
         check_parameters(cifar10_sweep, {"trials": 0})

@@ -185,7 +185,7 @@ class Finding:
     threshold: float | None = None
 
     def line(self) -> str:
-        return f"{self.severity}: {self.message}"
+        return f"{self.severity.upper()} finding: {self.message}"
 
 
 def check(current: dict, reference: dict | None, thresholds: DataCheckConfig) -> list[Finding]:

@@ -119,12 +119,15 @@ def check_data(config: CheckDataConfig) -> DataCheckOutcome:
     findings = data_statistics.check(current, reference, DataCheckConfig(**config.thresholds))
     logger.info("data check against %s: %d finding(s)", described, len(findings))
     for finding in findings:
-        (logger.warning if finding.severity == data_statistics.ERROR else logger.info)("%s", finding.line())
+        logger.info("%s", finding.line())
     blocking = data_statistics.blocking(findings)
     if blocking and config.mode == "fail":
         raise DataCheckFailedError(f"{blocking} (--data-check fail: the run stops; block or warn to go on)")
     if blocking and config.mode == "block":
-        logger.warning("no model trained on this data will be promoted: %s", blocking)
+        logger.warning("promotion blocked (--data-check block): no model trained on this data will be promoted: %s",
+                       blocking)  # fmt: skip
+    elif blocking:
+        logger.warning("the data changed (--data-check warn: promotion goes on): %s", blocking)
     return DataCheckOutcome(findings, described, blocking if config.mode == "block" else "", current, reference)
 
 

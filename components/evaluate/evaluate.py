@@ -333,7 +333,9 @@ class Evaluator:
             accuracy, config.accuracy_threshold, baseline.accuracy, config.baseline_tolerance, baseline.description
         )
         if config.data_blocking:  # the data check's finding: whatever the accuracy, not on this data
-            decision = gate.Decision(False, [*decision.reasons, config.data_blocking])
+            blocked = config.data_blocking.removeprefix("data check: ")
+            decision = gate.Decision(False, [*decision.reasons, f"promotion blocked by the data check (data_check "
+                                                                 f"block): {blocked}"])  # fmt: skip
         return decision, baseline
 
     def not_a_successor(self, promoted: dict | None) -> str | None:

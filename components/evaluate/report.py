@@ -215,6 +215,17 @@ def render(content: ReportContent) -> str:
     return "\n".join(section for section in sections if section)
 
 
+def leakage_removed_line(removed: dict) -> str:
+    """What --leakage drop_from_train or drop_from_eval removed, in one line (statistics.json's leakage_removed)."""
+    counts = ", ".join(
+        f"{count:,} from the {split} split" for split, count in removed.get("images_removed", {}).items()
+    )
+    why = "training images with a near-duplicate among the test or validation images"
+    if removed.get("mode") == "drop_from_eval":
+        why = "test and validation images with a near-duplicate in training"
+    return f"leakage {removed.get('mode', '?')}: removed {counts or 'nothing'} ({why})"
+
+
 @dataclass(frozen=True)
 class LeakingPair:
     test_image: np.ndarray  # uint8 [H, W, 3]
@@ -232,6 +243,9 @@ def data_section(
     leaking pairs side by side, with the accuracy with and without the leaking images (`accuracies`: with, without,
     how many leak)."""
     parts = ["<h2>Data</h2>"]
+    removed = statistics.get("leakage_removed")
+    if removed:
+        parts.append(f"<p><strong>{html.escape(leakage_removed_line(removed))}</strong></p>")
     if accuracies is not None:
         with_leaks, without, count = accuracies
         parts.append(

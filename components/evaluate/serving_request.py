@@ -52,7 +52,8 @@ def answer(saved_model: str | Path, body: dict, names: list[str] | None = None) 
 
     folder = served_version(saved_model)
     try:
-        signature = tf.saved_model.load(str(folder)).signatures[body.get("signature_name", SIGNATURE)]
+        loaded = tf.saved_model.load(str(folder))
+        signature = loaded.signatures[body.get("signature_name", SIGNATURE)]
     except (OSError, KeyError, ValueError, tf.errors.OpError) as error:
         raise RequestError(f"{folder}: not a servable model with the {SIGNATURE} signature ({error})") from error
     encoded = [base64.b64decode(instance[INPUT]["b64"]) for instance in body["instances"]]
@@ -64,7 +65,14 @@ def answer(saved_model: str | Path, body: dict, names: list[str] | None = None) 
                 signature(**{INPUT: tf.constant([image])})
             except tf.errors.InvalidArgumentError as error:
                 name = names[index] if names else f"instance {index}"
-                reason = (error.message or str(error)).strip().splitlines()[0][:300]
+                size, wanted = _size_of(image), _input_size(loaded)
+                if size is not None and wanted is not None and size != wanted:
+                    raise RequestError(
+                        f"{name}: the image is {size[1]}x{size[0]}, the served model takes {wanted[1]}x{wanted[0]} "
+                        f"images (width x height): resize it to {wanted[1]}x{wanted[0]} first"
+                    ) from error
+                lines = [line for line in (error.message or str(error)).splitlines() if line.strip()]
+                reason = " ".join(lines[-1:])[:300] or type(error).__name__
                 raise RequestError(f"{name}: the served model cannot take this image ({reason})") from error
         raise
     rows = []
@@ -75,6 +83,26 @@ def answer(saved_model: str | Path, body: dict, names: list[str] | None = None) 
             row[name] = item.decode() if isinstance(item, bytes) else item.tolist()
         rows.append(row)
     return {"predictions": rows}
+
+
+def _size_of(image: bytes) -> tuple[int, int] | None:
+    """(height, width) of an encoded image, or None when it does not decode."""
+    import tensorflow as tf
+
+    try:
+        shape = tf.io.decode_image(image, channels=3, expand_animations=False).shape
+    except (tf.errors.OpError, ValueError):
+        return None
+    return int(shape[0]), int(shape[1])
+
+
+def _input_size(loaded) -> tuple[int, int] | None:
+    """(height, width) the model's uint8 signature takes, or None when it does not say."""
+    signature = loaded.signatures.get("serving_default")
+    spec = signature.structured_input_signature[1].get("images") if signature is not None else None
+    if spec is None or spec.shape.rank != 4 or None in spec.shape[1:3]:
+        return None
+    return int(spec.shape[1]), int(spec.shape[2])
 
 
 def read_images(paths: list[Path]) -> list[bytes]:
