@@ -39,7 +39,7 @@ test:
 	cd $(ROOT) && $(BIN)/python -m pytest -q
 
 test-images:
-	cd $(ROOT) && $(BIN)/python -m pytest -q -s -m images -p no:cacheprovider tests/test_images.py
+	cd $(ROOT) && $(BIN)/python -m pytest -q -s -n 0 -m images -p no:cacheprovider tests/test_images.py
 
 lint:
 	cd $(ROOT) && $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/deptry .

@@ -434,8 +434,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(command.shown() for command in commands))
         return 0
     python = sys.executable  # make runs this module with VENV's Python
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the repository's own modules (images.build, which is no installed package) from any folder make runs in
+    path = os.pathsep.join(filter(None, [repository, os.environ.get("PYTHONPATH", "")]))
     for index, command in enumerate(commands):
-        environment = {**os.environ, **settings, **command.environment}
+        environment = {**os.environ, **settings, **command.environment, "PYTHONPATH": path}
         if index == len(commands) - 1:  # the last (most often the only) command becomes this process: its signals,
             sys.stdout.flush()  # its exit code
             os.execve(python, [python, "-m", command.module, *command.arguments], environment)

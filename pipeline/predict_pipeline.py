@@ -1,8 +1,8 @@
 """The cifar10-predict pipeline: the promoted model scores a prefix of new images (batch prediction, on a schedule).
 
-python -m pipeline.predict_pipeline compile                   # pipeline/predict.yaml
-python -m pipeline.predict_pipeline run --host $KFP_HOST --model s3://.../models --images s3://.../incoming/
-python -m pipeline.predict_pipeline schedule --host $KFP_HOST --cron "0 0 4 * * *" --model ... --images ...
+python -m pipeline.pipeline predict compile                   # pipeline/predict.yaml
+python -m pipeline.pipeline predict run --host $KFP_HOST --model s3://.../models --images s3://.../incoming/
+python -m pipeline.pipeline predict schedule --host $KFP_HOST --cron "0 0 4 * * *" --model ... --images ...
 
 Locally, `make predict` runs the same stage (components/predict/, docs/predict.md).
 """

@@ -26,7 +26,7 @@ SWEEP = SweepConfig(data="", sweep_dir="", space="")
 SWEEP_PARAMETERS = {
     "space": (dict, {"learning_rate": {"low": 0.02, "high": 0.5, "log": True}}, "The search space: train settings "
               'to ranges or choices, e.g. {"learning_rate": {"low": 0.01, "high": 0.3, "log": true}, '
-              '"weight_decay": {"choices": [0, 0.0005]}} (integers when both bounds are).'),
+              '"weight_decay": {"choices": [0, 0.0005]}} (an integer setting\'s range is searched over integers).'),
     "trials": (int, SWEEP.trials, "The search's budget in finished trials."),
     "max_minutes": (float, SWEEP.max_minutes, "The search's budget in wall-time minutes (0: none)."),
     "sampler": (str, SWEEP.sampler, "tpe (Optuna's TPE after random start-up trials) or random."),

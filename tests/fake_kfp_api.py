@@ -148,12 +148,14 @@ class FakeKfpApi:
         tokens: dict[str, set[str]] | None = None,
         cookies: dict[str, set[str]] | None = None,
         run_outcome: str = "SUCCEEDED",
+        instant: bool = False,
     ):
         self.multi_user = multi_user
         self.prefix = prefix
         self.tokens = tokens or {}  # bearer token -> the namespaces its identity may use
         self.cookies = cookies or {}  # session cookie (NAME=VALUE) -> the namespaces
         self.run_outcome = run_outcome
+        self.instant = instant  # a run reads as ended at once (for examples that follow a run to its end)
         self.requests: list[tuple[str, str, Any]] = []
         self.headers_seen: list[dict[str, str]] = []
         self.experiments: dict[str, dict] = {}
@@ -301,7 +303,7 @@ class FakeKfpApi:
         run = self.runs[run_id]
         self._namespace_of(self.experiments[run["experiment_id"]].get("namespace"), allowed, "run")
         reads = self._reads[run_id] = self._reads.get(run_id, 0) + 1
-        state = ("PENDING", "RUNNING")[reads - 1] if reads <= 2 else self.run_outcome
+        state = ("PENDING", "RUNNING")[reads - 1] if reads <= 2 and not self.instant else self.run_outcome
         run = {**run, "state": state}
         if state == "FAILED":
             error = {"code": 2, "message": "train: the workers' step failed: loss is NaN at step 12"}

@@ -75,8 +75,9 @@ class DataCheckOutcome:
         return data_statistics.findings_json(self.findings, self.reference, mode) | {"blocking": self.blocking}
 
 
-def reference_statistics(reference: str, promotion_root: str) -> tuple[dict | None, str]:
-    """The reference's statistics (None when there is none) and what it is, in words."""
+def reference_statistics(reference: str, promotion_root: str, synthetic: bool = False) -> tuple[dict | None, str]:
+    """The reference's statistics (None when there is none) and what it is, in words; the promoted model's data is
+    none for real data (`synthetic` False) when that model was the demo's, trained on synthetic data."""
     if reference:
         return _given_reference(reference), reference
     if not promotion_root:
@@ -86,9 +87,12 @@ def reference_statistics(reference: str, promotion_root: str) -> tuple[dict | No
         return None, f"none (nothing promoted under {promotion_root} yet)"
     location = storage.join(promotion_root, f"{ready['version']}/{data_statistics.PROMOTED_STATISTICS}")
     try:
-        return data_statistics.read_statistics(location), f"the training data of promoted version {ready['version']}"
+        statistics = data_statistics.read_statistics(location)
     except FileNotFoundError:
         return None, f"none (version {ready['version']} was promoted without data statistics)"
+    if ready.get("synthetic_data") and not synthetic:  # the demo's data: no reference for real data
+        return None, f"none (version {ready['version']} was trained on synthetic data, the demo's)"
+    return statistics, f"the training data of promoted version {ready['version']}"
 
 
 def _given_reference(reference: str) -> dict:
@@ -115,7 +119,7 @@ def check_data(config: CheckDataConfig) -> DataCheckOutcome:
             f"{storage.join(config.data, STATISTICS_NAME)}: the dataset was prepared before statistics were; prepare "
             "it again to check it"
         )
-    reference, described = reference_statistics(config.reference, config.promotion_root)
+    reference, described = reference_statistics(config.reference, config.promotion_root, manifest.synthetic)
     findings = data_statistics.check(current, reference, DataCheckConfig(**config.thresholds))
     logger.info("data check against %s: %d finding(s)", described, len(findings))
     for finding in findings:

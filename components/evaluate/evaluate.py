@@ -340,13 +340,15 @@ class Evaluator:
 
     def not_a_successor(self, promoted: dict | None) -> str | None:
         """Why this model cannot follow the promoted version whatever its accuracy: it is that very model (the same
-        weights), or a model of other classes (another task, which would silently replace it); None otherwise."""
+        weights), or a model of other classes (another task, which would silently replace it; but a model trained on
+        synthetic data, the demo's, gives way to the first one trained on real data); None otherwise."""
         if promoted is None:
             return None
         version, root = promoted["version"], self.config.promote_to or self.config.compare_with
         if promoted.get("weights_sha256") == weights_sha256(self.model):
             return f"already promoted as version {version} (the same weights)"
-        if promoted.get("label_names") != self.label_names:
+        demo_replaced = bool(promoted.get("synthetic_data")) and not self.dataset.manifest.synthetic
+        if promoted.get("label_names") != self.label_names and not demo_replaced:  # the demo's gives way to real data
             theirs = shown(promoted.get("label_names"), 120)
             return (
                 f"the promoted version {version} under {root} is a model of other classes ({theirs}); this one does "
@@ -477,7 +479,8 @@ class Evaluator:
             return ""
         from components.evaluate.data_check import reference_statistics
 
-        reference, described = reference_statistics("", self.config.compare_with or self.config.promote_to or "")
+        root = self.config.compare_with or self.config.promote_to or ""
+        reference, described = reference_statistics("", root, self.dataset.manifest.synthetic)
         pairs = self._leaking_pairs()
         accuracies = None if leaks is None else (accuracy, leaks["accuracy"], leaks["leaking_images"])
         return report.data_section(self.statistics, reference, described, self.config.split, pairs, accuracies)
