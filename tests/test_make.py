@@ -174,3 +174,32 @@ def test_the_images_setting_reaches_the_image_builder():
         env={**__import__("os").environ, **command.environment}, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert all(reference.startswith("registry.example.com/ml/") for reference in json.loads(shown.stdout).values())
+
+
+def test_the_compiled_pipelines_carry_each_setting_with_its_type():
+    """What a cluster runs: every pipeline parameter and component input typed as the Python signature says (an
+    integer is NUMBER_INTEGER, which KFP's launcher hands over as an integer), an integer's default integral, and a
+    dict parameter's default (a STRUCT, whose numbers travel as doubles) read back as the same settings."""
+    import inspect
+
+    import yaml
+
+    from components.common.kfp_parameters import as_delivered
+    from components.sweep.space import parse_space
+    from pipeline import commands
+    from pipeline.pipeline import pipeline_named
+
+    kinds = {int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE", bool: "BOOLEAN", str: "STRING", dict: "STRUCT"}
+    for word in (None, "sweep", "predict"):
+        pipeline = pipeline_named(word)
+        spec = next(yaml.safe_load_all(commands.compiled_path(pipeline).read_text()))
+        declared = spec["root"]["inputDefinitions"]["parameters"]
+        signature = inspect.signature(pipeline.pipeline_func).parameters
+        for name, parameter in signature.items():
+            assert declared[name]["parameterType"] == kinds[parameter.annotation], (pipeline.name, name)
+            default = declared[name].get("defaultValue")
+            if parameter.annotation is int:
+                assert float(default).is_integer() and int(default) == parameter.default, (pipeline.name, name)
+        if "space" in declared:
+            documented = declared["space"]["defaultValue"]
+            assert parse_space(as_delivered(documented), "space") == parse_space(documented, "space")
