@@ -384,6 +384,7 @@ def run_page(scratch: Scratch, page: str) -> None:
             if ran is not None:
                 outputs.append(ran)
         last = Ran(" ; ".join(item.command for item in outputs), 0, "".join(item.output for item in outputs))
+        time.sleep(1.0 if scratch.background else 0)  # what they were last asked is printed first
         for process in scratch.background:  # a block's background commands end with it; what they printed counts
             os.killpg(process.pid, signal.SIGTERM)
             last.output += process.communicate(timeout=30)[0]

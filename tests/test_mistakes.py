@@ -70,3 +70,26 @@ def test_a_length_that_is_not_one_is_refused_before_anything_runs(capsys, tmp_pa
     assert commands.main(cifar10_pipeline, ["local-run", "--output-root", str(tmp_path / "out"), *length]) == 2
     assert "is not a length; give a positive number" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_json_option_names_a_missing_file_as_missing_and_yaml_mistakes_by_line_and_column(tmp_path, capsys):
+    from pipeline.sweep_pipeline import cifar10_sweep
+
+    def refusal(space: str) -> str:
+        with pytest.raises(SystemExit) as ended:
+            commands.main(cifar10_sweep, ["local-run", "--output-root", str(tmp_path / "out"), "--space", space])
+        assert ended.value.code == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        return line
+
+    assert "spce.yaml: no such file (give a JSON or YAML file, or inline JSON starting with { or [)" in refusal(
+        str(tmp_path / "spce.yaml")
+    )
+    broken = tmp_path / "space.yaml"
+    broken.write_text("learning_rate: {low: 0.01, high: 0.3\ndepth: {low: 8, high: 20}\n")
+    assert f"{broken}: not a valid JSON or YAML document: not valid JSON or YAML (" in refusal(str(broken))
+    assert "at line 2, column" in refusal(str(broken))
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a:\n" + "".join("  " * depth + "- \n" for depth in range(1, 200)))
+    assert "nested more than the 32 levels" in refusal(str(deep))
+    assert not (tmp_path / "out").exists()

@@ -393,8 +393,8 @@ def test_canary_requests_in_a_fresh_process_refuse_a_model_that_answers_otherwis
 
 def test_the_gate_compares_like_with_like_on_this_runs_images(trained, synthetic_data, tmp_path):
     """New data at the same source: the promoted model is evaluated on this run's images, not trusted for a number
-    measured on other data; a model of other classes (the synthetic demo's) is no baseline at all, and the model of
-    another task is not blessed to replace it."""
+    measured on other data; a model of other classes (the synthetic demo's) is no baseline at all, and the first model
+    of real data replaces it (the demo gives way; another task's model never replaces a real one)."""
     from components.common.dataset import open_dataset
     from components.evaluate.config import EvaluateConfig
     from components.evaluate.evaluate import evaluate
@@ -422,8 +422,12 @@ def test_the_gate_compares_like_with_like_on_this_runs_images(trained, synthetic
     model_dir = tmp_path / "real-model"
     loop.train(tiny_train_config(real, model_dir, train_steps=2))
     other = evaluate(EvaluateConfig(data=real, model_dir=str(model_dir), compare_with=str(root)))
-    assert other.baseline_accuracy is None and not other.decision.blessed
-    assert "is a model of other classes" in " ".join(other.decision.reasons)
+    assert other.baseline_accuracy is None and other.decision.blessed
+    assert "it is not a baseline for this model" in " ".join(other.decision.reasons)
+    promoted = evaluate(EvaluateConfig(data=real, model_dir=str(model_dir), promote_to=str(root), weights="raw"))
+    assert promoted.promotion.version == 2  # the demo's synthetic model gave way to the first of real data
+    demo = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), compare_with=str(root)))
+    assert not demo.decision.blessed and "is a model of other classes" in " ".join(demo.decision.reasons)
 
 
 def test_a_kserve_v1_request_for_encoded_images_gets_the_classes_of_the_uint8_path(trained, tmp_path):
@@ -554,3 +558,44 @@ def test_the_serving_request_tool_ends_bad_input_in_one_line_naming_the_image(tr
     if problem == "another size":
         assert "the image is 48x64, the served model takes 32x32 images (width x height)" in errors[0], errors
     assert serving_request.main([str(good), "--answer-from", root]) == 0
+
+
+def test_a_runs_summary_says_what_stays_promoted_what_the_data_check_found_and_what_leakage_removed(
+    trained, synthetic_data, tmp_path
+):
+    """The lines local-run ends with, for a run whose model was not promoted: never "promoted model" for the earlier
+    version; the data check's counts, the block and where its findings are; what --leakage removed."""
+    from pipeline import local_run
+
+    root = tmp_path / "models"
+    promote_once(trained, str(root))
+    run = tmp_path / "cifar10-pipeline-2026-01-01-00-00-00-000000"
+    model_dir = run / "launch-training-job-component" / "model"
+    model_dir.mkdir(parents=True)
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    removed = {"mode": "drop_from_train", "leakage_before": {"eval": 3}, "images_removed": {"train": 4}}
+    statistics = json.loads((Path(synthetic_data) / "statistics.json").read_text())
+    (dataset / "statistics.json").write_text(json.dumps({**statistics, "leakage_removed": removed}))
+    (model_dir / "config.json").write_text(json.dumps({"data": str(dataset)}))
+    reason = "promotion blocked by the data check (data_check block): train: the red channel's mean moved"
+    (model_dir / "eval_metrics.json").write_text(json.dumps(
+        {"blessed": False, "reasons": [reason], "metrics": {"accuracy": 0.5}, "step": 10}
+    ))  # fmt: skip
+    findings = run / "check-data-component" / "findings"
+    findings.parent.mkdir()
+    findings.write_text(json.dumps({
+        "mode": "block", "reference": "the training data of promoted version 1", "blocking": "data check: moved",
+        "findings": [{"severity": "error", "message": "moved"}, {"severity": "warning", "message": "sizes"}],
+    }))  # fmt: skip
+    lines = local_run.describe_run(run, root, run / "local-run.log")
+    assert lines[0] == f"accuracy 0.5000: NOT BLESSED ({reason})"
+    assert lines[1] == (
+        "data check against the training data of promoted version 1: 1 error(s), 1 warning(s); it blocked the "
+        f"promotion (data check: moved); the findings (JSON): {findings}"
+    )
+    assert lines[2] == (
+        "leakage drop_from_train: removed 4 from the train split (training images with a near-duplicate among the "
+        "test or validation images)"
+    )
+    assert lines[3] == f"still promoted: version 1 at {root / '1'} (this run's model was not promoted)"
