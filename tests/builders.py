@@ -260,3 +260,28 @@ def tiny_model(num_classes: int = 2):
     from components.common.model import ModelSpec, build_model
 
     return build_model(ModelSpec("resnet", depth=8, width_multiplier=0.25, num_classes=num_classes))
+
+
+def interrupted_when(command: list[str], pattern: str, cwd, environment=None) -> tuple[int, str]:
+    """Run `command` in a session of its own, as a terminal's foreground job, until a line of its output matches
+    `pattern`; then Ctrl-C it (SIGINT to its process group). Returns its exit code and its whole output.
+
+    A terminal's foreground job takes Ctrl-C with the default action, also when this suite runs as a background job
+    (nohup, `make test &`), whose children start with SIGINT ignored and rightly keep ignoring it."""
+    import os
+    import re
+    import signal
+    import subprocess
+
+    run = subprocess.Popen(
+        command, cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    lines = []
+    for line in run.stdout:
+        lines.append(line)
+        if re.search(pattern, line):
+            break
+    os.killpg(run.pid, signal.SIGINT)
+    lines.append(run.communicate(timeout=180)[0])
+    return run.returncode, "".join(lines)

@@ -272,17 +272,10 @@ def run_command(scratch: Scratch, block: Block, number: int, written: str, expor
 
 def _interrupted_run(scratch: Scratch, where: str) -> None:
     """A run stopped with Ctrl-C during training, as `RESUME=last` expects to find one."""
-    run = subprocess.Popen(["make", "local-run", "TRAIN_STEPS=40"], cwd=scratch.root, env=scratch.environment,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
-    lines = []
-    for line in run.stdout:
-        lines.append(line)
-        if re.search(r"train: step \d+/40 ", line):
-            break
-    os.killpg(run.pid, signal.SIGINT)
-    lines.append(run.communicate(timeout=180)[0])
-    output = "".join(lines)
+    from tests.builders import interrupted_when
+
+    _code, output = interrupted_when(["make", "local-run", "TRAIN_STEPS=40"], r"train: step \d+/40 ", scratch.root,
+                                     scratch.environment)  # fmt: skip
     assert "continue with: make local-run RESUME=" in output, f"{where}: the stopped run did not say how:\n{output}"
 
 

@@ -265,20 +265,20 @@ def test_the_sweep_pipeline_stopped_in_its_search_continues_then_trains_the_best
     }  # fmt: skip
     options = [f"--{name.replace('_', '-')}={json.dumps(value) if isinstance(value, dict) else value}"
                for name, value in parameters.items()]  # fmt: skip
-    run = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.pipeline", "sweep", "local-run", "--output-root", str(tmp_path), *options],
-        cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
-    lines = []
-    for line in run.stdout:  # until the first trial is recorded
-        lines.append(line)
-        if re.search(r"trial 0 validation accuracy", line):
-            break
-    os.killpg(run.pid, signal.SIGINT)
-    lines.append(run.communicate(timeout=180)[0])
-    output = "".join(lines)
-    assert run.returncode == 130, output[-3000:]
+    from tests.builders import interrupted_when
+
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.pipeline",
+        "sweep",
+        "local-run",
+        "--output-root",
+        str(tmp_path),
+        *options,
+    ]
+    code, output = interrupted_when(command, r"trial 0 validation accuracy", REPOSITORY)  # the first trial recorded
+    assert code == 130, output[-3000:]
     match = re.search(r"interrupted .*; continue with: make sweep RESUME=(cifar10-sweep-\S+) ", output)
     assert match, output[-3000:]
     (first_sweep,) = (tmp_path / match.group(1)).glob("sweep-component/sweep")
