@@ -45,7 +45,7 @@ _CACHE_HIT = re.compile(r"Task '?(?P<task>[^' ]+)'? cache hit")
 # The INFO lines of the stages a person wants to see: (logger prefix, message pattern).
 SHOWN = (
     ("components.", re.compile(r"\(\d+%\), .* ETA ")),  # any stage's progress
-    ("components.train.loop", re.compile(r"^(step \d+/\d+ |step \d+ validation |resuming from |starting from step )")),
+    ("components.train.loop", re.compile(r"^(step \d+/\d+ |step \d+ validation-|resuming from |starting from step )")),
     ("components.prepare_data.prepare", re.compile(r"^published |already holds this dataset")),
     ("components.evaluate.", re.compile(r"^(BLESSED|NOT BLESSED|step \d+ \(|promoted version |not promoted)")),
     ("components.evaluate.data_check", re.compile(r"^(data check against |(ERROR|WARNING) finding: )")),

@@ -388,3 +388,52 @@ def test_a_remote_sweeps_working_copy_is_kept_where_the_dataset_mirror_is(tmp_pa
     assert folder.local.parent == default_cache_dir() / "sweeps" and folder.local.is_dir()
     given = SweepFolder("s3://bucket/sweeps/lr", str(tmp_path / "cache"))
     assert given.local.parent == tmp_path / "cache" / "sweeps"
+
+
+# Katib's file and StdOut metrics collectors, as kubeflow/katib v0.19.0 writes them
+# (pkg/metricscollector/v1beta1/file-metricscollector/file-metricscollector.go, parseLogsInTextFormat; the default
+# filter from pkg/metricscollector/v1beta1/common/const.go): a line is read only if it contains a metric's name; each
+# filter's first group is the metric's name, which must equal one of the metrics, its second the value.
+KATIB_DEFAULT_FILTER = r"([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)"
+
+
+def katib_observations(lines: list[str], metrics: list[str], filters: list[str]) -> list[tuple[str, str]]:
+    found = []
+    for line in lines:
+        if not any(metric in line for metric in metrics):
+            continue
+        for pattern in filters or [KATIB_DEFAULT_FILTER]:
+            for groups in re.findall(pattern, line):
+                groups = groups if isinstance(groups, tuple) else (groups,)
+                if len(groups) >= 2 and groups[0].strip() in metrics:
+                    found.append((groups[0].strip(), groups[1].strip()))
+    return found
+
+
+def test_the_katib_example_collects_its_objective_from_a_trials_real_output(split_data, tmp_path):
+    """docs/sweep.md's Experiment, its collector's rule applied to what the train stage prints."""
+    import yaml
+
+    page = (REPOSITORY / "docs" / "sweep.md").read_text()
+    experiment = next(
+        document for block in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL)
+        if (document := yaml.safe_load(block)).get("kind") == "Experiment"
+    )  # fmt: skip
+    objective = experiment["spec"]["objective"]
+    metrics = [objective["objectiveMetricName"], *objective.get("additionalMetricNames", [])]
+    source = experiment["spec"]["metricsCollectorSpec"].get("source", {})
+    filters = source.get("filter", {}).get("metricsFormat", [])
+    model_dir = tmp_path / "trial"
+    options = {**TINY, "train_steps": 20, "validation_every_steps": 10}
+    ran = subprocess.run(
+        [sys.executable, "-m", "components.train", "--launcher", "inprocess", "--data", split_data, "--model-dir",
+         str(model_dir), *[f"--{name.replace('_', '-')}={value}" for name, value in options.items()]],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    observed = katib_observations((ran.stdout + ran.stderr).splitlines(), metrics, filters)
+    curve = json.loads((model_dir / "validation.json").read_text())["curve"]
+    accuracies = [float(value) for name, value in observed if name == objective["objectiveMetricName"]]
+    assert accuracies and len(accuracies) == len(curve) == 2, observed
+    assert accuracies == pytest.approx([point["accuracy"] for point in curve], abs=1e-4)
+    assert {name for name, _value in observed} == set(metrics)

@@ -50,6 +50,8 @@ from components.train.termination import Termination
 from components.train.validation import Validation
 
 logger = logging.getLogger(__name__)
+# The validation metrics' names in the log (Katib's objectiveMetricName; docs/sweep.md).
+VALIDATION_LOSS, VALIDATION_ACCURACY = "validation-loss", "validation-accuracy"
 
 # What makes a checkpoint another model: resuming with a different value cannot restore it.
 ARCHITECTURE_FIELDS = ("model", "depth", "width_multiplier", "num_classes")
@@ -386,8 +388,9 @@ class Trainer:
             if validation is not None and every(step, cadence.validation, last=self.total_steps):
                 measured = validation.measure()
                 summaries.validation(measured, step)
-                logger.info("step %d validation loss %.4f accuracy %.4f (%d images)", step, measured["loss"],
-                            measured["accuracy"], len(validation))  # fmt: skip
+                # name=value, as Katib's metrics collectors read a metric from a log line (docs/sweep.md)
+                logger.info("step %d %s=%.4f %s=%.4f (%d images)", step, VALIDATION_LOSS, measured["loss"],
+                            VALIDATION_ACCURACY, measured["accuracy"], len(validation))  # fmt: skip
                 self._record_validation(step, measured)
             if stop_agreed or save_agreed or every(step, cadence.checkpoint):
                 self._save(step)
