@@ -45,7 +45,7 @@ CA_BUNDLE_VARIABLE = "KFP_CA_BUNDLE"
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubeflow/pipelines/token")
 IN_CLUSTER_NAMESPACE = SERVICE_ACCOUNT_NAMESPACE
 PROBE_TIMEOUT_SECONDS = (5.0, 15.0)  # connect, read
-MAX_SECRET_BYTES = 64 * 1024
+MAX_CONTEXT_BYTES = 64 * 1024
 HOW_TO_AUTHENTICATE = (
     f"give a token: {TOKEN_FILE_VARIABLE}=FILE with FILE from "
     "'kubectl -n <your profile namespace> create token default-editor > FILE', "
@@ -89,23 +89,14 @@ class Credentials:
 
 
 def read_secret(path: Path, source: str) -> str:
-    """A token file's content, stripped; one line naming the file (never its content) when it is not a token."""
+    """A token file's content, read as every token file is (components/common/secrets.py); one line naming the file
+    (never its content) when it is not a token."""
+    from components.common.secrets import TokenFileError, read_token_file
+
     try:
-        if not path.is_file():
-            raise EndpointError(f"{source}: {path} is not a file; {HOW_TO_AUTHENTICATE}")
-        with open(path, "rb") as handle:
-            content = handle.read(MAX_SECRET_BYTES + 1)
-    except OSError as error:
-        raise EndpointError(f"{source}: cannot read {path} ({error.strerror}); {HOW_TO_AUTHENTICATE}") from None
-    if len(content) > MAX_SECRET_BYTES:
-        raise EndpointError(f"{source}: {path} is larger than {MAX_SECRET_BYTES} bytes: not a token")
-    try:
-        token = content.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise EndpointError(f"{source}: {path} is not a token (it holds non-ASCII bytes)") from None
-    if not token or any(character.isspace() for character in token):
-        raise EndpointError(f"{source}: {path} is not a token (empty, or more than one word)")
-    return token
+        return read_token_file(path, source, HOW_TO_AUTHENTICATE)
+    except TokenFileError as error:
+        raise EndpointError(str(error)) from None
 
 
 def credentials_from_environment(environment: dict[str, str] | None = None) -> Credentials:
@@ -135,7 +126,7 @@ def default_namespace() -> tuple[str | None, str]:
     context = Path.home() / ".config" / "kfp" / "context.json"
     try:
         with open(context, "rb") as handle:
-            setting = json.loads(handle.read(MAX_SECRET_BYTES))
+            setting = json.loads(handle.read(MAX_CONTEXT_BYTES))
         if isinstance(setting, dict) and isinstance(setting.get("namespace"), str) and setting["namespace"]:
             return setting["namespace"], f"kfp's context ({context})"
     except (OSError, ValueError):
@@ -214,9 +205,14 @@ def probe(config: EndpointConfig, credentials: Credentials) -> bool:
             f"{where} redirects to a login page ({_short(location)}): it needs credentials "
             f"({credentials.source} were sent); {HOW_TO_AUTHENTICATE}"
         )
+    if status == 401 and not credentials.headers():
+        raise EndpointError(  # Kubeflow 1.10 and later: oauth2-proxy answers 401 on /apis/ without credentials
+            f"{where} needs credentials (it answered 401 to a request that carried none); {HOW_TO_AUTHENTICATE}"
+        )
     if status == 401:
+        said = _server_words(answer)
         raise EndpointError(
-            f"{where} refused the credentials from {credentials.source} (401): the token has expired or is not "
+            f"{where} refused the credentials from {credentials.source} (401{said}): the token has expired or is not "
             f"one of this cluster's; {HOW_TO_AUTHENTICATE}"
         )
     if status == 403:
@@ -242,6 +238,13 @@ def probe(config: EndpointConfig, credentials: Credentials) -> bool:
             f"check KFP_HOST, and {HOW_TO_AUTHENTICATE}"
         )
     return health.get("multi_user") is True
+
+
+def _server_words(answer: Any) -> str:
+    """The server's own short text of a refusal (Istio's "Jwt verification fails"), quoted as its: ", it says '...'"
+    ("" for none, or for a body that is not a short text)."""
+    text = answer.text.strip() if "text/plain" in answer.headers.get("Content-Type", "") else ""
+    return f", it says {_short(' '.join(text.split()), 80)!r}" if text else ""
 
 
 def _reason(error: Exception) -> str:

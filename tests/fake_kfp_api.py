@@ -9,8 +9,11 @@ anything else with the status the backend uses:
 - a recurring run's trigger: six-field cron (seconds first) and `max_concurrency` between 1 and 10.
 
 `multi_user=True` plays a Kubeflow installed from its manifests: the API under `prefix` (Kubeflow serves it under
-/pipeline), every request without a known bearer token or session cookie redirected (302) to an HTML login page, an
-unknown bearer token refused (401), the health check saying `multi_user`, and experiments, runs, recurring runs
+/pipeline); a request without a bearer token or session cookie redirected (302) to an HTML login page as Kubeflow
+1.9's oauth2-proxy does (`release="1.9"`), or, from Kubeflow 1.10 on (`release="1.10"`, the default), refused as its
+oauth2-proxy refuses one on its api_routes (`/apis/`): 401, `application/json`, `{}` (oauth2-proxy's errorJSON); an
+unknown bearer token refused by Istio's RequestAuthentication (401, text/plain, "Jwt verification fails"); the health
+check saying `multi_user`, and experiments, runs, recurring runs
 and pipeline uploads refused without a namespace (400) or in a namespace the caller may not use (403), as the
 multi-user API server's SubjectAccessReview does. A run's state changes as it is read (PENDING, RUNNING, then
 `run_outcome`), with the failed task's error on a failure.
@@ -56,11 +59,19 @@ class RefusedError(Exception):
 
 
 class RedirectedError(Exception):
-    """What oauth2-proxy answers to a request without a session or a bearer token."""
+    """What Kubeflow 1.9's oauth2-proxy answers to a request without a session or a bearer token."""
 
     def __init__(self, location: str):
         super().__init__(location)
         self.location = location
+
+
+class GatewayError(Exception):
+    """An answer of the gateway in front of the API (oauth2-proxy, Istio), not of the API server: its own body."""
+
+    def __init__(self, status: int, body: bytes, content_type: str):
+        super().__init__(body.decode())
+        self.status, self.body, self.content_type = status, body, content_type
 
 
 LOGIN_PATH = "/oauth2/start"
@@ -149,12 +160,14 @@ class FakeKfpApi:
         cookies: dict[str, set[str]] | None = None,
         run_outcome: str = "SUCCEEDED",
         instant: bool = False,
+        release: str = "1.10",
     ):
         self.multi_user = multi_user
         self.prefix = prefix
         self.tokens = tokens or {}  # bearer token -> the namespaces its identity may use
         self.cookies = cookies or {}  # session cookie (NAME=VALUE) -> the namespaces
         self.run_outcome = run_outcome
+        self.release = release  # "1.9": a 302 to the login page without credentials; "1.10" and later: 401
         self.instant = instant  # a run reads as ended at once (for examples that follow a run to its end)
         self.requests: list[tuple[str, str, Any]] = []
         self.headers_seen: list[dict[str, str]] = []
@@ -190,11 +203,13 @@ class FakeKfpApi:
         if authorization.startswith("Bearer "):
             token = authorization[len("Bearer ") :]
             if token not in self.tokens:
-                raise RefusedError(401, "Unauthorized: the bearer token is not valid")
+                raise GatewayError(401, b"Jwt verification fails", "text/plain")  # Istio's RequestAuthentication
             return self.tokens[token]
         for cookie in headers.get("Cookie", "").split(";"):
             if cookie.strip() in self.cookies:
                 return self.cookies[cookie.strip()]
+        if self.release != "1.9" and "/apis/" in url:  # oauth2-proxy's api_routes from Kubeflow 1.10 on
+            raise GatewayError(401, b"{}", "application/json")
         raise RedirectedError(f"{LOGIN_PATH}?rd={url}")
 
     def _namespace_of(self, namespace: str | None, allowed: set[str] | None, where: str) -> None:
@@ -368,6 +383,8 @@ class FakeKfpApi:
                     body = json.loads(raw) if is_json else None
                     response, status = api.handle(method, url.path, parse_qs(url.query), body, allowed), 200
                     api.requests.append((method, url.path[len(api.prefix) :], body))
+                except GatewayError as refusal:
+                    return self._send(refusal.status, refusal.body, refusal.content_type)
                 except RedirectedError as redirect:
                     self.send_response(302)
                     self.send_header("Location", redirect.location)

@@ -15,10 +15,14 @@ mismatch is recorded in `problems` (a test asserts there is none): the stand-in 
 without a test noticing.
 
 Registered models, versions and model artifacts live in memory, with the server's uniqueness rules (a registered
-model's name; a version's name within its model; an artifact's name within its version: 409) and its "find"
-semantics (404 when nothing matches). `unavailable = True` answers 503 to everything; `garbled = True` answers 200
-with a body that is not the document's (what another service behind the address would say); `stop()` closes the
-port.
+model's name; a version's name within its model; an artifact's name within its version: 409), its "find"
+semantics (404 when nothing matches; a version or an artifact found by name needs `parentResourceId`: 400 without
+it, as the server refuses), and Go's router for a path it does not serve (404, text/plain, "404 page not found": a
+server of another API version, `api_version="v1"`, answers so to every v1alpha3 path). `unavailable = True` answers
+503 to everything; `garbled = True` answers 200 with a body that is not the document's (what another service behind
+the address would say); `racing` (operation ids) plays a concurrent registration that creates the same entity just
+before this client does (its create then gets 409); `tls` (a certificate and key file) serves https; `stop()`
+closes the port.
 Operations the project's client calls are implemented; any other answers 501, naming it.
 """
 
@@ -43,6 +47,10 @@ class RefusedError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+
+class NotServedError(RefusedError):
+    """A path no route serves: Go's router answers it itself."""
 
 
 class SchemaChecker:
@@ -137,8 +145,14 @@ class FakeModelRegistry:
     """The server; `address` is http://127.0.0.1:PORT. Records every accepted request as (method, path, query,
     body) in `requests`."""
 
-    def __init__(self, token: str | None = None):
+    def __init__(self, token: str | None = None, api_version: str = "v1alpha3", tls: tuple[str, str] | None = None):
         self.document = yaml.safe_load(DOCUMENT.read_text())
+        served = "/api/model_registry/v1alpha3"
+        self.document["paths"] = {
+            path.replace(served, f"/api/model_registry/{api_version}"): item
+            for path, item in self.document["paths"].items()
+        }
+        self.racing: set[str] = set()
         self.checker = SchemaChecker(self.document)
         self.token = token
         self.unavailable = False
@@ -177,9 +191,10 @@ class FakeModelRegistry:
 
             def _handle(self, method: str):
                 status, body = registry.answer(method, self.path, dict(self.headers), self._body())
-                data = json.dumps(body).encode()
+                plain = isinstance(body, str)  # Go's router's own answer
+                data = body.encode() if plain else json.dumps(body).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain; charset=utf-8" if plain else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -201,9 +216,17 @@ class FakeModelRegistry:
                 self._handle("delete")
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        scheme = "http"
+        if tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
-        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.address = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -214,6 +237,9 @@ class FakeModelRegistry:
     def answer(self, method: str, raw_path: str, headers: dict, raw_body: bytes) -> tuple[int, Any]:
         try:
             return self._answer(method, raw_path, headers, raw_body)
+        except NotServedError:
+            self.refusals.append(f"404 {method.upper()} {raw_path}: not a path this server serves")
+            return 404, "404 page not found\n"
         except RefusedError as refused:
             self.refusals.append(f"{refused.status} {method.upper()} {raw_path}: {refused}")
             return refused.status, self._checked_error(refused.status, str(refused))
@@ -243,6 +269,13 @@ class FakeModelRegistry:
         elif raw_body:
             raise RefusedError(400, f"{operation['operationId']} takes no body")
         handler = self.handlers.get(operation["operationId"])
+        by_name_in_parent = operation["operationId"] in ("findModelVersion", "findModelArtifact")
+        if by_name_in_parent and query.get("name") and not query.get("parentResourceId"):
+            raise RefusedError(400, "parentResourceId is required when searching by name")
+        if operation["operationId"] in self.racing and body is not None:
+            self.racing.discard(operation["operationId"])
+            with self._lock:  # another registration made the same entity just before this one
+                handler(dict(body), dict(query), *path_values.values())
         if handler is None:
             raise RefusedError(501, f"{operation['operationId']} is not implemented by the stand-in")
         with self._lock:
@@ -259,7 +292,7 @@ class FakeModelRegistry:
                 if method not in item:
                     raise RefusedError(405, f"{template} has no {method.upper()}")
                 return template, item[method], matched.groupdict()
-        raise RefusedError(404, f"no such path {path}")
+        raise NotServedError(404, f"no such path {path}")
 
     def _check_parameters(self, template: str, operation: dict, query: dict) -> None:
         declared = {}

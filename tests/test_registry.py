@@ -202,3 +202,82 @@ def test_a_bad_registry_setting_is_refused_before_anything_runs(parameters, expe
         check_parameters(cifar10_pipeline, parameters)
     with pytest.raises(ValueError, match=expected.split(":")[0]):
         EvaluateConfig(data="/d", model_dir="/m", **parameters)
+
+
+def registration_of_version(version: int = 4) -> registry.Registration:
+    pointer = {"version": version, "saved_model": f"s3://bucket/models/{version}", "metrics": {"accuracy": 0.9}}
+    return registry.registration_of("cifar10", pointer, "s3://bucket/models", registry.Lineage())
+
+
+def test_a_registration_that_loses_a_race_finds_the_winners_and_completes(model_registry):
+    """Two promotions register at once: each create that finds the entity made just before it (409) looks it up
+    again, and one model, one version and one artifact result."""
+    model_registry.racing = {"createRegisteredModel", "createModelVersion", "upsertModelVersionArtifact"}
+    outcome = registry.register_promotion(model_registry.address, registration_of_version())
+    assert outcome.registered and model_registry.racing == set(), outcome.line
+    _model, _version, (artifact,) = model_registry.registered("cifar10", "4")
+    assert artifact["uri"] == "s3://bucket/models/4" and len(model_registry.registered_models) == 1
+    conflicts = [line for line in model_registry.refusals if line.startswith("409")]
+    assert len(conflicts) == 3  # each create lost once, and the registration went on
+    model_registry.refusals.clear()
+
+
+def test_a_registry_of_another_api_version_is_one_line_naming_the_api_expected(token):
+    server = FakeModelRegistry(token=token, api_version="v1")
+    try:
+        outcome = registry.register_promotion(server.address, registration_of_version())
+    finally:
+        server.stop()
+    assert not outcome.registered and "does not serve /api/model_registry/v1alpha3 (404 from its router)" in (
+        outcome.line
+    )
+    assert "another API version" in outcome.line and len(server.refusals) == 1  # asked once, not per entity
+
+
+def test_the_stand_in_refuses_a_search_by_name_without_its_parent_as_the_server_does(model_registry, token):
+    api = f"{model_registry.address}/api/model_registry/v1alpha3"
+    bearer = {"Authorization": f"Bearer {token}"}
+    for path in ("model_version", "model_artifact"):
+        answer = requests.get(f"{api}/{path}?name=1", headers=bearer)
+        assert answer.status_code == 400 and "parentResourceId" in answer.json()["message"]
+    model_registry.refusals.clear()
+
+
+def test_an_https_registry_with_a_private_ca_is_reached_once_its_ca_is_given(token, tmp_path, monkeypatch):
+    import subprocess
+
+    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server = FakeModelRegistry(token=token, tls=(str(certificate), str(key)))
+    try:
+        refused = registry.register_promotion(server.address, registration_of_version())
+        assert not refused.registered and "its TLS certificate is not trusted" in refused.line
+        assert registry.CA_BUNDLE_VARIABLE in refused.line
+        monkeypatch.setenv(registry.CA_BUNDLE_VARIABLE, str(certificate))
+        assert registry.register_promotion(server.address, registration_of_version()).registered
+    finally:
+        server.stop()
+    assert server.problems == []
+
+
+@pytest.mark.parametrize("kind", ["fifo", "large", "two words"])
+def test_the_registry_token_file_is_read_as_the_kfp_one_is(tmp_path, monkeypatch, kind):
+    import os
+    import time
+
+    path = tmp_path / "token"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "large":
+        path.write_bytes(b"x" * (1 << 20))
+    else:
+        path.write_text("two words\n")
+    monkeypatch.setenv(registry.TOKEN_PATH_VARIABLE, str(path))
+    started = time.monotonic()
+    outcome = registry.register_promotion("http://127.0.0.1:9", registration_of_version())
+    assert time.monotonic() - started < 5 and not outcome.registered
+    assert f"{registry.TOKEN_PATH_VARIABLE}: {path} is not a token" in outcome.line

@@ -40,7 +40,8 @@ def clean_environment(monkeypatch, tmp_path):
 
 @pytest.fixture
 def kubeflow(request):
-    """A multi-user endpoint: alice's token and cookie may use namespace alice; bob's token namespace bob."""
+    """A multi-user endpoint (Kubeflow 1.10 and later): alice's token and cookie may use namespace alice; bob's token
+    namespace bob."""
     outcome = getattr(request, "param", "SUCCEEDED")
     with FakeKfpApi(
         multi_user=True,
@@ -50,6 +51,20 @@ def kubeflow(request):
         run_outcome=outcome,
     ) as api:
         yield api
+
+
+@pytest.mark.parametrize(
+    ("release", "expected"),
+    [("1.9", "redirects to a login page (/oauth2/start"), ("1.10", "needs credentials (it answered 401 to a request "
+                                                                    "that carried none)")],
+)  # fmt: skip
+def test_a_request_without_credentials_is_told_to_give_some_on_each_release(release, expected, capsys):
+    """Kubeflow 1.9's oauth2-proxy redirects to its login page; 1.10's and later answer 401 on the API's routes:
+    both mean "give credentials", never "your token expired" to someone who sent none."""
+    with FakeKfpApi(multi_user=True, prefix="/pipeline", tokens={TOKEN: {"alice"}}, release=release) as api:
+        assert run(api, "--namespace", "alice") == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "ERROR" in line]
+    assert expected in line and "KF_PIPELINES_SA_TOKEN_PATH=FILE" in line and "expired" not in line, line
 
 
 def host(api: FakeKfpApi) -> str:
@@ -132,8 +147,11 @@ def _closed_port() -> int:
 @pytest.mark.parametrize(
     ("setting", "expected"),
     [
-        ({}, "redirects to a login page (/oauth2/start"),
-        ({"KFP_TOKEN": "not-a-token-of-this-cluster"}, "refused the credentials from KFP_TOKEN (401)"),
+        ({}, "needs credentials (it answered 401 to a request that carried none)"),
+        (
+            {"KFP_TOKEN": "not-a-token-of-this-cluster"},
+            "refused the credentials from KFP_TOKEN (401, it says 'Jwt verification fails'): the token has expired",
+        ),
         (
             {"KFP_TOKEN": OTHER_TOKEN, "--namespace": "alice"},
             "namespace 'alice' may not be used with these credentials",

@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 MODEL_FORMAT = "tensorflow"
 TOKEN_PATH_VARIABLE = "KF_PIPELINES_SA_TOKEN_PATH"  # the client's convention: a file holding the bearer token
+CA_BUNDLE_VARIABLE = "MODEL_REGISTRY_CA_BUNDLE"  # the CA certificates of an https registry with a private CA
+API_PATH = "/api/model_registry/v1alpha3"  # the API of model-registry 0.3.x servers, which the pinned client speaks
+MAX_PROBE_BYTES = 64 * 1024
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 ATTEMPTS = 3
 RETRY_SECONDS = 1.0
@@ -168,20 +171,32 @@ def registration_of(model_name: str, pointer: dict, root_uri: str, lineage: Line
 
 
 def bearer_token() -> str | None:
-    """The token the client would send: the file $KF_PIPELINES_SA_TOKEN_PATH names, else the pod's service account
-    token, else none."""
+    """The token the client would send: the file $KF_PIPELINES_SA_TOKEN_PATH names (read as the KFP side reads it:
+    components/common/secrets.py), else the pod's service account token, else none."""
+    from components.common.secrets import TokenFileError, read_token_file
+
     path = os.environ.get(TOKEN_PATH_VARIABLE)
-    candidates = [Path(path)] if path else [SERVICE_ACCOUNT_TOKEN]
-    for candidate in candidates:
-        try:
-            return candidate.read_text().strip() or None
-        except OSError:
-            if path:
-                raise RegistrationError(f"{TOKEN_PATH_VARIABLE}={path}: cannot read the token file") from None
+    how_to = f"give {TOKEN_PATH_VARIABLE} a file holding the registry's bearer token"
+    try:
+        if path:
+            return read_token_file(Path(path), TOKEN_PATH_VARIABLE, how_to)
+        if SERVICE_ACCOUNT_TOKEN.exists():
+            return read_token_file(SERVICE_ACCOUNT_TOKEN, "the pod's service account", how_to)
+    except TokenFileError as error:
+        raise RegistrationError(str(error)) from None
     return None
 
 
-def _client(address: str, token: str | None):
+def ca_bundle() -> str | None:
+    """The CA certificates $MODEL_REGISTRY_CA_BUNDLE names, for an https registry whose certificate a private CA
+    signed (None: the system's)."""
+    path = os.environ.get(CA_BUNDLE_VARIABLE) or None
+    if path is not None and not Path(path).is_file():
+        raise RegistrationError(f"{CA_BUNDLE_VARIABLE}={path}: no such file (the registry's CA certificates)")
+    return path
+
+
+def _client(address: str, token: str | None, custom_ca: str | None):
     from model_registry.core import ModelRegistryAPIClient
 
     parsed = urlparse(address)
@@ -190,43 +205,103 @@ def _client(address: str, token: str | None):
     if parsed.scheme == "https":
         if not token:
             raise RegistrationError(f"{address}: an https registry needs a bearer token ({TOKEN_PATH_VARIABLE})")
-        return ModelRegistryAPIClient.secure_connection(server, port, user_token=token)
+        return ModelRegistryAPIClient.secure_connection(server, port, user_token=token, custom_ca=custom_ca)
     return ModelRegistryAPIClient.insecure_connection(server, port, token)
+
+
+def probe(address: str, token: str | None, custom_ca: str | None) -> None:
+    """One bounded request to the API this client speaks, before any registration: says in one line a registry that
+    serves another API version (404 from its router), an address that is not the Model Registry (a page, or not
+    its JSON), a refused token, a certificate not trusted; RegistrationError (transient for 5xx and no answer)."""
+    import requests
+
+    url = f"{address}{API_PATH}/registered_models?pageSize=1"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with requests.get(url, headers=headers, timeout=(5, TIMEOUT_SECONDS), stream=True,
+                          verify=custom_ca or True, allow_redirects=False) as answer:  # fmt: skip
+            body = answer.raw.read(MAX_PROBE_BYTES + 1, decode_content=True)
+            status, kind = answer.status_code, answer.headers.get("Content-Type", "no content type")
+    except requests.exceptions.SSLError:
+        raise RegistrationError(
+            f"the Model Registry at {address}: its TLS certificate is not trusted; give its CA certificates with "
+            f"{CA_BUNDLE_VARIABLE}=FILE"
+        ) from None
+    except requests.exceptions.RequestException as error:
+        reason = type(error).__name__
+        raise RegistrationError(
+            f"the Model Registry at {address} cannot be reached ({reason})", transient=True
+        ) from None
+    where = f"the Model Registry at {address}"
+    if status == 404 and "json" not in kind:
+        raise RegistrationError(
+            f"{where} does not serve {API_PATH} (404 from its router): it runs another API version than this client's "
+            "(model-registry 0.3.x servers, as Kubeflow 1.10 to 26.03 install, serve v1alpha3; newer ones only v1)"
+        )
+    if status in (401, 403):
+        raise RegistrationError(
+            f"{where} refused the bearer token ({status}); give one it accepts ({TOKEN_PATH_VARIABLE})"
+        )
+    if status >= 500 or status == 429:
+        raise RegistrationError(f"{where}: HTTP {status}", transient=True)
+    if 300 <= status < 400 or "json" not in kind or len(body) > MAX_PROBE_BYTES:
+        raise RegistrationError(
+            f"{where}: the answer to {API_PATH} is not the Model Registry's (HTTP {status}, {kind}): check the address"
+        )
+
+
+async def _get_or_create(find, create):
+    """The entity `find()` finds, else the one `create()` makes; a create that loses a race to a concurrent
+    registration (409) finds the winner's."""
+    from mr_openapi import exceptions as api_errors
+
+    found = await find()
+    if found is not None:
+        return found, False
+    try:
+        return await create(), True
+    except api_errors.ApiException as error:
+        if error.status != 409:
+            raise
+    found = await find()
+    if found is None:
+        raise RegistrationError("the registry answered 409 (exists) to a create, then did not find it")
+    return found, False
 
 
 async def _register(api, registration: Registration, author: str) -> tuple[str, str, str, bool]:
     """Get or create the model, the version and its artifact; returns their ids and whether anything was made."""
     from model_registry.types import ModelArtifact, ModelVersion, RegisteredModel
 
-    made = False
-    model = await api.get_registered_model_by_params(registration.model_name)
-    if model is None:
-        model = await api.upsert_registered_model(
+    model, made_model = await _get_or_create(
+        lambda: api.get_registered_model_by_params(registration.model_name),
+        lambda: api.upsert_registered_model(
             RegisteredModel(name=registration.model_name, owner=author, description="promoted by cifar10-pipeline")
-        )
-        made = True
-    version = await api.get_model_version_by_params(model.id, registration.version)
-    if version is None:
-        version = await api.upsert_model_version(
+        ),
+    )
+    version, made_version = await _get_or_create(
+        lambda: api.get_model_version_by_params(model.id, registration.version),
+        lambda: api.upsert_model_version(
             ModelVersion(
                 name=registration.version, author=author, description=registration.description,
                 custom_properties=registration.properties,
             ),
             model.id,
-        )  # fmt: skip
-        made = True
-    artifact = await api.get_model_artifact_by_params(name=registration.model_name, model_version_id=version.id)
-    if artifact is None:
-        artifact = await api.upsert_model_version_artifact(
+        ),
+    )  # fmt: skip
+    artifact, made_artifact = await _get_or_create(
+        lambda: api.get_model_artifact_by_params(name=registration.model_name, model_version_id=version.id),
+        lambda: api.upsert_model_version_artifact(
             ModelArtifact(
                 name=registration.model_name, uri=registration.uri, model_format_name=MODEL_FORMAT,
                 model_format_version=registration.format_version, description=registration.description,
                 **registration.source,
             ),
             version.id,
-        )  # fmt: skip
-        made = True
-    elif artifact.uri != registration.uri:
+        ),
+    )  # fmt: skip
+    made = made_model or made_version or made_artifact
+    if artifact.uri != registration.uri:
         raise RegistrationError(
             f"version {registration.version} of {registration.model_name!r} is registered with {artifact.uri}, not "
             f"{registration.uri}: another promotion root registers under this name (give this one a "
@@ -259,14 +334,20 @@ def register(
 ) -> Registered:
     """Register `registration` at `address` (bounded: ATTEMPTS tries, each within `timeout_seconds`); a
     RegistrationError says in one line why it was not."""
-    token = bearer_token()
+    token, custom_ca = bearer_token(), ca_bundle()
     last, transient = "", False
     for attempt in range(1, ATTEMPTS + 1):
-        api = _client(address, token)
         try:
+            probe(address, token, custom_ca)
+            api = _client(address, token, custom_ca)
             ids = asyncio.run(asyncio.wait_for(_register(api, registration, author), timeout_seconds))
-        except RegistrationError:
-            raise
+        except RegistrationError as error:
+            if not error.transient:
+                raise
+            last, transient = str(error).removeprefix(f"the Model Registry at {address}: "), True
+            if attempt < ATTEMPTS:
+                time.sleep(RETRY_SECONDS * attempt)
+            continue
         except Exception as error:
             last, transient = _cause(error)
             if not transient:
