@@ -175,7 +175,7 @@ def test_the_inference_service_serves_the_promotion_root_with_the_exporting_tens
     assert model["modelFormat"]["name"] in formats
     assert "--model_base_path=/mnt/models" in runtime["spec"]["containers"][0]["args"]
     assert model["runtimeVersion"] == tf.__version__ and model["runtimeVersion"] in serving_ops.known_versions()
-    assert model["storageUri"] == "s3://mlpipeline/private/NAMESPACE/cifar10/models"  # the documented root
+    assert model["storageUri"] == "s3://mlpipeline/private/NAMESPACE/cifar10/models/"  # the documented root, a prefix
     predictor = inference_service()["spec"]["predictor"]
     (account,) = [
         document
@@ -186,21 +186,24 @@ def test_the_inference_service_serves_the_promotion_root_with_the_exporting_tens
 
 
 def test_a_registered_version_is_served_from_its_artifact_uri_as_exactly_that_version():
-    """The template docs/serving.md fills from the Model Registry: valid against KServe v0.16.0's CRD once filled,
-    the artifact URI (a version folder) mounted as an integer version under the runtime's model base path."""
+    """The template docs/serving.md fills from the Model Registry: valid against KServe v0.16.0's CRD once filled, the
+    artifact URI (the version's serving folder, whose only child is the version) as a plain storageUri, which KServe
+    v0.15 and v0.16 reconcile in both modes (not storageUris: kserve/kserve#4819), copied into the runtime's model
+    base path."""
     from tests.fake_kubernetes_api import crd_schema, unknown_fields, validator
 
     template = (MANIFESTS / "serving" / "registered-version" / "inference-service.yaml").read_text()
-    filled = template.replace("NAMESPACE", "team-a").replace("ARTIFACT_URI", "s3://mlpipeline/private/team-a/m/7")
+    uri = "s3://mlpipeline/private/team-a/registered-m/7/"
+    filled = template.replace("NAMESPACE", "team-a").replace("ARTIFACT_URI", uri)
     service = yaml.safe_load(filled.replace("VERSION", "7"))
     crd = "serving.kserve.io_inferenceservices-v0.16.0.yaml"
     assert [error.message for error in validator(crd).iter_errors(service)] == []
     assert unknown_fields(crd_schema(crd), service) == []
     predictor = service["spec"]["predictor"]
-    assert predictor["storageUris"] == [{"uri": "s3://mlpipeline/private/team-a/m/7", "mountPath": "/mnt/models/7"}]
+    assert predictor["model"]["storageUri"] == uri and "storageUris" not in predictor
     runtime = yaml.safe_load((VENDOR / "kserve-v0.16.0-tensorflow-serving-runtime.yaml").read_text())
     assert "--model_base_path=/mnt/models" in runtime["spec"]["containers"][0]["args"]
     main = inference_service()["spec"]["predictor"]
     assert predictor["model"]["runtimeVersion"] == main["model"]["runtimeVersion"]
     assert predictor["serviceAccountName"] == main["serviceAccountName"]
-    assert service["metadata"]["name"] == "cifar10-v7" and "storageUri" not in predictor["model"]
+    assert service["metadata"]["name"] == "cifar10-v7" and main["model"]["storageUri"].endswith("/")

@@ -4,6 +4,7 @@ stand-in that serves the registry's published OpenAPI document and validates eve
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import requests
@@ -77,7 +78,11 @@ def test_a_promotion_registers_its_version_with_the_artifact_kserve_reads_and_it
     assert result.promotion.version == 1 and result.registration.registered, result.registration
     model, version, artifacts = model_registry.registered("cifar10-demo", "1")
     (artifact,) = artifacts
-    assert artifact["uri"] == pointer["saved_model"] == str(root / "1")  # the version folder
+    assert artifact["uri"] == f"{tmp_path / 'registered-models' / '1'}/"  # the version's own serving folder
+    served = sorted(path.relative_to(tmp_path / "registered-models" / "1") for path in (tmp_path / "registered-models"
+                    / "1").rglob("*") if path.is_file())  # fmt: skip
+    assert served == sorted(Path("1") / path.relative_to(root / "1") for path in (root / "1").rglob("*")
+                            if path.is_file())  # its only child: the version folder, as promoted  # fmt: skip
     assert artifact["modelFormatName"] == "tensorflow"
     assert artifact["modelFormatVersion"] == pointer["serving"]["written_by_tensorflow"]  # nothing declared
     assert (artifact["modelSourceKind"], artifact["modelSourceClass"]) == ("kfp", "pipelinerun")
@@ -130,7 +135,7 @@ def test_a_registry_that_is_down_leaves_the_promotion_standing_and_it_is_registe
     model_registry.unavailable = False
     assert registry.main(command) == 0
     _model, version, (artifact,) = model_registry.registered("cifar10", "1")
-    assert artifact["uri"] == str(root / "1") and property_values(version)["accuracy"] > 0
+    assert artifact["uri"] == f"{root.parent / 'registered-models' / '1'}/" and property_values(version)["accuracy"] > 0
 
 
 def test_a_registry_that_cannot_be_reached_at_all_is_one_line_too(synthetic_data, trained, tmp_path, token):
@@ -153,15 +158,18 @@ def test_a_version_registered_from_another_root_is_refused_not_overwritten(model
         "shared", {**pointer, "saved_model": "s3://bucket/team-b/models/3"}, "s3://bucket/team-b/models",
         registry.Lineage(),
     )  # fmt: skip
-    outcome = registry.register_promotion(model_registry.address, other)
-    assert not outcome.registered and "is registered with s3://bucket/team-a/models/3" in outcome.line
+    with pytest.raises(registry.RegistrationError, match="is registered with s3://bucket/team-a/registered-models/3/"):
+        registry.register(model_registry.address, other)
     (artifact,) = model_registry.registered("shared", "3")[2]
-    assert artifact["uri"] == "s3://bucket/team-a/models/3"
+    assert artifact["uri"] == "s3://bucket/team-a/registered-models/3/"
 
 
-def test_an_answer_that_is_not_the_registrys_is_one_line_too_never_a_failed_step(model_registry):
-    pointer = {"version": 2, "saved_model": "s3://bucket/models/2", "metrics": {"accuracy": 0.9}}
-    registration = registry.registration_of("cifar10", pointer, "s3://bucket/models", registry.Lineage())
+def test_an_answer_that_is_not_the_registrys_is_one_line_too_never_a_failed_step(model_registry, tmp_path):
+    root = tmp_path / "models"
+    (root / "2").mkdir(parents=True)
+    (root / "2" / "saved_model.pb").write_bytes(b"a model")
+    pointer = {"version": 2, "saved_model": str(root / "2"), "metrics": {"accuracy": 0.9}}
+    registration = registry.registration_of("cifar10", pointer, str(root), registry.Lineage())
     model_registry.garbled = True
     outcome = registry.register_promotion(model_registry.address, registration)
     assert not outcome.registered and "version 2 was promoted, but not registered" in outcome.line
@@ -213,10 +221,10 @@ def test_a_registration_that_loses_a_race_finds_the_winners_and_completes(model_
     """Two promotions register at once: each create that finds the entity made just before it (409) looks it up
     again, and one model, one version and one artifact result."""
     model_registry.racing = {"createRegisteredModel", "createModelVersion", "upsertModelVersionArtifact"}
-    outcome = registry.register_promotion(model_registry.address, registration_of_version())
+    outcome = registry.register(model_registry.address, registration_of_version())
     assert outcome.registered and model_registry.racing == set(), outcome.line
     _model, _version, (artifact,) = model_registry.registered("cifar10", "4")
-    assert artifact["uri"] == "s3://bucket/models/4" and len(model_registry.registered_models) == 1
+    assert artifact["uri"] == "s3://bucket/registered-models/4/" and len(model_registry.registered_models) == 1
     conflicts = [line for line in model_registry.refusals if line.startswith("409")]
     assert len(conflicts) == 3  # each create lost once, and the registration went on
     model_registry.refusals.clear()
@@ -225,13 +233,13 @@ def test_a_registration_that_loses_a_race_finds_the_winners_and_completes(model_
 def test_a_registry_of_another_api_version_is_one_line_naming_the_api_expected(token):
     server = FakeModelRegistry(token=token, api_version="v1")
     try:
-        outcome = registry.register_promotion(server.address, registration_of_version())
+        with pytest.raises(registry.RegistrationError) as refused:
+            registry.register(server.address, registration_of_version())
     finally:
         server.stop()
-    assert not outcome.registered and "does not serve /api/model_registry/v1alpha3 (404 from its router)" in (
-        outcome.line
-    )
-    assert "another API version" in outcome.line and len(server.refusals) == 1  # asked once, not per entity
+    line = str(refused.value)
+    assert "does not serve /api/model_registry/v1alpha3 (404 from its router)" in line and "another API" in line
+    assert not refused.value.transient and len(server.refusals) == 1  # asked once, not per entity
 
 
 def test_the_stand_in_refuses_a_search_by_name_without_its_parent_as_the_server_does(model_registry, token):
@@ -254,11 +262,11 @@ def test_an_https_registry_with_a_private_ca_is_reached_once_its_ca_is_given(tok
     )  # fmt: skip
     server = FakeModelRegistry(token=token, tls=(str(certificate), str(key)))
     try:
-        refused = registry.register_promotion(server.address, registration_of_version())
-        assert not refused.registered and "its TLS certificate is not trusted" in refused.line
-        assert registry.CA_BUNDLE_VARIABLE in refused.line
+        with pytest.raises(registry.RegistrationError, match="its TLS certificate is not trusted") as refused:
+            registry.register(server.address, registration_of_version())
+        assert registry.CA_BUNDLE_VARIABLE in str(refused.value)
         monkeypatch.setenv(registry.CA_BUNDLE_VARIABLE, str(certificate))
-        assert registry.register_promotion(server.address, registration_of_version()).registered
+        assert registry.register(server.address, registration_of_version()).registered
     finally:
         server.stop()
     assert server.problems == []
@@ -278,6 +286,7 @@ def test_the_registry_token_file_is_read_as_the_kfp_one_is(tmp_path, monkeypatch
         path.write_text("two words\n")
     monkeypatch.setenv(registry.TOKEN_PATH_VARIABLE, str(path))
     started = time.monotonic()
-    outcome = registry.register_promotion("http://127.0.0.1:9", registration_of_version())
-    assert time.monotonic() - started < 5 and not outcome.registered
-    assert f"{registry.TOKEN_PATH_VARIABLE}: {path} is not a token" in outcome.line
+    with pytest.raises(registry.RegistrationError) as refused:
+        registry.register("http://127.0.0.1:9", registration_of_version())
+    assert time.monotonic() - started < 5
+    assert f"{registry.TOKEN_PATH_VARIABLE}: {path} is not a token" in str(refused.value)

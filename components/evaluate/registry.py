@@ -13,6 +13,12 @@ the tests' stand-in serves), registration by registration, idempotent: a rerun o
 attempt made (the model, the version, the artifact) and completes it, and a version already registered with
 another URI is refused in one line, never overwritten.
 
+The artifact's URI is the version's own serving folder, `<parent>/registered-<root name>/<N>/`, whose only child is
+the version folder `<N>/` (a server-side copy of the promoted `ROOT/<N>/`): TensorFlow Serving loads integer version
+folders under its base path, and KServe's storage initializer (v0.15, v0.16) copies what a `storageUri` prefix holds
+into that base path, so a plain `storageUri` (or the registry's `model-registry://` initializer, which resolves to
+this URI) serves exactly version N. It lies beside the root, not in it: a service of the whole root does not copy it.
+
 A registry that cannot be reached, or refuses, does not undo the promotion: `register_promotion` returns an
 outcome that says so in one line (the step logs it and records it among its outputs), and
 `python -m components.evaluate.registry` registers the promoted version later.
@@ -165,9 +171,46 @@ def registration_of(model_name: str, pointer: dict, root_uri: str, lineage: Line
     }
     description = f"version {pointer['version']} of {root_uri}: test accuracy {accuracy:.4f}"
     return Registration(
-        model_name, str(pointer["version"]), pointer["saved_model"], format_version, description, properties,
+        model_name, str(pointer["version"]), serving_folder(root_uri, pointer["version"]), format_version, description,
+        properties,
         {key: value for key, value in source.items() if value} if lineage.run_id else {},
     )  # fmt: skip
+
+
+def serving_folder(root_uri: str, version: int) -> str:
+    """Where version `version` of a promotion root is served alone: `<parent>/registered-<root name>/<version>/` (the
+    trailing slash: KServe's initializer matches a prefix, and 7 must not match 70)."""
+    from components.common import storage
+
+    parent, name = storage.parent_and_name(root_uri.rstrip("/"))
+    return storage.join(parent, f"registered-{name}", str(version)).rstrip("/") + "/"
+
+
+def publish_serving_folder(root_uri: str, version: int) -> str:
+    """Copy `ROOT/<version>/` into its serving folder as `<version>/` (server-side on an object store; objects already
+    there with the same checksum are left); returns the folder's URI."""
+    from components.common import storage
+
+    root = root_uri.rstrip("/")
+    parent, name = storage.parent_and_name(root)
+    source = storage.publisher_for(storage.join(root, str(version)))
+    shared = storage.publisher_for(parent)
+    target = f"registered-{name}/{version}/{version}"
+    names = source.list()
+    if not names:
+        raise RegistrationError(f"{storage.join(root, str(version))}: no SavedModel there to register")
+    for relative in names:
+        destination = f"{target}/{relative}"
+        if shared.checksum(destination) != source.checksum(relative):
+            shared.copy(f"{name}/{version}/{relative}", destination)
+    return serving_folder(root_uri, version)
+
+
+def _version_folder(registration: Registration) -> str:
+    """The promotion root's own version folder (what releases before the serving folder registered)."""
+    from components.common import storage
+
+    return storage.join(str(registration.properties.get("promotion_root", "")), registration.version)
 
 
 def bearer_token() -> str | None:
@@ -301,7 +344,10 @@ async def _register(api, registration: Registration, author: str) -> tuple[str, 
         ),
     )  # fmt: skip
     made = made_model or made_version or made_artifact
-    if artifact.uri != registration.uri:
+    if artifact.uri not in (
+        registration.uri,
+        _version_folder(registration),
+    ):  # the latter: registered by 0.1's releases
         raise RegistrationError(
             f"version {registration.version} of {registration.model_name!r} is registered with {artifact.uri}, not "
             f"{registration.uri}: another promotion root registers under this name (give this one a "
@@ -371,6 +417,7 @@ def register_promotion(address: str, registration: Registration) -> Registered:
     """Register a promotion that has already happened: whatever the registry does, the promotion stands, and the
     outcome says so in one line (never an exception for the registry's sake)."""
     try:
+        publish_serving_folder(str(registration.properties["promotion_root"]), int(registration.version))
         registered = register(address, registration)
     except Exception as error:  # any failure of the registration, the client's own included, is said
         if not isinstance(error, RegistrationError):
@@ -400,6 +447,7 @@ def register_current(config: RegisterConfig) -> Registered:
     if pointer is None:
         raise RegistrationError(f"{config.promotion_root}: nothing is promoted there yet")
     registration = registration_of(config.registered_model_name, pointer, config.promotion_root, Lineage())
+    publish_serving_folder(config.promotion_root, pointer["version"])
     return register(config.model_registry, registration)
 
 
