@@ -159,3 +159,39 @@ def test_the_model_artifact_holds_the_trainings_metrics_and_config_when_the_mode
     assert json.loads((folder / "train_metrics.json").read_text()) == {"step": 4}
     assert json.loads((folder / "config.json").read_text()) == {"depth": 8}
     assert (folder / "model_directory.txt").read_text().strip() == model_dir
+
+
+@pytest.mark.parametrize(
+    ("resolvable", "expected"),
+    [
+        ({"seaweedfs.kubeflow", "minio-service.kubeflow"}, "http://seaweedfs.kubeflow:8333"),  # Kubeflow 1.11, 26.03
+        ({"minio-service.kubeflow"}, "http://minio-service.kubeflow:9000"),  # Kubeflow 1.9, 1.10
+        (set(), None),  # no Kubeflow store: AWS S3
+    ],
+)
+def test_a_step_in_a_pod_finds_its_releases_object_store_without_a_setting(monkeypatch, resolvable, expected):
+    """No AWS_ENDPOINT_URL: in a pod, the store the Kubeflow release installed, by its service's name (names are
+    resolved by a stand-in resolver: nothing here reaches a network); outside a pod, or with a setting, no guess."""
+    import socket
+
+    from components.common import object_stores
+
+    def resolve(name, *_arguments):
+        if name in resolvable:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    object_stores.kubeflow_store.cache_clear()
+    try:
+        assert object_stores.s3_endpoint() == expected
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+        assert object_stores.s3_endpoint() == "http://127.0.0.1:9000"  # a setting wins
+        monkeypatch.delenv("AWS_ENDPOINT_URL")
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+        assert object_stores.s3_endpoint() is None  # outside a pod: AWS S3, as boto3 would
+    finally:
+        object_stores.kubeflow_store.cache_clear()

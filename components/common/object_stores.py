@@ -92,8 +92,38 @@ def gcs_client():
         ) from error
 
 
+# The S3-compatible store each Kubeflow release installs, as its pods reach it (kubeflow/manifests; KFP's own
+# SeaweedFS service, `manifests/kustomize/third-party/seaweedfs`): found by name where no endpoint is set.
+KUBEFLOW_STORES = (
+    ("seaweedfs.kubeflow", "http://seaweedfs.kubeflow:8333", "SeaweedFS (Kubeflow 1.11 and later, KFP 2.15 and later)"),
+    ("minio-service.kubeflow", "http://minio-service.kubeflow:9000", "MinIO (Kubeflow 1.10 and older)"),
+)
+
+
 def s3_endpoint() -> str | None:
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    """The S3 endpoint: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL when set; else, in a Kubernetes pod, the store the
+    Kubeflow release installed (SeaweedFS or MinIO, whichever service name resolves); else None (AWS S3)."""
+    from components.common.pod import in_kubernetes_pod
+
+    given = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if given or not in_kubernetes_pod():
+        return given or None
+    return kubeflow_store()
+
+
+@functools.lru_cache(maxsize=1)
+def kubeflow_store() -> str | None:
+    """The endpoint of the Kubeflow release's store, found by its service's name (said once), or None."""
+    import socket
+
+    for name, endpoint, what in KUBEFLOW_STORES:
+        try:
+            socket.getaddrinfo(name, None)
+        except OSError:
+            continue
+        logger.info("object store: %s, %s (found in the cluster; AWS_ENDPOINT_URL names another)", endpoint, what)
+        return endpoint
+    return None
 
 
 @functools.lru_cache(maxsize=4)
