@@ -113,3 +113,33 @@ def synthetic_data(tmp_path_factory):
         )
     )
     return str(output)
+
+
+@pytest.fixture
+def pod(tmp_path, monkeypatch):
+    """This test's process as a step in a pod of namespace team-a: the Kubernetes API's Leases (a strict stand-in,
+    over TLS) reached through the pod's environment and service-account files."""
+    from components.common import object_stores
+    from tests.fake_coordination_api import FakeCoordinationApi
+
+    with FakeCoordinationApi(tmp_path / "serviceaccount") as api:
+        for name, value in api.pod_environment().items():
+            monkeypatch.setenv(name, value)
+        object_stores.reset_clients()
+        yield api
+        object_stores.reset_clients()
+
+
+@pytest.fixture
+def unsafe_s3(s3_server, s3_bucket, monkeypatch):
+    """The root URI of a bucket behind a store that ignores conditional writes, as Kubeflow 1.9 and 1.10's MinIO
+    RELEASE.2019-08-14 does (tests/fake_s3_stores.py); nothing assumes a single writer."""
+    from components.common import object_stores, storage
+    from tests.fake_s3_stores import S3Proxy
+
+    with S3Proxy(s3_server, conditions="ignored") as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        monkeypatch.delenv(storage.ASSUME_SINGLE_WRITER, raising=False)
+        object_stores.reset_clients()
+        yield f"s3://{s3_bucket}"
+        object_stores.reset_clients()

@@ -81,7 +81,8 @@ def test_tfjob_template_retries_preemption_and_injects_tf_config():
 
 
 def test_rbac_lets_the_launcher_create_watch_and_delete_trainjobs_and_tfjobs_and_read_logs():
-    (role,) = [document for _, document in documents() if document["kind"] == "Role"]
+    (role,) = [document for _, document in documents() if document["kind"] == "Role"
+               and document["metadata"]["name"] == "cifar10-pipeline-job-launcher"]  # fmt: skip
     rules = {
         (group, resource): set(rule["verbs"])
         for rule in role["rules"]
@@ -92,14 +93,25 @@ def test_rbac_lets_the_launcher_create_watch_and_delete_trainjobs_and_tfjobs_and
     assert {"create", "get", "watch", "delete"} <= rules[("trainer.kubeflow.org", "trainjobs")]
     assert "list" in rules[("", "pods")]  # a TrainJob's worker 0 is found among its pods by label
     assert "get" in rules[("", "pods/log")]
-    (binding,) = [document for _, document in documents() if document["kind"] == "RoleBinding"]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (binding,) = [document for _, document in documents() if document["kind"] == "RoleBinding"
+                  and document["roleRef"]["name"] == role["metadata"]["name"]]  # fmt: skip
     (account,) = [
         document
         for _, document in documents()
         if document["kind"] == "ServiceAccount" and document["metadata"]["name"] == "cifar10-pipeline"
     ]
     assert account["metadata"]["name"] in {subject["name"] for subject in binding["subjects"]}
+
+
+def test_rbac_grants_the_steps_and_workers_exactly_the_leases_they_coordinate_through():
+    """The verbs components/common/coordination.py uses on Leases, for every account a step or worker runs as."""
+    from tests.fake_coordination_api import granted_verbs
+
+    for account in ("default-editor", "cifar10-pipeline", "pipeline-runner"):
+        assert granted_verbs(account) == {"get", "create", "update", "delete"}, account
+    (role,) = [document for _, document in documents() if document["kind"] == "Role"
+               and document["metadata"]["name"] == "cifar10-pipeline-coordination"]  # fmt: skip
+    assert [(rule["apiGroups"], rule["resources"]) for rule in role["rules"]] == [(["coordination.k8s.io"], ["leases"])]
 
 
 def test_no_credentials_anywhere():

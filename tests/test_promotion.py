@@ -46,10 +46,15 @@ def candidate(trained: Path, step: int, accuracy: float = 0.5, **options) -> pro
     )
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "s3-kubernetes"])
 def root(request, tmp_path):
+    """A promotion root: a folder; on an S3 store that honours conditional writes; on one that ignores them, from a
+    step in a pod (the pointer swapped as a Kubernetes Lease)."""
     if request.param == "local":
         return str(tmp_path / "models")
+    if request.param == "s3-kubernetes":
+        request.getfixturevalue("pod")
+        return f"{request.getfixturevalue('unsafe_s3')}/private/team-a/cifar10/models"
     return f"s3://{request.getfixturevalue('s3_bucket')}/private/team-a/cifar10/models"
 
 
@@ -124,17 +129,17 @@ def test_a_promotion_killed_at_any_step_leaves_only_ready_versions_and_the_next_
 
             patch.setattr(promote, "stage", stage_then_die)
         elif point in ("claim", "mark_ready"):
-            original_publish = publisher_class.publish
+            original_swap = publisher_class.swap_document
 
-            def die_at_the_pointer(self, name, data, expected_version=None):
+            def die_at_the_pointer(self, name, data, expected_version):
                 claim = name == promote.POINTER and "promoting" in json.loads(data)
                 if name == promote.POINTER and claim == (point == "claim"):
                     if point == "claim":
-                        original_publish(self, name, data, expected_version)  # the claim is written, then the kill
+                        original_swap(self, name, data, expected_version)  # the claim is written, then the kill
                     raise Killed()
-                return original_publish(self, name, data, expected_version)
+                return original_swap(self, name, data, expected_version)
 
-            patch.setattr(publisher_class, "publish", die_at_the_pointer)
+            patch.setattr(publisher_class, "swap_document", die_at_the_pointer)
         elif point == "make_visible":
             original_visible = promote.make_visible
 
@@ -458,17 +463,17 @@ def test_a_promotion_whose_last_write_fails_leaves_the_root_as_it_was_and_no_cla
         promote_once(trained, root, step=5)
     before = promote.read_pointer(root)[0]
     publisher_class = type(storage.publisher_for(root))
-    original_publish = publisher_class.publish
+    original_swap = publisher_class.swap_document
 
-    def refuse_the_ready_mark(self, name, data, expected_version=None):
+    def refuse_the_ready_mark(self, name, data, expected_version):
         document = json.loads(data) if name == promote.POINTER else {}
         ready_mark = document.get("state") == "ready" and "promoting" not in document
         if ready_mark and document.get("checkpoint", "").endswith("ckpt-10"):
             raise storage.StorageError(f"{self.uri(name)}: 503 SlowDown after 5 attempts")
-        return original_publish(self, name, data, expected_version)
+        return original_swap(self, name, data, expected_version)
 
     with monkeypatch.context() as patch:
-        patch.setattr(publisher_class, "publish", refuse_the_ready_mark)
+        patch.setattr(publisher_class, "swap_document", refuse_the_ready_mark)
         with pytest.raises(storage.StorageError, match="SlowDown"):
             promote_once(trained, root, step=10)
     assert promote.read_pointer(root)[0] == before

@@ -15,6 +15,18 @@ from components.common.model_directory import ModelDirectory
 from components.common.writer_claim import WriterClaimError
 
 
+@pytest.fixture(params=["gs", "s3", "s3-kubernetes"])
+def object_store(request):
+    """A bucket on gs:// (fake-gcs-server), on s3:// (an S3 server), and on an S3 store that ignores conditional writes
+    from a step in a pod (the lease a Kubernetes Lease)."""
+    if request.param == "gs":
+        return f"gs://{request.getfixturevalue('gcs_bucket')}"
+    if request.param == "s3":
+        return f"s3://{request.getfixturevalue('s3_bucket')}"
+    request.getfixturevalue("pod")
+    return request.getfixturevalue("unsafe_s3")
+
+
 @pytest.fixture(autouse=True)
 def short_leases(monkeypatch):
     monkeypatch.setattr(writer_lease, "LEASE_SECONDS", 4.0)
@@ -38,7 +50,7 @@ def test_a_second_writer_on_another_machine_fails_naming_the_holder(object_store
         assert time.monotonic() - started < 4.0  # the holder's renewal showed it alive before its lease ran out
     finally:
         first.release_writer()
-    assert storage.publisher_for(model_dir).read(writer_lease.WRITER_LEASE) is None  # released: removed
+    assert storage.publisher_for(model_dir).read_document(writer_lease.WRITER_LEASE)[0] is None  # released: removed
     third = machine(model_dir, tmp_path, "c")
     third.claim_writer()  # a released lease is free at once
     third.release_writer()
@@ -47,13 +59,15 @@ def test_a_second_writer_on_another_machine_fails_naming_the_holder(object_store
 def test_the_lease_of_a_killed_writer_is_taken_over_after_it_runs_out(object_store, tmp_path):
     model_dir = f"{object_store}/models/run"
     killed = {"holder": "pid 1 on gone-host since then", "token": "dead", "renewed_at": time.time()}
-    storage.publisher_for(model_dir).publish(writer_lease.WRITER_LEASE, json.dumps(killed).encode())
+    storage.publisher_for(model_dir).swap_document(
+        writer_lease.WRITER_LEASE, json.dumps(killed).encode(), storage.ABSENT
+    )
     newcomer = machine(model_dir, tmp_path, "a")
     started = time.monotonic()
     newcomer.claim_writer()
     try:
         assert 3.0 < time.monotonic() - started < 15.0
-        lease = json.loads(storage.publisher_for(model_dir).read(writer_lease.WRITER_LEASE))
+        lease = json.loads(storage.publisher_for(model_dir).read_document(writer_lease.WRITER_LEASE)[0])
         assert lease["token"] != "dead" and lease["holder"].startswith("pid ")
     finally:
         newcomer.release_writer()
@@ -65,7 +79,9 @@ def test_a_writer_whose_lease_was_taken_stops_at_its_next_push(object_store, tmp
     writer.claim_writer()
     try:
         intruder = {"holder": "pid 2 on other-host since now", "token": "other", "renewed_at": time.time()}
-        storage.publisher_for(model_dir).publish(writer_lease.WRITER_LEASE, json.dumps(intruder).encode())
+        publisher = storage.publisher_for(model_dir)
+        _content, version = publisher.read_document(writer_lease.WRITER_LEASE)
+        publisher.swap_document(writer_lease.WRITER_LEASE, json.dumps(intruder).encode(), version)
         time.sleep(2.5)  # the writer's next renewal finds the lease changed
         (writer.local / "ckpt-1.index").write_bytes(b"x")
         with pytest.raises(WriterClaimError, match=r"another writer took over; this one stops"):
@@ -95,7 +111,7 @@ def test_publish_answers_the_version_it_wrote_and_the_lease_never_reads_its_own_
     holder.claim_writer()
     try:
         time.sleep(2.5)  # two renewals, each a compare-and-swap on the version of the one before
-        content = json.loads(storage.publisher_for(model_dir).read(writer_lease.WRITER_LEASE))
+        content = json.loads(storage.publisher_for(model_dir).read_document(writer_lease.WRITER_LEASE)[0])
         assert time.time() - content["renewed_at"] < 2.0, "the renewals went through"
         holder.check_writer()  # the lease is still its own
     finally:

@@ -153,8 +153,12 @@ def s3_client():
 def reset_clients() -> None:
     """Forget the cached clients and checked stores (after the environment that configures them changed, e.g. in
     tests)."""
+    from components.common import coordination
+
     gcs_client.cache_clear()
     _s3_client.cache_clear()
+    kubeflow_store.cache_clear()
+    coordination.documents.cache_clear()
     forget_checked_stores()
 
 
@@ -264,6 +268,15 @@ class GcsPublisher:
         names = (blob.name[len(start) :] for blob in blobs)
         return sorted(name for name in names if name and not name.rsplit("/", 1)[-1].startswith("."))
 
+    def read_document(self, name: str) -> tuple[bytes | None, str]:
+        return self.read_versioned(name)  # generation preconditions: the store's own compare-and-swap
+
+    def swap_document(self, name: str, data: bytes, expected_version: str) -> str:
+        return self.publish(name, data, expected_version)
+
+    def withdraw_document(self, name: str) -> None:
+        self.withdraw(name)
+
 
 class S3Publisher:
     """An s3:// prefix on AWS S3 or an S3-compatible store (MinIO, SeaweedFS). Writes are conditional
@@ -333,24 +346,25 @@ class S3Publisher:
 
     def publish(self, name: str, data: bytes, expected_version: str | None = None) -> str:
         """Upload `data`; with `expected_version` only over that ETag (ABSENT: only if nothing is there). Returns
-        the ETag the PUT's answer names."""
+        the ETag the PUT's answer names. On a store that does not honour conditional writes (used with the
+        Kubernetes API's coordination, or a single writer assumed) the condition is checked, then the object
+        written: only documents need the compare-and-swap, and they go through `swap_document`."""
         wanted = (len(data), crc32c_base64(data))
-        if expected_version is None:
+        conditional = store_mode(self) == CONDITIONAL
+        if expected_version is None or not conditional:
             head = self._head(name)
             if head is not None and (head["ContentLength"], head.get("Metadata", {}).get(CRC32C_METADATA)) == wanted:
                 return head["ETag"]
-            expected_version = ABSENT if head is None else head["ETag"]
+            present = ABSENT if head is None else head["ETag"]
+            if not conditional:
+                if expected_version is not None and expected_version != present:
+                    raise conflict_error(self.uri(name))
+                return self._put(name, data, wanted[1])
+            expected_version = present
         condition = {"IfNoneMatch": "*"} if expected_version == ABSENT else {"IfMatch": expected_version}
-        check_conditional_writes(self)
         with _s3_errors(self.uri(name)):
             try:
-                answer = s3_client().put_object(
-                    Bucket=self.bucket_name,
-                    Key=self._key(name),
-                    Body=data,
-                    Metadata={CRC32C_METADATA: wanted[1]},
-                    **condition,
-                )
+                return self._put(name, data, wanted[1], **condition)
             except _s3_client_error() as error:
                 # 412: the precondition failed; 409: a concurrent conditional write to the same key won.
                 if _s3_status(error) not in (409, 412):
@@ -362,11 +376,61 @@ class S3Publisher:
                 ):
                     return head["ETag"]  # another writer published the same bytes
                 raise conflict_error(self.uri(name)) from None
+
+    def _put(self, name: str, data: bytes, crc32c: str, **condition) -> str:
+        with _s3_errors(self.uri(name)):
+            answer = s3_client().put_object(
+                Bucket=self.bucket_name, Key=self._key(name), Body=data, Metadata={CRC32C_METADATA: crc32c},
+                **condition,
+            )  # fmt: skip
         return answer["ETag"]
+
+    def read_document(self, name: str) -> tuple[bytes | None, str]:
+        """The document and its version: in a pod, its Lease when it has one (the authority), else the store's
+        object. Reading never probes the store (a reader may only read it)."""
+        from components.common import coordination
+
+        if not coordination.available() or known_mode(self) == CONDITIONAL:
+            return self.read_versioned(name)
+        try:
+            content, version = coordination.documents().read(self.uri(name))
+        except PermissionError:  # not allowed to read Leases here: none was made by this namespace's steps either
+            return self.read_versioned(name)
+        if version == ABSENT:  # never swapped through the API (written before it was used, or removed): the copy
+            return self.read_versioned(name)
+        return content, version
+
+    def swap_document(self, name: str, data: bytes, expected_version: str) -> str:
+        if store_mode(self) != KUBERNETES:
+            return self.publish(name, data, expected_version)
+        from components.common import coordination
+
+        documents = coordination.documents()
+        if not expected_version.startswith(coordination.VERSION_PREFIX):  # the first swap of a store's document
+            current, present = self.read_versioned(name)
+            if present != expected_version and current != data:
+                raise conflict_error(self.uri(name))
+        version = documents.swap(self.uri(name), data, expected_version)
+        if documents.still_current(self.uri(name), version):  # the copy, for readers outside the cluster
+            self._put(name, data, crc32c_base64(data))
+        return version
+
+    def withdraw_document(self, name: str) -> None:
+        if store_mode(self) != KUBERNETES:
+            self.withdraw(name)
+            return
+        from components.common import coordination
+
+        self.withdraw(name)  # the copy first: a stop in between leaves the document (the truth) standing
+        coordination.documents().remove(self.uri(name))
 
     def withdraw(self, name: str) -> None:
         head = self._head(name)
         if head is None:
+            return
+        if store_mode(self) != CONDITIONAL:
+            with _s3_errors(self.uri(name)):
+                s3_client().delete_object(Bucket=self.bucket_name, Key=self._key(name))
             return
         with _s3_errors(self.uri(name)):
             try:
@@ -416,9 +480,13 @@ _checked: dict[tuple[str | None, str], str | None] = {}  # (endpoint, bucket) ->
 _checked_lock = threading.Lock()
 
 
-def check_conditional_writes(publisher: S3Publisher) -> None:
-    """Once per process and bucket: verify that the store honours conditional writes. A store that does not is an
-    UnsafeStoreError, unless a single writer is assumed (then a warning says what is no longer detected)."""
+CONDITIONAL, KUBERNETES, SINGLE_WRITER = "conditional writes", "the Kubernetes API", "a single writer assumed"
+
+
+def store_mode(publisher: S3Publisher) -> str:
+    """How documents are swapped on this store (checked once per process and bucket, said once): by its conditional
+    writes when it honours them; else, chosen by the user, with a single writer assumed; else, in a pod, through the
+    Kubernetes API (components/common/coordination.py); else UnsafeStoreError."""
     key = (s3_endpoint(), publisher.bucket_name)
     with _checked_lock:
         if key not in _checked:
@@ -426,22 +494,53 @@ def check_conditional_writes(publisher: S3Publisher) -> None:
             _checked[key] = conditional_write_problem(publisher)
             logger.debug("checked the conditional writes of %s in %.2f s", publisher.root, time.monotonic() - started)
             problem = _checked[key]
-            if problem is not None and assume_single_writer():
+            mode = _mode_for(problem)
+            if problem is not None and mode == SINGLE_WRITER:
                 logger.warning(
                     "the S3 store at %s does not honour conditional writes (%s); going on because a single writer is "
                     "assumed (%s): concurrent publishers, "
                     "writers of one model directory and promotions are NOT detected and can overwrite each other",
                     s3_endpoint() or "AWS S3", problem, "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER",
                 )  # fmt: skip
+            elif problem is None:
+                logger.info("the S3 store at %s honours conditional writes: documents are swapped by them",
+                            s3_endpoint() or "AWS S3")  # fmt: skip
+            elif mode == KUBERNETES:
+                logger.info(
+                    "the S3 store at %s does not honour conditional writes (%s): datasets, writer leases and "
+                    "promotions are swapped through the Kubernetes API instead", s3_endpoint() or "AWS S3", problem,
+                )  # fmt: skip
         problem = _checked[key]
-    if problem is not None and not assume_single_writer():
+    mode = _mode_for(problem)
+    if mode is None:
         raise UnsafeStoreError(
             f"{publisher.root}: the S3 store at {s3_endpoint() or 'AWS S3'} does not honour conditional writes: "
             f"{problem}. Publishing datasets, the model directory's writer lease and promotion rely on them (a "
-            f"concurrent writer would overwrite silently). Stores that honour them: {WORKING_STORES}. Upgrade the "
-            "store, or, if you make sure that only one writer at a time uses each dataset, model directory and "
-            "promotion root, set CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER=1 (or --assume-single-writer)"
+            f"concurrent writer would overwrite silently). Stores that honour them: {WORKING_STORES}. In a Kubeflow "
+            "step this is no problem: steps in a pod swap them through the Kubernetes API instead. Here, outside a "
+            "pod: upgrade the store, or, if you make sure that only one writer at a time uses each dataset, model "
+            "directory and promotion root, set CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER=1 (or --assume-single-writer)"
         )
+    return mode
+
+
+def known_mode(publisher: S3Publisher) -> str | None:
+    """The store's mode when this process has checked it already, else None (nothing is probed)."""
+    key = (s3_endpoint(), publisher.bucket_name)
+    with _checked_lock:
+        if key not in _checked:
+            return None
+    return _mode_for(_checked[key])
+
+
+def _mode_for(problem: str | None) -> str | None:
+    from components.common import coordination
+
+    if problem is None:
+        return CONDITIONAL
+    if assume_single_writer():
+        return SINGLE_WRITER
+    return KUBERNETES if coordination.available() else None
 
 
 def conditional_write_problem(publisher: S3Publisher) -> str | None:

@@ -376,6 +376,13 @@ class Publisher(Protocol):
     def copy(self, source: str, destination: str) -> None: ...
     def list(self, prefix: str = "") -> list[str]: ...
 
+    # Documents: what a compare-and-swap decides (a dataset's manifest, a writer lease, a promotion pointer). On a store
+    # that honours conditional writes they are objects like any other; on one that does not, a step in a pod keeps
+    # them in the Kubernetes API (components/common/coordination.py) and the store holds a copy.
+    def read_document(self, name: str) -> tuple[bytes | None, str]: ...
+    def swap_document(self, name: str, data: bytes, expected_version: str) -> str: ...
+    def withdraw_document(self, name: str) -> None: ...
+
 
 def conflict_error(uri: str) -> PublishConflictError:
     return PublishConflictError(f"{uri} was changed by another writer with different content while publishing")
@@ -448,6 +455,15 @@ class LocalPublisher:
 
     def copy(self, source: str, destination: str) -> None:
         atomic_write_bytes(Path(self.root, destination), Path(self.root, source).read_bytes())
+
+    def read_document(self, name: str) -> tuple[bytes | None, str]:
+        return self.read_versioned(name)
+
+    def swap_document(self, name: str, data: bytes, expected_version: str) -> str:
+        return self.publish(name, data, expected_version)
+
+    def withdraw_document(self, name: str) -> None:
+        self.withdraw(name)
 
     def list(self, prefix: str = "") -> list[str]:
         root = Path(self.root)

@@ -144,7 +144,10 @@ def _path_lock_holder(name: bytes) -> str:
 # renewed every `RENEW_SECONDS` with a compare-and-swap on its version, by a thread, while the writer lives. A
 # second writer that finds a lease watches it: a renewal means its holder is alive, and the newcomer fails naming
 # it; a lease nobody renews for `LEASE_SECONDS` (its holder was killed) is taken over. A writer whose lease was
-# taken over stops at its next push. The lease ends (is removed) when the writer ends normally or by SIGTERM.
+# taken over stops at its next push, and so does one that could not renew it for `LEASE_SECONDS` (it may have been
+# taken over meanwhile). The lease ends (is removed) when the writer ends normally or by SIGTERM. The lease is a
+# document (`swap_document`): on a store without conditional writes, in a pod, it is a Kubernetes Lease
+# (components/common/coordination.py).
 
 WRITER_LEASE = ".writer-lease.json"
 LEASE_SECONDS = 90.0  # a lease not renewed for this long belongs to a dead writer
@@ -178,6 +181,7 @@ class WriterLease:
         self.lost = False
         self._publisher = storage.publisher_for(uri)
         self._version: str | None = None
+        self._renewed = time.monotonic()  # the last renewal that went through (this process's clock)
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
 
@@ -188,7 +192,7 @@ class WriterLease:
         """Take the lease, waiting out one that nobody renews; CheckpointError when its holder is alive."""
         watched: tuple[str, float] | None = None  # (version seen, when first seen)
         while True:
-            content, version = self._publisher.read_versioned(WRITER_LEASE)
+            content, version = self._publisher.read_document(WRITER_LEASE)
             lease = _parse(content, self._publisher.uri(WRITER_LEASE))
             if content is not None and lease is not None and lease["token"] != self.token:
                 age = time.time() - lease["renewed_at"]
@@ -210,9 +214,10 @@ class WriterLease:
                     continue
                 logger.warning("taking over the writer lease of %s (not renewed for %.0f s)", lease.get("holder"), age)
             try:
-                self._version = self._publisher.publish(WRITER_LEASE, self._record(), expected_version=version)
+                self._version = self._publisher.swap_document(WRITER_LEASE, self._record(), version)
             except storage.PublishConflictError:
                 continue  # another writer moved first: look again
+            self._renewed = time.monotonic()
             break
         self._renewer = threading.Thread(target=self._renew, name="writer-lease", daemon=True)
         self._renewer.start()
@@ -220,7 +225,8 @@ class WriterLease:
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_SECONDS):
             try:
-                self._version = self._publisher.publish(WRITER_LEASE, self._record(), expected_version=self._version)
+                self._version = self._publisher.swap_document(WRITER_LEASE, self._record(), self._version)
+                self._renewed = time.monotonic()
             except storage.PublishConflictError:
                 self.lost = True
                 logger.error("%s: another writer took over this model directory's lease", self.uri)
@@ -231,6 +237,12 @@ class WriterLease:
     def check(self) -> None:
         if self.lost:
             raise WriterClaimError(f"model_dir: {self.uri}: another writer took over; this one stops")
+        silent = time.monotonic() - self._renewed
+        if silent > LEASE_SECONDS:  # it may have been taken over meanwhile: the holder fences itself
+            raise WriterClaimError(
+                f"model_dir: {self.uri}: this writer could not renew its lease for {silent:.0f} s (the store or the "
+                "Kubernetes API did not answer), so another may have taken it over; this one stops (a retry resumes)"
+            )
 
     def release(self) -> None:
         self._stop.set()
@@ -239,7 +251,7 @@ class WriterLease:
             self._renewer = None
         if self.lost or self._version is None:
             return
-        lease = _parse(self._publisher.read(WRITER_LEASE), self._publisher.uri(WRITER_LEASE))
+        lease = _parse(self._publisher.read_document(WRITER_LEASE)[0], self._publisher.uri(WRITER_LEASE))
         if lease is not None and lease["token"] == self.token:
-            self._publisher.withdraw(WRITER_LEASE)
+            self._publisher.withdraw_document(WRITER_LEASE)
         self._version = None

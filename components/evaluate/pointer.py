@@ -74,7 +74,7 @@ def ready_version(pointer: dict | None) -> dict | None:
 
 def read_pointer(root: str) -> tuple[dict | None, str]:
     """The pointer as stored (None when nothing was promoted yet) and its version, for the compare-and-swap."""
-    content, version = storage.publisher_for(root).read_versioned(POINTER)
+    content, version = storage.publisher_for(root).read_document(POINTER)
     return (parse_pointer(content, root) if content is not None else None), version
 
 

@@ -306,7 +306,7 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
                                         "host": socket.gethostname(), "pid": os.getpid(), "claimed_at": clock(),
                                         "checkpoint": mine, "staging": token}}  # fmt: skip
         try:
-            claimed = publisher.publish(POINTER, _encode(claim), expected_version=seen)  # the store's answer
+            claimed = publisher.swap_document(POINTER, _encode(claim), seen)  # the store's answer
         except storage.PublishConflictError:
             attempts += 1
             continue  # another promotion moved first: read it again (and decide again)
@@ -330,7 +330,7 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
             "promoted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         try:
-            publisher.publish(POINTER, _encode(promoted), expected_version=claimed)
+            publisher.swap_document(POINTER, _encode(promoted), claimed)
         except storage.PublishConflictError as error:
             raise PromotionConflictError(
                 f"version {version} was made visible at {publisher.uri(str(version))}, but another promotion took "
@@ -359,9 +359,9 @@ def _withdraw_claim(root: str, version: int, ready: dict, claimed: str) -> None:
     publisher = storage.publisher_for(root)
     try:
         if ready:
-            publisher.publish(POINTER, _encode(ready), expected_version=claimed)
+            publisher.swap_document(POINTER, _encode(ready), claimed)
         else:  # nothing was ready before this claim: no pointer, as before it (a live claim is never taken over)
-            publisher.withdraw(POINTER)
+            publisher.withdraw_document(POINTER)
     except storage.PublishConflictError:
         logger.warning("the pointer moved while version %d failed: its folder is left as the pointer says", version)
         return

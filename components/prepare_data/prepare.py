@@ -180,7 +180,7 @@ def _damaged_shards(publisher: storage.Publisher, manifest: Manifest) -> list[st
 
 def _published_manifest(publisher: storage.Publisher) -> tuple[Manifest | None, bytes | None, str]:
     """The published manifest (None when absent or unreadable), its bytes, and its version."""
-    content, version = publisher.read_versioned(MANIFEST_NAME)
+    content, version = publisher.read_document(MANIFEST_NAME)
     if content is None:
         return None, None, version
     try:
@@ -244,7 +244,7 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
             statistics={"path": STATISTICS_NAME, "sha256": hashlib.sha256(statistics_content).hexdigest()},
         )
         content = manifest.to_json()
-        publisher.publish(MANIFEST_NAME, content, expected_version=existing_version)
+        publisher.swap_document(MANIFEST_NAME, content, existing_version)
         # After the manifest, which records its SHA-256: a writer that lost the race for the manifest never writes it
         publisher.publish(STATISTICS_NAME, statistics_content)
     except BaseException:  # a lost race, a full disk, a signal: leave no shard of this run behind

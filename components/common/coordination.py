@@ -1,0 +1,235 @@
+"""Compare-and-swap through the Kubernetes API, for an object store that cannot do it itself.
+
+Publishing a dataset (its manifest), one writer per model directory (its writer lease) and promotion (its pointer)
+each rest on a small document replaced only over the version its writer read: a compare-and-swap. The stores
+Kubeflow ships do not offer one (MinIO RELEASE.2019-08-14 ignores conditional writes; SeaweedFS 4.00-4.16 checks,
+then writes), but every step runs in a pod that reaches the Kubernetes API, whose objects are replaced only over the
+`resourceVersion` a writer read (409 Conflict otherwise), and whose `coordination.k8s.io/v1` Leases are made for one
+holder at a time. So where the store fails the conditional-write check and the step runs in a pod, each such
+document lives in a Lease of the run's namespace:
+
+- one Lease per document (a dataset's manifest, a model directory's writer lease, a promotion root's pointer), named
+  `cifar10-pipeline-<hash of its URI>`, annotated with the URI and holding the document's text; its
+  `holderIdentity`, `acquireTime` and `renewTime` say who holds the document's claim, when there is one;
+- the Lease is the authority: a swap is a create (for a document that must not exist yet: 409 AlreadyExists for a
+  second) or a replace carrying the `resourceVersion` read (409 Conflict for a stale one), so exactly one of several
+  writers wins, as with a store that honours conditional writes;
+- the store's copy is written after the swap, for readers outside the cluster, and only while the swap is still the
+  latest (it is read again first): a holder paused past its lease finds, when it wakes, that its swap of the truth
+  is refused (its version is stale), and a late copy it still writes is overwritten by the next swap and never read
+  by a step (steps read the Lease);
+- the API server's own clock and counters decide: a `resourceVersion` is the server's, and a writer lease is taken
+  over only after a newcomer has watched it unchanged for the lease's duration on its own monotonic clock (the
+  writer claim's rule), so neither a clock that jumps nor two clocks that disagree hand one claim to two holders;
+- a lost API server stops every write of the truth (nothing is swapped without it): the step fails retryably, and a
+  holder that cannot renew its lease for the lease's duration stops writing by itself.
+
+Outside a pod (no service account, no API address), nothing here is used: the store must honour conditional writes,
+or the user assumes a single writer (components/common/storage.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from components.common.storage import ABSENT, PublishConflictError, StoreUnavailableError, conflict_error
+
+logger = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")  # token, ca.crt, namespace: as a pod has them
+SERVICE_ACCOUNT_VARIABLE = "CIFAR10_PIPELINE_SERVICE_ACCOUNT"  # another folder holding them (tests: a pod's stand-in)
+PREFIX = "cifar10-pipeline-"
+URI_ANNOTATION = "cifar10-pipeline.io/uri"
+CONTENT_ANNOTATION = "cifar10-pipeline.io/content"
+LABELS = {"app.kubernetes.io/part-of": "cifar10-pipeline", "app.kubernetes.io/component": "coordination"}
+MAX_CONTENT = 200 * 1024  # the API server takes at most 256 KiB of annotations per object
+VERSION_PREFIX = "k8s:"
+LEASE_SECONDS = 90  # the leaseDurationSeconds shown for a document's claim (the writer claim's LEASE_SECONDS)
+REQUEST_SECONDS = 30
+
+
+class CoordinationError(StoreUnavailableError):
+    """The Kubernetes API could not be asked (unreachable, or it answered 5xx): retryable."""
+
+
+def lease_name(uri: str) -> str:
+    return PREFIX + hashlib.sha256(uri.encode()).hexdigest()[:40]
+
+
+def service_account() -> Path:
+    return Path(os.environ.get(SERVICE_ACCOUNT_VARIABLE) or SERVICE_ACCOUNT)
+
+
+def available() -> bool:
+    """Whether this process runs in a pod that can ask the Kubernetes API: its address and a service account."""
+    folder = service_account()
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (folder / "token").is_file()
+
+
+@functools.cache
+def documents() -> KubernetesDocuments:
+    """The documents store of this pod's namespace, through the pod's service account (in-cluster configuration)."""
+    from kubernetes import client
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    from components.common.pod import namespace_of_this_pod
+
+    folder = service_account()
+    configuration = client.Configuration()
+    InClusterConfigLoader(token_filename=str(folder / "token"), cert_filename=str(folder / "ca.crt")).load_and_set(
+        configuration
+    )
+    configuration.retries = 2
+    namespace = namespace_of_this_pod(folder / "namespace")
+    if not namespace:
+        raise CoordinationError(f"{folder / 'namespace'}: this pod's namespace cannot be read")
+    api = client.CoordinationV1Api(client.ApiClient(configuration))
+    logger.info("coordination: the store cannot compare-and-swap; documents are swapped as Leases in namespace %s "
+                "through the Kubernetes API", namespace)  # fmt: skip
+    return KubernetesDocuments(api, namespace)
+
+
+def _micro_time(seconds: float) -> str:
+    """A MicroTime as the API writes it."""
+    stamp = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _claim(content: bytes) -> dict[str, Any]:
+    """The Lease's spec for a document: who holds its claim and since when (a writer lease's holder and renewal, a
+    pointer's promotion in progress), as `kubectl get leases` shows them; {} for a document with no claim."""
+    try:
+        document = json.loads(content)
+    except ValueError:
+        return {}
+    if not isinstance(document, dict):
+        return {}
+    claim = document.get("promoting") if isinstance(document.get("promoting"), dict) else document
+    holder = claim.get("holder")
+    if not isinstance(holder, str) or not holder:
+        return {}
+    spec: dict[str, Any] = {"holderIdentity": holder[:1024], "leaseDurationSeconds": LEASE_SECONDS}
+    for field, name in (("renewed_at", "renewTime"), ("claimed_at", "acquireTime")):
+        if isinstance(claim.get(field), int | float):
+            spec[name] = _micro_time(claim[field])
+    return spec
+
+
+class KubernetesDocuments:
+    """Documents (small texts) swapped as Leases: see the module's description."""
+
+    def __init__(self, api: Any, namespace: str):
+        self.api = api
+        self.namespace = namespace
+
+    def _call(self, what: str, function):
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return function()
+        except ApiException as error:
+            if error.status in (404, 409):
+                raise
+            if error.status == 403:
+                raise PermissionError(
+                    f"the Kubernetes API refused to {what} Leases in namespace {self.namespace} (403): apply "
+                    "manifests/rbac.yaml in it (the cifar10-pipeline-coordination Role), which grants the steps' "
+                    "service account the Leases the project coordinates through"
+                ) from None
+            raise CoordinationError(
+                f"the Kubernetes API could not {what} a Lease ({error.status} {error.reason})"
+            ) from None
+        except (HTTPError, OSError) as error:
+            raise CoordinationError(f"the Kubernetes API cannot be reached to {what} a Lease ({error})") from None
+
+    def _read(self, uri: str) -> Any | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._call(
+                "read",
+                lambda: self.api.read_namespaced_lease(
+                    lease_name(uri), self.namespace, _request_timeout=REQUEST_SECONDS
+                ),
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def read(self, uri: str) -> tuple[bytes | None, str]:
+        """The document at `uri` and its version (`k8s:<resourceVersion>`), or (None, ABSENT) without a Lease."""
+        lease = self._read(uri)
+        if lease is None:
+            return None, ABSENT
+        annotations = lease.metadata.annotations or {}
+        if annotations.get(URI_ANNOTATION) != uri:
+            raise PublishConflictError(
+                f"Lease {lease.metadata.name} holds {annotations.get(URI_ANNOTATION)}, not {uri}"
+            )
+        content = annotations.get(CONTENT_ANNOTATION)
+        return (None if content is None else content.encode()), VERSION_PREFIX + lease.metadata.resource_version
+
+    def swap(self, uri: str, content: bytes, expected_version: str) -> str:
+        """Make `content` the document at `uri` if its version is still `expected_version` (ABSENT, or a version
+        this store gave; a version of the store's own copy counts as ABSENT here: the document was never swapped
+        here before). Returns the new version; PublishConflictError when another writer moved first."""
+        from kubernetes.client.exceptions import ApiException
+
+        text = content.decode("utf-8")
+        if len(content) > MAX_CONTENT:
+            raise ValueError(
+                f"{uri}: {len(content):,} bytes, more than a coordinated document may hold ({MAX_CONTENT:,})"
+            )
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": lease_name(uri), "namespace": self.namespace, "labels": dict(LABELS),
+                         "annotations": {URI_ANNOTATION: uri, CONTENT_ANNOTATION: text}},
+            "spec": _claim(content),
+        }  # fmt: skip
+        try:
+            if not expected_version.startswith(VERSION_PREFIX):
+                created = self._call("create", lambda: self.api.create_namespaced_lease(
+                    self.namespace, body, _request_timeout=REQUEST_SECONDS))  # fmt: skip
+                return VERSION_PREFIX + created.metadata.resource_version
+            body["metadata"]["resourceVersion"] = expected_version.removeprefix(VERSION_PREFIX)
+            replaced = self._call("replace", lambda: self.api.replace_namespaced_lease(
+                lease_name(uri), self.namespace, body, _request_timeout=REQUEST_SECONDS))  # fmt: skip
+            return VERSION_PREFIX + replaced.metadata.resource_version
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
+            current, version = self.read(uri)
+            if current == content:  # another writer made the same document: both succeed, as publishing does
+                return version
+            raise conflict_error(uri) from None
+
+    def still_current(self, uri: str, version: str) -> bool:
+        """Whether `version` is still the document's (before writing the store's copy of it)."""
+        return self.read(uri)[1] == version
+
+    def remove(self, uri: str, expected_version: str | None = None) -> None:
+        """Remove the document's Lease (only over `expected_version` when given); gone already is fine."""
+        from kubernetes.client.exceptions import ApiException
+
+        preconditions = {}
+        if expected_version and expected_version.startswith(VERSION_PREFIX):
+            preconditions = {"preconditions": {"resourceVersion": expected_version.removeprefix(VERSION_PREFIX)}}
+        try:
+            self._call("delete", lambda: self.api.delete_namespaced_lease(
+                lease_name(uri), self.namespace, body=preconditions or None, _request_timeout=REQUEST_SECONDS,
+            ))  # fmt: skip
+        except ApiException as error:
+            if error.status == 409:
+                raise conflict_error(uri) from None
+            if error.status != 404:
+                raise

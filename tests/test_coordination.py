@@ -1,0 +1,188 @@
+"""Out of the box on the stores Kubeflow ships: where the store cannot compare-and-swap, a step in a pod swaps its
+documents (a dataset's manifest, a writer lease, a promotion pointer) as Kubernetes Leases, through the real
+`kubernetes` client configured in-cluster, against a strict stand-in of the API (tests/fake_coordination_api.py).
+The concurrency tests of publishing, the writer lease and promotion run on such a store too (their `s3-kubernetes`
+variants)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from components.common import coordination, object_stores, storage
+from tests.fake_coordination_api import FakeCoordinationApi
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def lease_of(pod: FakeCoordinationApi, uri: str) -> dict | None:
+    return pod.lease(coordination.lease_name(uri))
+
+
+def test_one_of_many_concurrent_writers_wins_a_document_and_the_store_holds_the_winners_copy(pod, unsafe_s3):
+    root = f"{unsafe_s3}/contested"
+    barrier = threading.Barrier(6)
+    outcomes: dict[int, object] = {}
+
+    def write(index: int) -> None:
+        publisher = storage.publisher_for(root)
+        barrier.wait(timeout=30)
+        try:
+            outcomes[index] = publisher.swap_document("current.json", f'{{"writer": {index}}}'.encode(), storage.ABSENT)
+        except storage.PublishConflictError as error:
+            outcomes[index] = error
+
+    threads = [threading.Thread(target=write, args=(index,)) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    winners = [index for index, outcome in outcomes.items() if isinstance(outcome, str)]
+    assert len(winners) == 1, outcomes  # on this store alone, every one of the six would have "won"
+    publisher = storage.publisher_for(root)
+    content, version = publisher.read_document("current.json")
+    assert json.loads(content) == {"writer": winners[0]} and version.startswith(coordination.VERSION_PREFIX)
+    assert publisher.read("current.json") == content  # the store's copy, for readers outside the cluster
+    lease = lease_of(pod, publisher.uri("current.json"))
+    assert lease["metadata"]["annotations"][coordination.URI_ANNOTATION] == publisher.uri("current.json")
+    assert object_stores.known_mode(publisher) == object_stores.KUBERNETES
+
+
+def test_a_holder_paused_past_its_turn_cannot_make_its_late_copy_the_truth(pod, unsafe_s3):
+    """A swaps, then pauses before writing the store's copy; B swaps after it and writes its copy; A wakes and writes
+    its copy late. Steps read the Lease: B's document; A's next swap, on the version it saw, is refused."""
+    publisher = storage.publisher_for(f"{unsafe_s3}/root")
+    a_version = publisher.swap_document("current.json", b'{"version": 1}', storage.ABSENT)
+    _content, seen = publisher.read_document("current.json")
+    publisher.swap_document("current.json", b'{"version": 2}', seen)  # B, while A is paused
+    object_stores.s3_client().put_object(  # A's late copy, straight to the store
+        Bucket=storage.split_uri(publisher.root)[1], Key="root/current.json", Body=b'{"version": 1}'
+    )
+    assert publisher.read_document("current.json")[0] == b'{"version": 2}'
+    with pytest.raises(storage.PublishConflictError):
+        publisher.swap_document("current.json", b'{"version": 1, "again": true}', a_version)
+    _content, latest = publisher.read_document("current.json")
+    publisher.swap_document("current.json", b'{"version": 3}', latest)  # the next swap writes the copy again
+    assert publisher.read("current.json") == b'{"version": 3}'
+
+
+def test_a_document_written_before_the_coordination_is_read_and_swapped_from_the_stores_copy(pod, unsafe_s3):
+    publisher = storage.publisher_for(f"{unsafe_s3}/older")
+    object_stores.s3_client().put_object(Bucket=storage.split_uri(publisher.root)[1], Key="older/current.json",
+                                         Body=b'{"version": 4}')  # fmt: skip
+    content, version = publisher.read_document("current.json")
+    assert content == b'{"version": 4}' and not version.startswith(coordination.VERSION_PREFIX)
+    swapped = publisher.swap_document("current.json", b'{"version": 5}', version)
+    assert swapped.startswith(coordination.VERSION_PREFIX)
+    with pytest.raises(storage.PublishConflictError):  # a second writer that read the same copy loses
+        publisher.swap_document("current.json", b'{"version": 5, "other": true}', version)
+    publisher.withdraw_document("current.json")
+    assert publisher.read_document("current.json") == (None, storage.ABSENT)
+    assert lease_of(pod, publisher.uri("current.json")) is None
+
+
+def test_a_lost_api_server_fails_the_write_retryably_and_a_silent_writer_fences_itself(pod, unsafe_s3, monkeypatch):
+    from components.common import writer_claim
+
+    publisher = storage.publisher_for(f"{unsafe_s3}/lost")
+    publisher.swap_document("current.json", b"{}", storage.ABSENT)
+    monkeypatch.setattr(writer_claim, "LEASE_SECONDS", 2.0)
+    monkeypatch.setattr(writer_claim, "RENEW_SECONDS", 0.5)
+    lease = writer_claim.WriterLease(f"{unsafe_s3}/lost/model", "pid 1 on here")
+    lease.acquire()
+    try:
+        pod.down = True
+        with pytest.raises(coordination.CoordinationError, match="could not read a Lease"):
+            publisher.read_document("current.json")
+        assert issubclass(coordination.CoordinationError, storage.StoreUnavailableError)  # exit 145: retried
+        time.sleep(2.6)  # renewals fail against the lost server past the lease's duration
+        with pytest.raises(writer_claim.WriterClaimError, match="could not renew its lease for"):
+            lease.check()
+    finally:
+        pod.down = False
+        lease.release()
+
+
+def test_without_the_role_the_step_says_to_apply_rbac_in_one_line(tmp_path, unsafe_s3, monkeypatch):
+    with FakeCoordinationApi(tmp_path / "other", service_account="someone-else") as api:
+        for name, value in api.pod_environment().items():
+            monkeypatch.setenv(name, value)
+        object_stores.reset_clients()
+        with pytest.raises(PermissionError) as refused:
+            storage.publisher_for(f"{unsafe_s3}/x").swap_document("current.json", b"{}", storage.ABSENT)
+        assert "manifests/rbac.yaml" in str(refused.value) and "\n" not in str(refused.value)
+        assert storage.publisher_for(f"{unsafe_s3}/x").read_document("current.json") == (None, storage.ABSENT)
+    object_stores.reset_clients()
+
+
+def test_the_stand_in_refuses_what_the_api_server_refuses(pod):
+    from kubernetes.client.exceptions import ApiException
+
+    api = coordination.documents().api
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "cifar10-pipeline-x"},
+            "spec": {"holderIdentity": "a"}}  # fmt: skip
+    created = api.create_namespaced_lease("team-a", body)
+    refused = {}
+    for why, call in {
+        "exists": lambda: api.create_namespaced_lease("team-a", body),
+        "stale": lambda: api.replace_namespaced_lease(
+            "cifar10-pipeline-x", "team-a", {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}),
+        "unknown field": lambda: api.create_namespaced_lease(
+            "team-a", {**body, "metadata": {"name": "y"}, "spec": {"holder": "a"}}),
+        "not a micro time": lambda: api.create_namespaced_lease(
+            "team-a", {**body, "metadata": {"name": "z"}, "spec": {"renewTime": "2026-11-26T10:00:00Z"}}),
+        "bad name": lambda: api.create_namespaced_lease("team-a", {**body, "metadata": {"name": "Not_A_Name"}}),
+        "other namespace": lambda: api.read_namespaced_lease("cifar10-pipeline-x", "team-b"),
+        "stale delete": lambda: api.delete_namespaced_lease(
+            "cifar10-pipeline-x", "team-a", body={"preconditions": {"resourceVersion": "1"}}),
+    }.items():  # fmt: skip
+        with pytest.raises(ApiException) as raised:
+            call()
+        refused[why] = raised.value.status
+    assert refused == {"exists": 409, "stale": 409, "unknown field": 400, "not a micro time": 422, "bad name": 422,
+                       "other namespace": 403, "stale delete": 409}  # fmt: skip
+    current = api.read_namespaced_lease("cifar10-pipeline-x", "team-a")
+    assert current.metadata.resource_version == created.metadata.resource_version
+
+
+def test_steps_in_a_pod_prepare_train_and_promote_on_a_store_without_conditional_writes_with_nothing_set(
+    pod, unsafe_s3, tmp_path
+):
+    """What a Kubeflow 1.10 (MinIO RELEASE.2019-08-14) user's first run does, step by step as the pods run them: no
+    setting (not ASSUME_SINGLE_WRITER); each step says which mechanism it uses; the documents are Leases, their
+    copies in the store."""
+    from tests.builders import tiny_train_config
+
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    assert storage.ASSUME_SINGLE_WRITER not in environment and "KUBERNETES_SERVICE_HOST" in environment
+    data, model, models = f"{unsafe_s3}/datasets/d", f"{unsafe_s3}/runs/r/model", f"{unsafe_s3}/models"
+
+    def step(*command: str) -> str:
+        ran = subprocess.run([sys.executable, "-m", *command], cwd=REPOSITORY, env=environment, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert "swapped through the Kubernetes API instead" in ran.stderr, ran.stderr[-3000:]
+        return ran.stderr
+
+    step("components.prepare_data", "--source", "synthetic", "--output", data, "--synthetic-train-per-class", "8",
+         "--synthetic-eval-per-class", "4")  # fmt: skip
+    config = tiny_train_config(data, model, train_steps=4)
+    from components.common.config import config_to_dict
+
+    step("components.train", "--config", json.dumps({**config_to_dict(config), "launcher": "inprocess"}))
+    step("components.evaluate", "--data", data, "--model-dir", model, "--promote-to", models)
+    for uri in (f"{data}/manifest.json", f"{models}/current.json"):
+        lease = lease_of(pod, uri)
+        assert lease is not None, uri
+        content = lease["metadata"]["annotations"][coordination.CONTENT_ANNOTATION].encode()
+        assert storage.read_bytes(uri) == content  # the copy a reader outside the cluster reads
+    pointer = json.loads(storage.read_bytes(f"{models}/current.json"))
+    assert pointer["version"] == 1 and pointer["state"] == "ready"
+    assert lease_of(pod, f"{model}/.writer-lease.json") is None  # the writer's lease ended with the run
