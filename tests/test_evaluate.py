@@ -19,6 +19,7 @@ import tensorflow as tf
 from components.common.model import build_model, model_spec_of
 from components.evaluate.config import EvaluateConfig
 from components.evaluate.evaluate import evaluate
+from components.evaluate.pointer import read_ready
 from components.evaluate.restore import EvaluationError, read_train_config, restore_weights
 from components.train import loop
 from tests.builders import scalar_series, tiny_train_config
@@ -115,7 +116,9 @@ def test_promotion_exports_a_saved_model_that_predicts_like_the_checkpoint(synth
     root = tmp_path / "promoted"
     result = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), promote_to=str(root)))
 
-    pointer = json.loads((root / "current.json").read_text())
+    written = json.loads((root / "current.json").read_text())
+    assert (written["saved_model"], written["warm_start"]) == ("1", "1/checkpoint/ckpt-10")  # relative: it travels
+    pointer = read_ready(str(root))
     assert pointer["version"] == result.promotion.version == 1 and pointer["step"] == 10
     assert pointer["state"] == "ready" and pointer["saved_model"] == str(root / "1")
     assert sorted(path.name for path in root.iterdir() if not path.name.startswith(".")) == [

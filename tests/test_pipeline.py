@@ -16,6 +16,7 @@ import yaml
 
 from components import images
 from components.common.dataset import open_dataset
+from components.evaluate.pointer import read_ready
 from components.images import image
 from components.train.launch_config import LaunchConfig
 from pipeline import commands, local_run
@@ -65,7 +66,7 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
     matrix = classification["metadata"]["confusionMatrix"]
     assert [spec["displayName"] for spec in matrix["annotationSpecs"]] == verified.manifest.label_names
     assert sum(sum(row["row"]) for row in matrix["rows"]) == verified.manifest.splits["eval"].num_examples
-    pointer = json.loads((tmp_path / "models" / "current.json").read_text())
+    pointer = read_ready(str(tmp_path / "models"))
     assert pointer["step"] == 40 and Path(pointer["saved_model"], "saved_model.pb").exists()
     assert pointer["version"] == 1 and Path(pointer["saved_model"]) == tmp_path / "models" / "1"
     (promoted,) = run.glob("promote-component*")
@@ -110,7 +111,7 @@ def test_whole_pipeline_runs_locally_with_two_workers_then_retrains_from_the_pro
         assert json.loads((second_model / "config.json").read_text())["warm_start"] == pointer["warm_start"]
     assert folders[0] != folders[1]
     assert pointer["warm_start"] == str(tmp_path / "models" / "1" / "checkpoint" / "ckpt-40")
-    final = json.loads((tmp_path / "models" / "current.json").read_text())
+    final = read_ready(str(tmp_path / "models"))
     assert final["state"] == "ready" and Path(final["saved_model"], "saved_model.pb").exists()
 
 

@@ -162,10 +162,7 @@ def test_a_promotion_root_and_images_in_an_object_store(promoted, tmp_path, s3_b
     for path in sorted(Path(root).rglob("*")):
         if path.is_file():
             models.publish(path.relative_to(root).as_posix(), path.read_bytes())
-    pointer = json.loads((Path(root) / "current.json").read_text())
-    pointer["saved_model"] = f"{bucket}/models/1"  # the pointer as a promotion into s3:// writes it
-    pointer["warm_start"] = f"{bucket}/models/1/checkpoint/ckpt-6"
-    models.publish("current.json", json.dumps(pointer).encode())
+    # the root copied as it is, pointer included (it names its version relative to itself: it travels)
     incoming = storage.publisher_for(f"{bucket}/incoming")
     rng = np.random.default_rng(3)
     for index in range(3):

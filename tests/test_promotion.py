@@ -6,6 +6,7 @@ signature, and canary requests in a fresh process."""
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.common import storage
+from components.common import documents, storage
 from components.common.model import build_model, model_spec_of
 from components.common.model_directory import checkpoint_files
 from components.evaluate import canary, promote
@@ -604,3 +605,45 @@ def test_a_runs_summary_says_what_stays_promoted_what_the_data_check_found_and_w
         "test or validation images)"
     )
     assert lines[3] == f"still promoted: version 1 at {root / '1'} (this run's model was not promoted)"
+
+
+def test_a_promotion_root_moved_or_copied_is_read_promoted_into_and_warm_started_from(trained, tmp_path, s3_bucket):
+    """State that travels: a root moved with mv, and one copied to another S3 prefix; a pointer of an earlier release
+    (absolute locations of the root's old place) is mapped to the new place, or refused naming what to copy."""
+    from components.predict.config import PredictConfig
+    from components.predict.predict import predict
+
+    old = tmp_path / "old" / "models"
+    promote_once(trained, str(old), step=5)
+    moved = tmp_path / "new" / "models"
+    moved.parent.mkdir()
+    old.rename(moved)  # mv
+    ready = promote.read_ready(str(moved))
+    assert ready["saved_model"] == str(moved / "1") and ready["warm_start"] == str(moved / "1/checkpoint/ckpt-5")
+    assert promote.warm_start_checkpoint("", str(moved), from_promoted=True) == ready["warm_start"]
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "a.png").write_bytes(tf.io.encode_png(np.zeros((32, 32, 3), np.uint8)).numpy())
+    assert predict(PredictConfig(model=str(moved), images=str(images), output=str(tmp_path / "p.jsonl")))["scored"] == 1
+    assert promote_once(trained, str(moved), step=10).promotion.version == 2  # a second promotion into it
+
+    copied = f"s3://{s3_bucket}/elsewhere/models"  # the moved root copied to an S3 prefix, as it is
+    target = storage.publisher_for(copied)
+    for path in sorted(moved.rglob("*")):
+        if path.is_file():
+            target.publish(path.relative_to(moved).as_posix(), path.read_bytes())
+    remote = promote.read_ready(copied)
+    assert remote["version"] == 2 and remote["saved_model"] == f"{copied}/2"
+    assert promote_once(trained, copied, step=5).promotion.version == 3
+
+    earlier = json.loads((moved / "current.json").read_text())  # as an earlier release wrote it, at the old place
+    earlier.update(saved_model=str(old / "2"), warm_start=str(old / "2/checkpoint/ckpt-10"))
+    (moved / "current.json").write_text(json.dumps(earlier))
+    mapped = promote.read_ready(str(moved))
+    assert (mapped["saved_model"], mapped["warm_start"]) == (str(moved / "2"), str(moved / "2/checkpoint/ckpt-10"))
+    shutil.rmtree(moved / "2")
+    with pytest.raises(documents.DocumentError) as refused:
+        promote.read_ready(str(moved))
+    line = str(refused.value)
+    assert f"saved_model {old / '2'} is outside this root" in line and f"copy {old / '2'} to {moved / '2'}" in line
+    assert "remove" not in line and "\n" not in line

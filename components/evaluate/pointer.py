@@ -1,6 +1,13 @@
 """The promotion root's pointer (`current.json`) and serving declaration (`serving.json`) as every reader reads them
 back: through components/common/documents.py, each field checked. No TensorFlow here: local-run, the launcher and
-the serving side read the pointer too."""
+the serving side read the pointer too.
+
+The pointer names what it points at relative to its root (`"saved_model": "3"`, `"warm_start":
+"3/checkpoint/ckpt-500"`), so a root that is moved or copied (`mv`, a backup restored elsewhere, a volume mounted at
+another path, a bucket prefix copied) still reads, promotes and warm-starts; readers get them as locations under the
+root they read. A pointer of an earlier release names absolute locations: those inside the root are taken as they
+are, and those of the root's old place are mapped to its new one when the version folder is there (else refused in
+one line that says how to make it whole)."""
 
 from __future__ import annotations
 
@@ -14,8 +21,8 @@ POINTER_SCHEMA = documents.Fields(
     {
         "version": _VERSION,
         "state": documents.Text(choices=("ready",)),
-        "saved_model": documents.Location(),
-        "warm_start": documents.Location(nullable=True),
+        "saved_model": documents.Text(),
+        "warm_start": documents.Text(nullable=True),
         "checkpoint": documents.Text(nullable=True),
         "weights_sha256": documents.Text(max_length=64),
         "metrics": documents.Fields({"accuracy": documents.Number("[0, 1]")}, required=("accuracy",)),
@@ -61,7 +68,76 @@ def parse_pointer(content: bytes, root: str) -> dict:
         )
     if not given and claim is None:
         raise documents.DocumentError(f"{uri}: not a valid promotion pointer: neither a version nor a claim; {DAMAGED}")
-    return pointer
+    return located(pointer, root, uri)
+
+
+LOCATIONS = ("saved_model", "warm_start")  # what the pointer names inside its root
+
+
+def located(pointer: dict, root: str, uri: str) -> dict:
+    """The pointer with its locations as URIs under `root` (see the module's description)."""
+    found = dict(pointer)
+    for name in LOCATIONS:
+        value = pointer.get(name)
+        if value:
+            found[name] = _location(value, name, pointer, root, uri)
+    return found
+
+
+def stored(pointer: dict, root: str) -> dict:
+    """The pointer as it is written: its locations relative to `root`."""
+    written = dict(pointer)
+    base = storage.normalize_uri(root).rstrip("/") + "/"
+    for name in LOCATIONS:
+        value = pointer.get(name)
+        if value and storage.normalize_uri(value).startswith(base):
+            written[name] = storage.normalize_uri(value)[len(base) :]
+    return written
+
+
+def _relative_inside(value: str) -> bool:
+    parts = value.split("/")
+    return "://" not in value and not value.startswith("/") and ".." not in parts and value.strip() != ""
+
+
+def _location(value: str, name: str, pointer: dict, root: str, uri: str) -> str:
+    if _relative_inside(value):
+        return storage.join(root, value)
+    if documents.confined(value, root):
+        return value
+    version = pointer.get("version")
+    # an earlier release's absolute location, of the root's old place: the same version's folder in this root
+    parts = storage.normalize_uri(value).rstrip("/").split("/")
+    tail = {"saved_model": 1, "warm_start": 3}[name]  # N, or N/checkpoint/<name>
+    earlier = version is not None and len(parts) > tail and parts[-tail] == str(version)
+    if earlier and (name == "saved_model" or parts[-2] == "checkpoint"):
+        moved = storage.join(root, "/".join(parts[-tail:]))
+        if _exists(moved, name):
+            return moved
+        folder = "/".join(parts[: len(parts) - tail + 1])
+        raise documents.DocumentError(
+            f"{uri}: not a valid promotion pointer for this root: {name} {value} is outside this root ({root}) and "
+            f"version {version}'s folder is not in it: the root was moved or copied without that version's folder; "
+            f"copy {folder} to {storage.join(root, str(version))} (or point KServe and the pipeline at the root's old "
+            "place)"
+        )
+    raise documents.DocumentError(
+        f"{uri}: not a valid promotion pointer: {name}: {value} is not inside {root}; {DAMAGED}"
+    )
+
+
+def _exists(location: str, name: str) -> bool:
+    """Whether a version folder (saved_model) or a checkpoint (warm_start) is at `location`."""
+    marker = "saved_model.pb" if name == "saved_model" else None
+    if marker is None:
+        parent, prefix = storage.parent_and_name(location)
+        target = f"{prefix}.index"
+    else:
+        parent, target = location, marker
+    try:
+        return storage.publisher_for(parent).checksum(target) is not None
+    except (OSError, storage.StorageError):
+        return False
 
 
 def ready_version(pointer: dict | None) -> dict | None:

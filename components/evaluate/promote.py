@@ -47,6 +47,7 @@ from components.evaluate.pointer import (  # noqa: F401 (read_pointer, read_read
     read_pointer,
     read_ready,
     ready_version,
+    stored,
 )
 from components.evaluate.registry import Registered
 
@@ -306,7 +307,7 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
                                         "host": socket.gethostname(), "pid": os.getpid(), "claimed_at": clock(),
                                         "checkpoint": mine, "staging": token}}  # fmt: skip
         try:
-            claimed = publisher.swap_document(POINTER, _encode(claim), seen)  # the store's answer
+            claimed = publisher.swap_document(POINTER, _encode(stored(claim, root)), seen)  # the store's answer
         except storage.PublishConflictError:
             attempts += 1
             continue  # another promotion moved first: read it again (and decide again)
@@ -330,7 +331,7 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
             "promoted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         try:
-            publisher.swap_document(POINTER, _encode(promoted), claimed)
+            publisher.swap_document(POINTER, _encode(stored(promoted, root)), claimed)
         except storage.PublishConflictError as error:
             raise PromotionConflictError(
                 f"version {version} was made visible at {publisher.uri(str(version))}, but another promotion took "
@@ -359,7 +360,7 @@ def _withdraw_claim(root: str, version: int, ready: dict, claimed: str) -> None:
     publisher = storage.publisher_for(root)
     try:
         if ready:
-            publisher.swap_document(POINTER, _encode(ready), claimed)
+            publisher.swap_document(POINTER, _encode(stored(ready, root)), claimed)
         else:  # nothing was ready before this claim: no pointer, as before it (a live claim is never taken over)
             publisher.withdraw_document(POINTER)
     except storage.PublishConflictError:
