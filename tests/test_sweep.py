@@ -107,7 +107,7 @@ def test_a_stopped_sweep_continues_without_training_a_finished_trial_again(split
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # until the first trial finished and the second has a checkpoint
         done = (sweep_dir / "trials.jsonl").exists() and records(sweep_dir)
-        if done and list((sweep_dir / "trials" / "0001").glob("ckpt-*.index")):
+        if done and list((sweep_dir / "trials").glob("0001-*/ckpt-*.index")):
             break
         time.sleep(0.5)
     first.send_signal(signal.SIGTERM)
@@ -122,7 +122,8 @@ def test_a_stopped_sweep_continues_without_training_a_finished_trial_again(split
     found = records(sweep_dir)
     assert [record["state"] for record in found] == ["complete", "complete"]
     continued = found[1]
-    assert continued["continues"] == 1 and continued["model_dirs"] == [str(sweep_dir / "trials" / "0001")]
+    (trial_folder,) = (sweep_dir / "trials").glob("0001-*")  # the stopped trial's folder, named when it was asked
+    assert continued["continues"] == 1 and continued["model_dirs"] == [f"trials/{trial_folder.name}"]
     trial_log = (sweep_dir / "logs" / f"{continued['trial']:04d}-0.log").read_text()
     assert "resum" in trial_log.lower()  # trained on from the checkpoint the stopped trial saved
 
@@ -132,7 +133,7 @@ def test_repeats_give_a_trial_its_mean_and_spread_and_the_time_budget_stops_the_
     repeated = tmp_path / "repeated"
     assert sweep_main(arguments(split_data, repeated, space, trials=1, repeats=2, pruner="none")) == 0
     (record,) = records(repeated)
-    assert len(record["accuracies"]) == 2 and record["model_dirs"][1].endswith("0000-1")
+    assert len(record["accuracies"]) == 2 and re.fullmatch(r"trials/0000-[0-9a-f]{6}-1", record["model_dirs"][1])
     assert record["validation_accuracy"] == pytest.approx(sum(record["accuracies"]) / 2)
     assert record["validation_accuracy_std"] == pytest.approx(
         abs(record["accuracies"][0] - record["accuracies"][1]) / 2
@@ -370,7 +371,7 @@ def test_on_a_cluster_each_trial_is_a_trainjob_and_they_run_up_to_the_parallelis
     assert rates == [0.02, 0.08] and {config["train_steps"] for config in configs} == {TINY["train_steps"]}
     found = [json.loads(line) for line in storage.read_bytes(f"{sweep_dir}/trials.jsonl").decode().splitlines()]
     assert [record["state"] for record in found] == ["complete", "complete"], found
-    assert all(record["model_dirs"][0].startswith(f"{sweep_dir}/trials/") for record in found)
+    assert all(record["model_dirs"][0].startswith("trials/") for record in found)  # relative: the folder travels
     assert json.loads(storage.read_bytes(f"{sweep_dir}/best.json"))["validation_accuracy"] > 0
 
 
@@ -437,3 +438,105 @@ def test_the_katib_example_collects_its_objective_from_a_trials_real_output(spli
     assert accuracies and len(accuracies) == len(curve) == 2, observed
     assert accuracies == pytest.approx([point["accuracy"] for point in curve], abs=1e-4)
     assert {name for name, _value in observed} == set(metrics)
+
+
+# -- one study, one driver, one journal -----------------------------------------------------------------------------
+
+
+def test_a_second_sweep_on_a_study_being_run_is_refused_naming_its_driver(split_data, tmp_path, capsys):
+    space = {"learning_rate": {"low": 0.01, "high": 0.1, "log": True}}
+    config = sweep_module.SweepConfig(data=split_data, sweep_dir=str(tmp_path / "sweep"), space=json.dumps(space))
+    driver = sweep_module.Sweep(config)  # holds the study, as a running sweep does
+    try:
+        code = sweep_main(arguments(split_data, tmp_path / "sweep", space, trials=1))
+    finally:
+        driver.folder.release()
+    assert code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"sweep_dir: {tmp_path / 'sweep'} is being written by pid {os.getpid()}" in message
+    assert "a sweep folder has one driver at a time" in message
+
+
+def test_a_study_continues_only_with_the_space_it_was_started_with(split_data, tmp_path, capsys):
+    first = {"learning_rate": {"low": 0.01, "high": 0.1, "log": True}}
+    config = sweep_module.SweepConfig(data=split_data, sweep_dir=str(tmp_path / "sweep"), space=json.dumps(first))
+    sweep_module.Sweep(config).folder.release()  # the study started: its space recorded
+    other = {"learning_rate": {"low": 0.01, "high": 0.5, "log": True}}
+    assert sweep_main(arguments(split_data, tmp_path / "sweep", other, trials=1)) == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert '"high": 0.1' in message and '"high": 0.5' in message and "give the same space to continue it" in message
+    study = sweep_module._study(sweep_module.SweepFolder(str(tmp_path / "sweep"), None), config)
+    assert study.user_attrs["space"] == first and not study.trials  # nothing changed
+
+
+def test_a_journal_cut_by_an_abrupt_end_is_read_up_to_its_last_whole_line_and_a_damaged_one_refused(tmp_path, caplog):
+    journal = tmp_path / "study.journal"
+    lines = [json.dumps({"op_code": 0, "worker_id": "a", "study_name": "s"}), json.dumps({"op_code": 5})]
+    journal.write_text("\n".join(lines) + '\n{"op_code": 4, "worker_id": "a", "trial_')  # the write an end cut
+    sweep_module.recover_journal(journal, "s3://bucket/sweep/study.journal")
+    assert journal.read_text() == "\n".join(lines) + "\n"
+    assert "its last line was cut short" in caplog.text
+
+    journal.write_text(lines[0] + "\n{damaged\n" + lines[1] + "\n")
+    with pytest.raises(sweep_module.SweepError) as raised:
+        sweep_module.recover_journal(journal, "s3://bucket/sweep/study.journal")
+    assert str(raised.value).startswith("s3://bucket/sweep/study.journal: the study journal is damaged at line 2 of 3")
+    assert journal.read_text() == lines[0] + "\n{damaged\n" + lines[1] + "\n"  # left as it was, for a restore
+
+
+def test_a_lost_journal_never_puts_a_new_trial_into_an_old_trials_folder(split_data, tmp_path):
+    """The study's journal emptied after a trial: the new study's trial 0 trains in a folder of its own, and a trial
+    folder refuses to be trained with settings other than those it records."""
+    sweep_dir = tmp_path / "sweep"
+    enqueue(sweep_dir, {"learning_rate": 0.05})
+    assert sweep_main(arguments(split_data, sweep_dir, {"learning_rate": {"choices": [0.05, 0.02]}}, trials=1)) == 0
+    (first,) = records(sweep_dir)
+    (sweep_dir / sweep_module.STUDY).write_bytes(b"")  # lost
+    enqueue(sweep_dir, {"learning_rate": 0.02})
+    assert sweep_main(arguments(split_data, sweep_dir, {"learning_rate": {"choices": [0.05, 0.02]}}, trials=1)) == 0
+    (second,) = records(sweep_dir)
+    assert first["trial"] == second["trial"] == 0 and first["model_dirs"] != second["model_dirs"]
+    for record in (first, second):  # each folder trained, and records, the settings of its own trial
+        recorded = json.loads((sweep_dir / record["model_dirs"][0] / sweep_module.TRIAL_RECORD).read_text())
+        assert recorded["params"] == record["params"]
+        config = json.loads((sweep_dir / record["model_dirs"][0] / "config.json").read_text())
+        assert config["learning_rate"] == record["params"]["learning_rate"]
+    with pytest.raises(sweep_module.SweepError, match="holds the training of other settings"):
+        sweep_module.record_trial(str(sweep_dir / first["model_dirs"][0]), {"learning_rate": 0.02})
+
+
+def test_a_trial_that_stops_reporting_is_failed_and_the_search_goes_on(split_data, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    space = {"learning_rate": {"choices": [0.05]}}
+    # Half a second without a new validation measure: each trial is still starting TensorFlow by then.
+    assert sweep_main(arguments(split_data, sweep_dir, space, trials=2, stall_minutes=0.01, pruner="none")) == 0
+    found = records(sweep_dir)
+    assert [record["state"] for record in found] == ["failed", "failed"], found
+    assert all("stopped reporting: no new validation measure" in record["reason"] for record in found)
+
+
+def test_a_sweep_folder_moved_elsewhere_continues_its_trial_in_the_trials_folder_there(split_data, tmp_path):
+    """Its journal names trial folders relative to it; one an earlier release recorded at the folder's old absolute
+    place is taken at the new place too."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    old, new = tmp_path / "old" / "sweep", tmp_path / "new" / "sweep"
+    old.mkdir(parents=True)
+    storage = JournalStorage(JournalFileBackend(str(old / sweep_module.STUDY)))
+    study = optuna.create_study(study_name=sweep_module.STUDY_NAME, storage=storage, direction="maximize")
+    study.enqueue_trial({"learning_rate": 0.05})
+    running = study.ask()  # a trial the earlier sweep was training when it ended
+    running.suggest_float("learning_rate", 0.01, 0.1, log=True)
+    running.set_user_attr("model_dirs", [str(old / "trials" / "0000")])
+    del storage, study
+    (tmp_path / "new").mkdir()
+    os.rename(old, new)
+
+    space = {"learning_rate": {"low": 0.01, "high": 0.1, "log": True}}
+    assert sweep_main(arguments(split_data, new, space, trials=1)) == 0
+    (record,) = records(new)
+    assert record["continues"] == 0 and record["model_dirs"] == ["trials/0000"]
+    assert json.loads((new / "trials" / "0000" / "config.json").read_text())["learning_rate"] == 0.05
+    assert not (old).exists()

@@ -38,6 +38,16 @@ WRITER_LOCK = ".writer.lock"  # who holds the claim (informational: the locks ar
 ONE_WRITER = "a model directory has one writer at a time (wait for it to end, stop it, or give another --model-dir)"
 
 
+class Folder:
+    """What a claimed folder is, for messages: its setting's name and the one-writer rule in words."""
+
+    def __init__(self, field: str = "model_dir", rule: str = ONE_WRITER):
+        self.field, self.rule = field, rule
+
+
+MODEL_DIRECTORY = Folder()
+
+
 class WriterClaimError(RuntimeError):
     """The model directory has another writer, or this writer's directory was moved or replaced."""
 
@@ -49,9 +59,10 @@ def holder_description() -> str:
 class DirectoryClaim:
     """This process's claim on a local folder as its one writer (see the module's description)."""
 
-    def __init__(self, path: Path, uri: str):
+    def __init__(self, path: Path, uri: str, folder: Folder = MODEL_DIRECTORY):
         self.path = Path(os.path.abspath(path))
         self.uri = uri
+        self.folder = folder
         digest = hashlib.sha256(os.path.realpath(self.path).encode()).hexdigest()
         self._path_lock_name = f"\0cifar10-pipeline/model-dir/{digest}".encode()
         self._descriptor: int | None = None
@@ -64,7 +75,9 @@ class DirectoryClaim:
         except BlockingIOError:
             os.close(descriptor)
             holder = self._recorded_holder()
-            raise WriterClaimError(f"model_dir: {self.uri} is being written by {holder}; {ONE_WRITER}") from None
+            raise WriterClaimError(
+                f"{self.folder.field}: {self.uri} is being written by {holder}; {self.folder.rule}"
+            ) from None
         self._descriptor = descriptor
         try:
             self._path_lock = self._lock_path()
@@ -84,8 +97,8 @@ class DirectoryClaim:
                 logger.warning("cannot lock the path %s here (%s): only the folder is locked", self.path, error)
                 return None
             raise WriterClaimError(
-                f"model_dir: {self.uri} is being written by {_path_lock_holder(name)}, which holds this path although "
-                f"the folder there was moved or replaced while it runs; {ONE_WRITER}"
+                f"{self.folder.field}: {self.uri} is being written by {_path_lock_holder(name)}, which holds this path "
+                f"although the folder there was moved or replaced while it runs; {self.folder.rule}"
             ) from None
         lock.listen(8)
         return lock
@@ -115,7 +128,7 @@ class DirectoryClaim:
             moved_to = "an unknown place"
         happened = "was removed" if present is None else "was replaced by another folder"
         raise WriterClaimError(
-            f"model_dir: {self.uri} {happened} while this run wrote it (the folder this run holds is now at "
+            f"{self.folder.field}: {self.uri} {happened} while this run wrote it (the folder this run holds is now at "
             f"{moved_to}); stopping without writing there"
         )
 
@@ -174,8 +187,9 @@ def _parse(content: bytes | None, uri: str) -> dict | None:
 
 
 class WriterLease:
-    def __init__(self, uri: str, holder: str):
+    def __init__(self, uri: str, holder: str, folder: Folder = MODEL_DIRECTORY):
         self.uri = uri
+        self.folder = folder
         self.holder = holder
         self.token = uuid.uuid4().hex
         self.lost = False
@@ -198,9 +212,8 @@ class WriterLease:
                 age = time.time() - lease["renewed_at"]
                 if watched is not None and watched[0] != version:
                     raise WriterClaimError(
-                        f"model_dir: {self.uri} is being written by {lease.get('holder', 'another writer')} (it "
-                        "renewed its lease just now); a model directory has one writer at a time (wait for it to "
-                        "end, stop it, or give another --model-dir)"
+                        f"{self.folder.field}: {self.uri} is being written by {lease.get('holder', 'another writer')} "
+                        f"(it renewed its lease just now); {self.folder.rule}"
                     )
                 if watched is None:
                     watched = (version, time.monotonic())
@@ -236,12 +249,13 @@ class WriterLease:
 
     def check(self) -> None:
         if self.lost:
-            raise WriterClaimError(f"model_dir: {self.uri}: another writer took over; this one stops")
+            raise WriterClaimError(f"{self.folder.field}: {self.uri}: another writer took over; this one stops")
         silent = time.monotonic() - self._renewed
         if silent > LEASE_SECONDS:  # it may have been taken over meanwhile: the holder fences itself
             raise WriterClaimError(
-                f"model_dir: {self.uri}: this writer could not renew its lease for {silent:.0f} s (the store or the "
-                "Kubernetes API did not answer), so another may have taken it over; this one stops (a retry resumes)"
+                f"{self.folder.field}: {self.uri}: this writer could not renew its lease for {silent:.0f} s (the store "
+                "or the Kubernetes API did not answer), so another may have taken it over; this one stops (a retry "
+                "resumes)"
             )
 
     def release(self) -> None:

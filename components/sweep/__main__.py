@@ -6,8 +6,8 @@ import sys
 
 from components.common.cli import run_stage
 from components.sweep.config import SweepConfig
-from components.sweep.space import SearchSpaceError
-from components.sweep.sweep import SweepError, sweep
+from components.sweep.kfp_run import EXPECTED_ERRORS
+from components.sweep.sweep import sweep
 
 DESCRIPTION = (
     "Search train settings: an Optuna study whose trials the train stage trains (on the training split, measured on "
@@ -18,7 +18,7 @@ DESCRIPTION = (
 def main(argv: list[str] | None = None) -> int:
     return run_stage(
         SweepConfig, sweep, argv, DESCRIPTION, "python -m components.sweep",
-        expected_errors=(ValueError, SearchSpaceError, SweepError),
+        expected_errors=EXPECTED_ERRORS,
     )  # fmt: skip
 
 

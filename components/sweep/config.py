@@ -83,6 +83,14 @@ class SweepConfig:
     poll_seconds: float = field(
         default=2.0, metadata={"range": "(0, 3600]", "help": "how often running trials' curves are read"}
     )
+    stall_minutes: float = field(
+        default=30.0,
+        metadata={
+            "range": "(0, 100000]",
+            "help": "a trial with no new validation measure for this long, or for 5 times its longest wait between "
+            "measures if that is longer, has stopped reporting: it is failed and the search goes on",
+        },
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets are mirrored"})
 
     def __post_init__(self) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from components.common import exit_codes, storage
 from components.common.kfp_parameters import config_from_parameters, given_parameters
 from components.common.model_directory import artifact_location, pipeline_model_directory
+from components.common.writer_claim import WriterClaimError
 from components.sweep.config import SweepConfig
 from components.sweep.space import SearchSpaceError
 from components.sweep.sweep import REPORT, SweepError, read_best, sweep
@@ -19,7 +20,7 @@ from components.train.kfp_run import SEARCHED, resolve_launcher
 
 logger = logging.getLogger(__name__)
 
-EXPECTED_ERRORS = (ValueError, SearchSpaceError, SweepError)
+EXPECTED_ERRORS = (ValueError, SearchSpaceError, SweepError, WriterClaimError)
 SWEEP_DIRECTORY = "sweep-directory"  # under `<pipeline root>/<pipeline>/<run id>/`: a retried step continues the study
 
 

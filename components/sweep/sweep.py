@@ -21,7 +21,17 @@ The sweep's folder:
 
 Budgets: `trials` finished trials, and `max_minutes` of wall time over all attempts (running trials are then
 stopped and recorded as failed: out of time). A failed trial (an exit code other than 0, non-finite numbers, no
-validation measured) is recorded with its reason and the search goes on.
+validation measured, a validation curve that cannot be read, no new measure for `stall_minutes`) is recorded with its
+reason and the search goes on: a trial's output is the trial's outcome, never the sweep's.
+
+A step of a KFP run ends abruptly when its run is cancelled or its pod evicted (docs/cluster.md), so nothing here
+waits for a stop to make its state durable: the journal reaches the sweep's folder after every change of the study
+(a trial asked, a measure reported, a trial told), and a retried step continues the same trials, with their own
+settings, in their own folders (`trials/NNNN-<token>`, named when asked, each holding the settings it trains with in
+`trial.json`, and refusing others). A study has one driver at a time (the folder's writer claim: a lock, and on an
+object store the writer lease); a journal cut short by an abrupt end is read up to its last whole line; a study is
+continued only with the search space it was started with. Everything the folder records names its trials' folders
+relative to it, so the folder can be moved or copied.
 """
 
 from __future__ import annotations
@@ -39,13 +49,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import documents, exit_codes, processes, storage
+from components.common import documents, exit_codes, processes, storage, writer_claim
 from components.common.config import config_from_mapping
 from components.common.dataset import default_cache_dir, read_manifest
 from components.common.model_directory import VALIDATION_CURVE, VALIDATION_CURVE_SCHEMA
 from components.common.progress import format_duration
 from components.sweep.config import SweepConfig
-from components.sweep.space import SearchSpace, read_space
+from components.sweep.space import SearchSpace, parse_space, read_space
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +65,14 @@ BEST = "best.json"
 REPORT = "report.html"
 TENSORBOARD = "tensorboard"
 TRIALS_FOLDER = "trials"
+TRIAL_RECORD = "trial.json"  # in a trial's model directory: the settings it trains with
 STUDY_NAME = "cifar10-sweep"
 STOP_WAIT_SECONDS = 120.0  # a stopped trial saves its checkpoint; then it is killed
+MAX_JOURNAL_BYTES = 256 << 20
+STALL_FACTOR = 5.0
+SWEEP_FOLDER = writer_claim.Folder(
+    "sweep_dir", "a sweep folder has one driver at a time (wait for it to end, stop it, or give another sweep folder)"
+)
 
 
 class SweepError(ValueError):
@@ -74,9 +90,11 @@ class RunningTrial:
     reported: set[int] = field(default_factory=set)
     accuracies: list[float] = field(default_factory=list)
     curve: list[tuple[int, float]] = field(default_factory=list)
-    stopping: str | None = None  # "pruned" or "out of time": why this trial was asked to stop
+    stopping: str | None = None  # "pruned", "out of time", or why its output failed it: why it was asked to stop
     stop_asked_at: float | None = None
     log_path: Path | None = None
+    last_progress: float = field(default_factory=time.monotonic)  # a new measure, or its start
+    longest_wait: float = 0.0  # between its measures so far (seconds)
 
 
 class SweepFolder:
@@ -99,11 +117,56 @@ class SweepFolder:
     def location(self, name: str) -> str:
         return f"{self.uri}/{name}"
 
-    def pull(self, name: str) -> None:
+    def relative(self, location: str) -> str:
+        """A trial's folder as the sweep records it: relative to the sweep folder (an absolute one, recorded by an
+        earlier release, is taken relative to its own `trials/`, so a moved folder still reads)."""
+        base = self.uri + "/"
+        if location.startswith(base):
+            return location[len(base) :]
+        marker = f"/{TRIALS_FOLDER}/"
+        if marker in location:
+            return TRIALS_FOLDER + "/" + location.rsplit(marker, 1)[1]
+        return location
+
+    def claim(self) -> None:
+        """Be the study's one driver (see the module's description); WriterClaimError naming the holder."""
+        self._claim = writer_claim.DirectoryClaim(self.local, self.uri, SWEEP_FOLDER)
+        self._claim.acquire()
+        self._lease = None
         if self.remote:
-            content = self.publisher.read(name)
-            if content is not None:
-                storage.atomic_write_bytes(self.local / name, content)
+            self._lease = writer_claim.WriterLease(self.uri, writer_claim.holder_description(), SWEEP_FOLDER)
+            try:
+                self._lease.acquire()
+            except BaseException:
+                self._claim.release()
+                raise
+
+    def check_claim(self) -> None:
+        for held in (self._claim, self._lease):
+            if held is not None:
+                held.check()
+
+    def release(self) -> None:
+        if getattr(self, "_lease", None) is not None:
+            self._lease.release()
+        if getattr(self, "_claim", None) is not None:
+            self._claim.release()
+
+    def save_journal(self) -> None:
+        """The journal, where a retried step finds it: on an object store, published whole after each change."""
+        if self.remote and (self.local / STUDY).exists():
+            self.check_claim()
+            self.publisher.publish(STUDY, (self.local / STUDY).read_bytes())
+
+    def pull(self, name: str, max_bytes: int = MAX_JOURNAL_BYTES) -> None:
+        if self.remote:
+            try:
+                content = storage.read_bounded(self.publisher.uri(name), max_bytes)
+            except FileNotFoundError:
+                return
+            except storage.FileReadError as error:
+                raise SweepError(f"{error}: not a study journal of this project; give another sweep folder") from None
+            storage.atomic_write_bytes(self.local / name, content)
 
     def write(self, name: str, content: bytes) -> None:
         storage.atomic_write_bytes(self.local / name, content)
@@ -124,6 +187,7 @@ def _study(folder: SweepFolder, config: SweepConfig):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     folder.pull(STUDY)
+    recover_journal(folder.local / STUDY, folder.location(STUDY))
     journal = JournalStorage(JournalFileBackend(str(folder.local / STUDY)))
     startup = config.startup_trials
     sampler = (
@@ -140,6 +204,38 @@ def _study(folder: SweepFolder, config: SweepConfig):
         study_name=STUDY_NAME, storage=journal, sampler=sampler, pruner=pruner, direction="maximize",
         load_if_exists=True,
     )  # fmt: skip
+
+
+def recover_journal(path: Path, uri: str) -> None:
+    """The study's journal as Optuna will read it: a regular file of bounded size, one JSON object per line. A last
+    line cut short (an abrupt end mid-write) is dropped, saying so; a line damaged before it is one line naming the
+    file and the remedy."""
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        content = storage.read_regular_file(path, MAX_JOURNAL_BYTES)
+    except (storage.FileReadError, OSError) as error:
+        raise SweepError(f"{uri}: {error}; not a study journal: give another sweep folder") from None
+    whole = content.rfind(b"\n") + 1
+    lines = content[:whole].split(b"\n")[:-1]
+    for number, line in enumerate(lines, start=1):
+        try:
+            valid = isinstance(json.loads(line), dict)
+        except ValueError:
+            valid = False
+        if not valid:
+            if number == len(lines) and whole == len(content):  # the last whole line, damaged: cut with it
+                whole = content.rfind(b"\n", 0, whole - 1) + 1
+                break
+            raise SweepError(
+                f"{uri}: the study journal is damaged at line {number} of {len(lines)}: restore it (a copy of the "
+                "folder), or give another sweep folder to start a new study; nothing was changed"
+            )
+    if whole < len(content):
+        logger.warning("%s: its last line was cut short (an abrupt end): the study continues up to the line before",
+                       uri)  # fmt: skip
+        with open(path, "r+b") as handle:
+            handle.truncate(whole)
 
 
 def trial_settings(config: SweepConfig, params: dict, model_dir: str, seed: int) -> dict[str, Any]:
@@ -188,11 +284,35 @@ class Sweep:
                  for dimension in self.space.dimensions}  # fmt: skip
         trial_settings(config, first, config.sweep_dir, config.seed)  # train_options as a trial checks them
         self.folder = SweepFolder(config.sweep_dir, config.cache_dir)
-        self.study = _study(self.folder, config)
+        self.folder.claim()
+        try:
+            self.study = _study(self.folder, config)
+            self._check_space()
+        except BaseException:
+            self.folder.release()
+            raise
         self.session_start = time.time()
         self.spent_before = float(self.study.user_attrs.get("seconds_spent", 0.0))
         self.running: list[RunningTrial] = []
         self.stop_signal: int | None = None
+
+    def _check_space(self) -> None:
+        """A study continues only with the space it was started with (else its trials would be ranked across two
+        searches)."""
+        described = self.space.as_dict()
+        recorded = self.study.user_attrs.get("space")
+        if recorded is None:
+            if self.study.trials:  # a study of an earlier release: it did not record its space
+                return
+            self.study.set_user_attr("space", described)
+            self.folder.save_journal()
+            return
+        if parse_space(recorded, "recorded").as_dict() != described:
+            raise SweepError(
+                f"{self.folder.location(STUDY)}: this study searched {json.dumps(recorded, sort_keys=True)}; the space "
+                f"given now is {json.dumps(described, sort_keys=True)}: give the same space to continue it, or another "
+                "sweep folder for a new search"
+            )
 
     # -- the budget ----------------------------------------------------------------------------------------------
 
@@ -228,7 +348,10 @@ class Sweep:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self._save_state()
+            try:
+                self._save_state()
+            finally:
+                self.folder.release()
         finished = self.finished()
         if self.out_of_time():
             logger.info("the sweep's time budget (%.0f min) is spent", self.config.max_minutes)
@@ -255,15 +378,20 @@ class Sweep:
             model_dirs = trial.user_attrs.get("model_dirs")
             self.study.enqueue_trial(trial.params, user_attrs={"continues": trial.number, "model_dirs": model_dirs})
             logger.info("trial %d was stopped with the sweep: it continues as a new trial", trial.number)
+            self.folder.save_journal()
 
     def _start(self, trial) -> None:
+        import uuid
+
         params = self.space.suggest(trial)
-        model_dirs = trial.user_attrs.get("model_dirs") or [
-            self.folder.location(f"{TRIALS_FOLDER}/{trial.number:04d}" + (f"-{k}" if self.config.repeats > 1 else ""))
+        token = uuid.uuid4().hex[:6]  # a trial's folder is its own, whatever a lost journal numbered again
+        relative = [self.folder.relative(location) for location in trial.user_attrs.get("model_dirs") or []] or [
+            f"{TRIALS_FOLDER}/{trial.number:04d}-{token}" + (f"-{k}" if self.config.repeats > 1 else "")
             for k in range(self.config.repeats)
         ]
-        trial.set_user_attr("model_dirs", model_dirs)
-        running = RunningTrial(trial, params, model_dirs)
+        trial.set_user_attr("model_dirs", relative)
+        self.folder.save_journal()  # the trial asked, its settings and folders: durable before it trains
+        running = RunningTrial(trial, params, [self.folder.location(name) for name in relative])
         self.running.append(running)
         self._launch(running)
         shown = ", ".join(f"{name}={_short(value)}" for name, value in params.items())
@@ -271,7 +399,9 @@ class Sweep:
 
     def _launch(self, running: RunningTrial) -> None:
         seed = self.config.seed + 1000 * running.trial.number + running.repeat
-        settings = trial_settings(self.config, running.params, running.model_dirs[running.repeat], seed)
+        model_dir = running.model_dirs[running.repeat]
+        settings = trial_settings(self.config, running.params, model_dir, seed)
+        record_trial(model_dir, running.params)
         logs = self.folder.local / "logs"
         logs.mkdir(exist_ok=True)
         running.log_path = logs / f"{running.trial.number:04d}-{running.repeat}.log"
@@ -282,31 +412,59 @@ class Sweep:
             )  # fmt: skip
 
     def _watch(self) -> None:
+        self.folder.check_claim()  # still this study's driver
         for running in list(self.running):
-            self._report(running)
+            try:
+                self._report(running)
+            except (ValueError, OSError, storage.StorageError) as error:  # the trial's own files: its outcome
+                self._fail(running, f"its validation curve cannot be read ({str(error).splitlines()[0][:200]})")
             code = running.process.poll()
             if code is None:
                 self._maybe_stop(running)
                 continue
             self._ended(running, code)
 
+    def _fail(self, running: RunningTrial, reason: str) -> None:
+        """Stop a trial whose output failed it (it saves a checkpoint); it is recorded as failed when it ends."""
+        if running.stopping is None:
+            running.stopping = reason
+            logger.info("trial %d: %s; stopping it", running.trial.number, reason)
+            running.process.send_signal(signal.SIGTERM)
+            running.stop_asked_at = time.monotonic()
+
     def _report(self, running: RunningTrial) -> None:
         """The running training's new validation measures, to the study (the first repeat's: what pruning reads)."""
         curve = read_curve(running.model_dirs[running.repeat])
+        if len(curve) > len(running.curve) or not curve:
+            now = time.monotonic()
+            if len(curve) > len(running.curve):
+                running.longest_wait = max(running.longest_wait, now - running.last_progress)
+                running.last_progress = now
         running.curve = curve
         if running.repeat:
             return
+        reported = False
         for step, accuracy in curve:
             if step not in running.reported:
                 running.reported.add(step)
                 running.trial.report(accuracy, step)
+                reported = True
                 logger.info(
                     "trial %d step %d: validation accuracy %.4f (%s)", running.trial.number, step, accuracy,
                     self._progress(),
                 )  # fmt: skip
+        if reported:
+            self.folder.save_journal()
 
     def _maybe_stop(self, running: RunningTrial) -> None:
         if running.stopping is None:
+            allowed = max(self.config.stall_minutes * 60, STALL_FACTOR * running.longest_wait)
+            if time.monotonic() - running.last_progress > allowed:
+                waited = (time.monotonic() - running.last_progress) / 60
+                self._fail(
+                    running, f"stopped reporting: no new validation measure for {waited:.0f} min (stall_minutes)"
+                )
+                return
             if self.out_of_time():
                 running.stopping = "out of time"
             elif running.repeat == 0 and running.reported and running.trial.should_prune():
@@ -325,6 +483,12 @@ class Sweep:
         if running.stopping == "pruned":
             self._record(running, TrialState.PRUNED, "behind on its validation curve")
             return
+        if running.stopping is None and code == 0:
+            try:  # what it measured at the end (it may have ended before the last poll)
+                self._report(running)
+            except (ValueError, OSError, storage.StorageError) as error:
+                self._record(running, TrialState.FAIL, f"its validation curve cannot be read ({str(error)[:200]})")
+                return
         if running.stopping:
             self._record(running, TrialState.FAIL, running.stopping)
             return
@@ -356,6 +520,7 @@ class Sweep:
         if running.curve:
             trial.set_user_attr("last_accuracy", running.curve[-1][1])
         self.study.tell(trial, value if state.name == "COMPLETE" else None, state=state)
+        self.folder.save_journal()
         self.running.remove(running)
         word = {"PRUNED": "pruned", "FAIL": "failed"}.get(state.name, "")
         outcome = f"validation accuracy {value:.4f}" if value is not None else f"{word}: {reason}"
@@ -395,9 +560,8 @@ class Sweep:
 
         self.study.set_user_attr("seconds_spent", self.seconds_spent())
         self.spent_before, self.session_start = self.seconds_spent(), time.time()
-        if self.folder.remote:
-            self.folder.publisher.publish(STUDY, (self.folder.local / STUDY).read_bytes())
-        records = [trial_record(trial) for trial in self.finished()]
+        self.folder.save_journal()
+        records = [trial_record(trial, self.folder) for trial in self.finished()]
         self.folder.write(TRIALS, "".join(json.dumps(record, sort_keys=True) + "\n" for record in records).encode())
         best = best_of(records, self.config)
         if best is not None:
@@ -419,8 +583,33 @@ def _last_error(log_path: Path | None) -> str:
     return f": {lines[-1].strip()[-200:]}" if lines else ""
 
 
-def trial_record(trial) -> dict:
-    """One finished trial, as trials.jsonl has it."""
+def record_trial(model_dir: str, params: dict) -> None:
+    """A trial's folder holds the settings it trains with (`trial.json`); a folder holding another trial's (a lost
+    journal numbered a new trial as an old one) is refused: two trials never train in one folder."""
+    location = f"{model_dir.rstrip('/')}/{TRIAL_RECORD}"
+    schema = documents.Fields({"params": documents.Fields()}, ("params",))
+    try:
+        recorded = documents.read(location, schema, "trial record")
+    except FileNotFoundError:
+        recorded = None
+    except documents.DocumentError as error:
+        raise SweepError(f"{error}; the trial's folder is not this sweep's") from None
+    if recorded is not None and recorded["params"] != params:
+        raise SweepError(
+            f"{model_dir}: holds the training of other settings ({json.dumps(recorded['params'], sort_keys=True)}); "
+            f"this trial's are {json.dumps(params, sort_keys=True)}: the folder is not this trial's (was the study's "
+            "journal replaced?); give another sweep folder"
+        )
+    if recorded is None:
+        content = json.dumps({"params": params}, indent=2, sort_keys=True).encode()
+        if storage.is_remote(model_dir):
+            storage.publisher_for(model_dir).publish(TRIAL_RECORD, content)
+        else:
+            storage.atomic_write_bytes(Path(model_dir, TRIAL_RECORD), content)
+
+
+def trial_record(trial, folder: SweepFolder | None = None) -> dict:
+    """One finished trial, as trials.jsonl has it (its folders relative to the sweep's)."""
     state = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}[trial.state.name]
     attrs = trial.user_attrs
     accuracy = trial.value if trial.state.name == "COMPLETE" else attrs.get("last_accuracy")
@@ -435,7 +624,7 @@ def trial_record(trial) -> dict:
         "seconds": round(attrs.get("seconds", 0.0), 1),
         "finished_at": trial.datetime_complete.isoformat(timespec="seconds") if trial.datetime_complete else None,
         "reason": attrs.get("reason", ""),
-        "model_dirs": attrs.get("model_dirs", []),
+        "model_dirs": [folder.relative(name) if folder else name for name in attrs.get("model_dirs", [])],
         **({"continues": attrs["continues"]} if "continues" in attrs else {}),
     }
 
