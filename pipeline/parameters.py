@@ -58,6 +58,7 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
 def _check_values(values: dict[str, Any]):
     from components.common.kfp_parameters import config_from_parameters
     from components.train.config import TrainConfig
+    from components.train.kfp_run import launch_options
     from components.train.launch_config import LaunchConfig
 
     if values["launcher"] not in LAUNCHERS:
@@ -74,8 +75,9 @@ def _check_values(values: dict[str, Any]):
     job = values["launcher"] in ("trainjob", "tfjob")
     location = "s3://check/" if job else "/check/"
     train.update(data=location + "data", model_dir=location + "model", launcher="auto" if not job else "trainjob")
-    train.update(options)
     launch = {name: values[name] for name in LAUNCH_PARAMETERS}
+    launch.update(launch_options(options))  # the workers' pod settings the train options may set
+    train.update(options)
     secret = values.get("image_pull_secret") or ""
     launch["image_pull_secrets"] = (secret,) if secret else ()
     try:

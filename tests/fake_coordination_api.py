@@ -135,82 +135,27 @@ def granted_verbs(service_account: str, rbac: Path = RBAC) -> set[str]:
     return verbs
 
 
-class FakeCoordinationApi:
-    def __init__(self, folder: Path, namespace: str = "team-a", service_account: str = "default-editor"):
-        self.folder = Path(folder)
-        self.namespace = namespace
-        self.service_account = service_account
-        self.user = f"system:serviceaccount:{namespace}:{service_account}"
-        self.token = uuid.uuid4().hex
-        self.verbs = granted_verbs(service_account)
+class LeaseStore:
+    """The Leases of an API server: what its handlers do once the caller is known (`verbs`: what RBAC grants the
+    caller on leases in `namespace`)."""
+
+    def __init__(self):
         self.leases: dict[tuple[str, str], dict] = {}
-        self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
-        self.down = False
         self._versions = itertools.count(1000)
         self._lock = threading.Lock()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        certificate, key = self.folder / "ca.crt", self.folder / "server.key"
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-             "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        (self.folder / "token").write_text(self.token)
-        (self.folder / "namespace").write_text(namespace)
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(certificate, key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
 
-    @property
-    def port(self) -> int:
-        return self.server.server_address[1]
-
-    def pod_environment(self) -> dict[str, str]:
-        """What a pod's containers get: the API's address; the service account's files are in `folder`."""
-        return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.port),
-                "CIFAR10_PIPELINE_SERVICE_ACCOUNT": str(self.folder)}  # fmt: skip
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> FakeCoordinationApi:
-        return self
-
-    def __exit__(self, *_exception) -> None:
-        self.stop()
-
-    def lease(self, name: str) -> dict | None:
-        return self.leases.get((self.namespace, name))
-
-    # -- the API ------------------------------------------------------------------------------------------------
-
-    def handle(self, method: str, path: str, headers: dict, raw: bytes) -> tuple[int, dict]:
-        if self.down:
-            raise Refused(503, "ServiceUnavailable", "the server is currently unable to handle the request")
-        scheme, _, token = {key.lower(): value for key, value in headers.items()}.get("authorization", "").partition(
-            " "
-        )
-        if scheme.lower() != "bearer" or token.strip() != self.token:  # the scheme is case-insensitive (RFC 7235)
-            raise Refused(401, "Unauthorized", "Unauthorized")
-        match = re.fullmatch(rf"{API}/namespaces/([^/]+)/leases(?:/([^/]+))?", path)
-        if match is None:
-            raise Refused(404, "NotFound", f"the server could not find the requested resource ({path})")
-        namespace, name = match.group(1), match.group(2)
+    def serve(self, method: str, namespace: str, name: str | None, user: str, verbs: set[str], raw: bytes):
         verb = VERBS.get((method, name is not None))
         if verb is None:
             raise Refused(405, "MethodNotAllowed", f"{method} is not supported")
-        if namespace != self.namespace or verb not in self.verbs:
+        if verb not in verbs:
             target = (
                 f'leases.coordination.k8s.io "{name}" is forbidden'
                 if name
                 else "leases.coordination.k8s.io is forbidden"
             )
             raise Refused(
-                403, "Forbidden", f'{target}: User "{self.user}" cannot {verb} resource "leases" in API group '
+                403, "Forbidden", f'{target}: User "{user}" cannot {verb} resource "leases" in API group '
                 f'"coordination.k8s.io" in the namespace "{namespace}"',
             )  # fmt: skip
         body = json.loads(raw) if raw else None
@@ -275,6 +220,74 @@ class FakeCoordinationApi:
                                   resourceVersion=str(next(self._versions)))  # fmt: skip
         stored.setdefault("spec", {})
         return stored
+
+
+class FakeCoordinationApi:
+    def __init__(self, folder: Path, namespace: str = "team-a", service_account: str = "default-editor"):
+        self.folder = Path(folder)
+        self.namespace = namespace
+        self.service_account = service_account
+        self.user = f"system:serviceaccount:{namespace}:{service_account}"
+        self.token = uuid.uuid4().hex
+        self.verbs = granted_verbs(service_account)
+        self.store = LeaseStore()
+        self.leases = self.store.leases
+        self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
+        self.down = False
+        self.folder.mkdir(parents=True, exist_ok=True)
+        certificate, key = self.folder / "ca.crt", self.folder / "server.key"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        (self.folder / "token").write_text(self.token)
+        (self.folder / "namespace").write_text(namespace)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certificate, key)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def pod_environment(self) -> dict[str, str]:
+        """What a pod's containers get: the API's address; the service account's files are in `folder`."""
+        return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.port),
+                "CIFAR10_PIPELINE_SERVICE_ACCOUNT": str(self.folder)}  # fmt: skip
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> FakeCoordinationApi:
+        return self
+
+    def __exit__(self, *_exception) -> None:
+        self.stop()
+
+    def lease(self, name: str) -> dict | None:
+        return self.leases.get((self.namespace, name))
+
+    # -- the API ------------------------------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, headers: dict, raw: bytes) -> tuple[int, dict]:
+        if self.down:
+            raise Refused(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+        scheme, _, token = {key.lower(): value for key, value in headers.items()}.get("authorization", "").partition(
+            " "
+        )
+        if scheme.lower() != "bearer" or token.strip() != self.token:  # the scheme is case-insensitive (RFC 7235)
+            raise Refused(401, "Unauthorized", "Unauthorized")
+        match = re.fullmatch(rf"{API}/namespaces/([^/]+)/leases(?:/([^/]+))?", path)
+        if match is None:
+            raise Refused(404, "NotFound", f"the server could not find the requested resource ({path})")
+        namespace, name = match.group(1), match.group(2)
+        verbs = self.verbs if namespace == self.namespace else set()
+        return self.store.serve(method, namespace, name, self.user, verbs, raw)
 
     def _handler(self):
         api = self

@@ -44,11 +44,16 @@ from urllib.parse import parse_qs, urlparse
 import jsonschema
 import yaml
 
+from tests.fake_coordination_api import LeaseStore
+from tests.fake_coordination_api import Refused as LeaseRefused
+
 VENDOR = Path(__file__).parent / "vendor"
+REPOSITORY = Path(__file__).resolve().parents[1]
 NAMESPACE = "team-a"
 EDITOR = f"system:serviceaccount:{NAMESPACE}:default-editor"
 ADMIN = "kubernetes-admin"
-TOKENS = {"editor-token": EDITOR, "admin-token": ADMIN}
+WORKERS = f"system:serviceaccount:{NAMESPACE}:cifar10-pipeline"  # the training job's pods (LaunchConfig's default)
+TOKENS = {"editor-token": EDITOR, "admin-token": ADMIN, "worker-token": WORKERS}
 RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}  # training-operator pkg/apis/kubeflow.org/v1
 TFJOB_MANAGERS = {"kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue"}  # pkg/common/util/webhooks.go
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -421,14 +426,33 @@ def _rule_allows(rule: dict, verb: str, group: str, resource: str) -> bool:
     )
 
 
+@functools.cache
+def project_rules(service_account: str) -> tuple:
+    """The rules manifests/rbac.yaml's Roles grant `service_account` through its RoleBindings (in the profile's
+    namespace, where it is applied)."""
+    documents = [d for d in yaml.safe_load_all((REPOSITORY / "manifests" / "rbac.yaml").read_text()) if d]
+    roles = {d["metadata"]["name"]: d.get("rules") or [] for d in documents if d["kind"] == "Role"}
+    rules = []
+    for binding in (d for d in documents if d["kind"] == "RoleBinding"):
+        subjects = {s["name"] for s in binding.get("subjects", []) if s["kind"] == "ServiceAccount"}
+        if service_account in subjects and binding["roleRef"]["kind"] == "Role":
+            rules += roles.get(binding["roleRef"]["name"], [])
+    return tuple(json.dumps(rule, sort_keys=True) for rule in rules)
+
+
 def authorized(release: str, user: str, verb: str, group: str, resource: str, namespace: str | None) -> bool:
     if user == ADMIN:
         return True
     if resource == "clustertrainingruntimes" and verb in ("get", "list", "watch"):
         return True  # kubeflow-trainer-view-cluster-runtimes, bound to system:authenticated
-    if user != EDITOR or namespace != NAMESPACE:
-        return False  # default-editor is bound to kubeflow-edit in its own namespace only
-    return any(_rule_allows(json.loads(rule), verb, group, resource) for rule in aggregated_rules(release))
+    prefix = f"system:serviceaccount:{NAMESPACE}:"
+    if not user.startswith(prefix) or namespace != NAMESPACE:
+        return False  # the profile's service accounts, in their own namespace only
+    account = user.removeprefix(prefix)
+    rules = list(project_rules(account))
+    if user == EDITOR:  # default-editor is bound to kubeflow-edit by the profile controller
+        rules += aggregated_rules(release)
+    return any(_rule_allows(json.loads(rule), verb, group, resource) for rule in rules)
 
 
 def forbidden(user: str, verb: str, group: str, resource: str, namespace: str | None) -> Refused:
@@ -748,6 +772,7 @@ class FakeKubernetesApi:
         self.pod_errors: list[int] = []  # HTTP statuses to answer the next pod GETs with
         self.on_job_get = None  # called with the tick number at each job GET (e.g. to send a signal)
         self.lock = threading.RLock()
+        self.lease_store = LeaseStore()  # coordination.k8s.io/v1, as strict as tests/fake_coordination_api.py's
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -1023,6 +1048,7 @@ CUSTOM = re.compile(
     r"(?:/(?P<name>[^/]+))?)?$"
 )
 OPENAPI = re.compile(r"^/openapi/v3/apis/(?P<group>[^/]+)/(?P<version>[^/]+)$")
+LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<namespace>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<log>/log)?)?$")
 EVENTS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/events$")
 
@@ -1051,10 +1077,22 @@ def _handler_class(api: FakeKubernetesApi):
             url = urlparse(self.path)
             query = self.query = parse_qs(url.query)
             length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
             try:
                 user = self._user()
                 api.requests.append((user, method, url.path))
+                if match := LEASES.match(url.path):
+                    verbs = {
+                        verb
+                        for verb in ("get", "list", "create", "update", "delete")
+                        if authorized(api.release, user, verb, "coordination.k8s.io", "leases", match["namespace"])
+                    }
+                    try:
+                        answer = api.lease_store.serve(method, match["namespace"], match["name"], user, verbs, raw)
+                    except LeaseRefused as refused:
+                        raise Refused(refused.status, refused.reason, str(refused)) from None
+                    return self._reply(*answer)
                 if (match := OPENAPI.match(url.path)) and method == "GET":
                     return self._reply(200, self._openapi(match["group"], match["version"]))
                 if (match := CUSTOM.match(url.path)) and match["plural"] is None and method == "GET":
@@ -1168,6 +1206,9 @@ def _handler_class(api: FakeKubernetesApi):
 
         def do_DELETE(self):
             self._dispatch("DELETE")
+
+        def do_PUT(self):
+            self._dispatch("PUT")
 
         def log_message(self, *_arguments):
             pass

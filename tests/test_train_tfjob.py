@@ -108,6 +108,8 @@ def test_the_tfjob_sent_passes_the_crd_and_webhook_and_the_chiefs_log_survives_p
         "key": "accesskey",
         "optional": True,
     }
+    assert environment["CIFAR10_PIPELINE_STEP_LEASE"]["value"] == "cifar10-train-run42-step"  # what workers watch
+    assert environment["CIFAR10_PIPELINE_TRAINING_JOB"]["value"] == "kubeflow.org/v1/tfjobs/cifar10-train-run42"
     worker_config = json.loads(container["args"][1])
     assert worker_config["launcher"] == "worker" and worker_config["data"] == "s3://bucket/datasets/cifar10"
     assert api.deleted == [("team-a", "cifar10-train-run42")]
@@ -278,3 +280,24 @@ def test_the_tfjob_cli_launches_without_tensorflow_through_a_kubeconfig(tmp_path
         )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     assert api.deleted == [("team-a", "cli-job")] and "TFJob team-a/cli-job succeeded" in completed.stderr
+
+
+def test_the_workers_pod_settings_docs_cluster_md_names_are_set_through_the_train_options():
+    """`termination_grace_seconds`, `service_account`, `job_timeout_seconds` and `step_lease_seconds` are not
+    pipeline parameters of their own: the train options carry them to the job, checked before submission."""
+    from kfp import dsl
+
+    from components.train.kfp_run import training_configs
+    from pipeline.parameters import CommandError, check_parameters
+    from pipeline.training_pipeline import cifar10_pipeline
+
+    options = {"termination_grace_seconds": 60, "service_account": "trainer", "job_timeout_seconds": 3600.0,
+               "step_lease_seconds": 30.0, "ema_decay": 0.999}  # fmt: skip
+    check_parameters(cifar10_pipeline, {"train_options": options})
+    dataset = dsl.Dataset(name="dataset", uri="s3://bucket/data", metadata={})
+    model = dsl.Model(name="model", uri="s3://bucket/run/model", metadata={})
+    train, launch = training_configs(dataset, model, "tfjob", options=dict(options), workers=2, model_dir="")
+    assert (launch.termination_grace_seconds, launch.service_account, launch.step_lease_seconds) == (60, "trainer", 30)
+    assert launch.job_timeout_seconds == 3600 and train.ema_decay == 0.999
+    with pytest.raises(CommandError, match=r"step_lease_seconds: 1(\.0)? is not in \[5, 86400\]"):
+        check_parameters(cifar10_pipeline, {"train_options": {"step_lease_seconds": 1}})

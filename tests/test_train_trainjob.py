@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.train import cluster_job, launch_trainjob, launcher
+from components.train import cluster_job, launch_trainjob, launcher, step_lease
 from components.train.config import TrainConfig
 from components.train.distribution import ADDRESS_MAP, WORKER_PORT, ClusterError, tf_config_from_jobset
 from components.train.launch_config import LaunchConfig
@@ -622,6 +622,9 @@ def test_the_trainjob_cli_launches_without_tensorflow_through_a_kubeconfig(tmp_p
     assert api.deleted == [(NAMESPACE, "cli-job")] and "TrainJob team-a/cli-job succeeded" in completed.stderr
     (body,) = api.created
     assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpus"
+    environment = {entry["name"]: entry.get("value") for entry in body["spec"]["trainer"]["env"]}
+    assert environment[step_lease.LEASE_VARIABLE] == "cli-job-step"  # what its workers watch
+    assert not api.lease_store.leases  # the step ended normally: its lease is gone with its job
 
 
 def test_the_exit_handler_deletes_the_job_a_dead_launching_step_left(monkeypatch, caplog):
@@ -728,3 +731,52 @@ def test_a_job_name_whose_jobset_pod_names_pass_63_characters_is_refused_before_
             trainjob_launcher(api).run(config(workers=workers), launch(), name="j" * (longest_allowed + 1))
         assert api.created == []
         assert trainjob_launcher(api).run(config(workers=workers), launch(), name="j" * longest_allowed).succeeded
+
+
+def test_a_trainjob_deletes_itself_when_the_step_that_launched_it_ends_abruptly(tmp_path):
+    """The step's pod ends (SIGKILL: a cancelled run, an eviction): its lease lapses, and a worker's supervisor,
+    with the job's own environment and the workers' service account, deletes the job. While the step lives, its
+    lease is renewed and nothing is deleted."""
+    seconds = 5  # the shortest lease allowed
+    with FakeKubernetesApi([Tick(TRAINJOB_RUNNING)], release="1.11") as api:
+        install_runtime(api)
+        step = subprocess.Popen(
+            [sys.executable, "-m", "components.train", "--launcher", "trainjob", "--workers", "2", "--data",
+             "s3://b/data", "--model-dir", "s3://b/model", "--job-namespace", NAMESPACE, "--job-name", "lapse-job",
+             "--step-lease-seconds", str(seconds)],
+            cwd=REPOSITORY, env={**os.environ, "KUBECONFIG": str(api.kubeconfig(tmp_path / "step-kubeconfig"))},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        worker = None
+        try:
+            deadline = time.monotonic() + 60
+            while (NAMESPACE, "lapse-job") not in api.jobs and time.monotonic() < deadline:
+                assert step.poll() is None, "the launching step ended"
+                time.sleep(0.2)
+            (body,) = api.created
+            environment = {e["name"]: e["value"] for e in body["spec"]["trainer"]["env"] if "value" in e}
+            worker_kubeconfig = api.kubeconfig(tmp_path / "worker-kubeconfig", token="worker-token")
+            program = "import logging, sys; from components.train.supervisor import Supervisor\n" \
+                      "logging.basicConfig(level=logging.INFO)\n" \
+                      "sys.exit(Supervisor(['sleep', '600'], 60).run())"  # fmt: skip
+            worker = subprocess.Popen(
+                [sys.executable, "-c", program], cwd=REPOSITORY, text=True, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env={**os.environ, **environment, "KUBECONFIG": str(worker_kubeconfig)},
+            )  # fmt: skip
+            time.sleep(3 * seconds)  # the step renews its lease: the job stays
+            assert (NAMESPACE, "lapse-job") in api.jobs
+            os.killpg(step.pid, signal.SIGKILL)  # the step's pod ends
+            ended = time.monotonic()
+            while (NAMESPACE, "lapse-job") in api.jobs and time.monotonic() < ended + 30:
+                time.sleep(0.2)
+            took = time.monotonic() - ended
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(step.pid, signal.SIGKILL)
+            if worker is not None:
+                worker.kill()
+        log = worker.communicate(timeout=30)[0]
+    assert api.deleted == [(NAMESPACE, "lapse-job")], log
+    assert seconds <= took <= seconds + 2 * step_lease.check_every(seconds) + 3, took
+    assert "lapse-job-step of the step that launched this job was not renewed for" in log
+    assert f"deleted this job {NAMESPACE}/lapse-job" in log

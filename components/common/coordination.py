@@ -73,9 +73,8 @@ def available() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (folder / "token").is_file()
 
 
-@functools.cache
-def documents() -> KubernetesDocuments:
-    """The documents store of this pod's namespace, through the pod's service account (in-cluster configuration)."""
+def in_cluster_client():
+    """An ApiClient with this pod's service account (in-cluster configuration), and the pod's namespace."""
     from kubernetes import client
     from kubernetes.config.incluster_config import InClusterConfigLoader
 
@@ -90,7 +89,21 @@ def documents() -> KubernetesDocuments:
     namespace = namespace_of_this_pod(folder / "namespace")
     if not namespace:
         raise CoordinationError(f"{folder / 'namespace'}: this pod's namespace cannot be read")
-    api = client.CoordinationV1Api(client.ApiClient(configuration))
+    return client.ApiClient(configuration), namespace
+
+
+def in_cluster_api():
+    """The Leases API (coordination.k8s.io/v1) of this pod's namespace, and the namespace."""
+    from kubernetes import client
+
+    api_client, namespace = in_cluster_client()
+    return client.CoordinationV1Api(api_client), namespace
+
+
+@functools.cache
+def documents() -> KubernetesDocuments:
+    """The documents store of this pod's namespace, through the pod's service account (in-cluster configuration)."""
+    api, namespace = in_cluster_api()
     logger.info("coordination: the store cannot compare-and-swap; documents are swapped as Leases in namespace %s "
                 "through the Kubernetes API", namespace)  # fmt: skip
     return KubernetesDocuments(api, namespace)

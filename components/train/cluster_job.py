@@ -110,6 +110,13 @@ def job_name_for_run(run_id: str, prefix: str = "cifar10-train") -> str:
     return f"{prefix}-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
 
 
+def step_holder() -> str:
+    """Who holds a step's lease: this pod (its host name) and process."""
+    import socket
+
+    return f"{os.environ.get('HOSTNAME') or socket.gethostname()} pid {os.getpid()}"
+
+
 def own_namespace() -> str:
     """The namespace this pod runs in (a KFP profile's namespace in multi-user Kubeflow)."""
     namespace = this_pod.namespace_of_this_pod(SERVICE_ACCOUNT_NAMESPACE)
@@ -337,6 +344,30 @@ class ClusterJobLauncher:
         namespace = launch.job_namespace or own_namespace()
         self.kind.prepare(self, launch)
         job = self.kind.build(train, launch, name or launch.job_name or unique_job_name(), namespace)
+        lease = self._hold_step_lease(job, namespace, launch)
+        try:
+            return self._run(job, namespace, launch)
+        finally:
+            if lease is not None:
+                lease.release()
+
+    def _hold_step_lease(self, job: dict[str, Any], namespace: str, launch: LaunchConfig):
+        """This step's lease, which the job's workers watch (components/train/step_lease.py), held before the job
+        exists; None, and the job without it, where RBAC does not allow it."""
+        from kubernetes import client
+
+        from components.train import step_lease
+
+        lease = step_lease.StepLease(
+            client.CoordinationV1Api(self.custom.api_client), namespace,
+            step_lease.lease_name(job["metadata"]["name"]), launch.step_lease_seconds, step_holder(),
+        )  # fmt: skip
+        if self.read(f"hold the lease {namespace}/{lease.name}", lease.hold):
+            return lease
+        step_lease.strip_environment(job)
+        return None
+
+    def _run(self, job: dict[str, Any], namespace: str, launch: LaunchConfig) -> JobOutcome:
         job_name = job["metadata"]["name"]
         self._create(job, namespace)
         delete = True

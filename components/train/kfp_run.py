@@ -5,6 +5,7 @@ No TensorFlow here: the job-launching step imports this."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -51,15 +52,24 @@ def resolve_launcher(launcher: str, workers: int) -> str:
     return launcher
 
 
+def launch_options(options: dict) -> dict:
+    """Take out of `options` those that set the launch (LaunchConfig's fields that are not parameters of their own:
+    the workers' `termination_grace_seconds`, `service_account`, `job_timeout_seconds`, ...)."""
+    fields = {field.name for field in dataclasses.fields(LaunchConfig)}
+    fields -= {*LAUNCH_PARAMETERS, "image_pull_secrets", "job_name"}  # named parameters; the run's own job name
+    return {name: options.pop(name) for name in sorted(set(options) & fields)}
+
+
 def training_configs(dataset: Any, model: Any, launcher: str, **parameters: Any) -> tuple[TrainConfig, LaunchConfig]:
     """The TrainConfig and LaunchConfig a component's parameters describe. `options` may set any other field of
-    TrainConfig, but not one that a named parameter sets (that would silently override it)."""
+    TrainConfig or LaunchConfig, but not one that a named parameter sets (that would silently override it)."""
     options = dict(parameters.pop("options") or {})
     # The sweep pipeline's options (the best trial's settings) win over the named parameters they repeat, on purpose.
     searched = bool(options.pop(SEARCHED, False))
     run_id = parameters.pop("run_id", "")
     explicit_model_dir = parameters.pop("model_dir") or None
     launch_values = {name: parameters.pop(name) for name in LAUNCH_PARAMETERS if name in parameters}
+    launch_values.update(launch_options(options))
     if searched:
         for name in sorted(set(options) & set(parameters)):
             logger.info("%s: %s, as the search chose (not the parameter's %s)", name, options[name], parameters[name])
@@ -202,4 +212,10 @@ def delete_run_jobs(run_id: str) -> list[str]:
             deleted.append(launcher.describe(namespace, name))
     if not deleted:
         logger.info("no training job of this run is left (%s/%s)", namespace, name)
+    from kubernetes import client
+
+    from components.train import step_lease
+
+    coordination_api = client.CoordinationV1Api(custom.api_client)
+    step_lease.StepLease(coordination_api, namespace, step_lease.lease_name(name), 1, "").release()
     return deleted

@@ -119,6 +119,14 @@ class LaunchConfig:
         default=7 * 24 * 3600.0,
         metadata={"range": "(0, inf)", "help": "the job is deleted and the step fails after this long"},
     )
+    step_lease_seconds: float = field(
+        default=90.0,
+        metadata={
+            "range": "[5, 86400]",
+            "help": "the job deletes itself when the step that launched it has not renewed its lease for this long "
+            "(the run was cancelled or the step's pod ended; docs/cluster.md)",
+        },
+    )
     start_timeout_seconds: float = field(
         default=300.0,
         metadata={

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from components.train import step_lease
 from components.train.cluster_job import (
     ClusterJobLauncher,
     JobOutcome,
@@ -65,6 +66,7 @@ class TFJobKind:
         container["args"] = worker_arguments(train)
         container["resources"] = worker_resources(launch)
         container.setdefault("env", []).extend(object_store_environment(launch))
+        container["env"].extend(step_lease.worker_environment(self, name, launch.step_lease_seconds))
         return job
 
     def outcome(self, job: dict[str, Any]) -> JobOutcome | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from components.train import step_lease
 from components.train.cluster_job import (
     ClusterJobLauncher,
     JobError,
@@ -109,7 +110,9 @@ class TrainJobKind:
                 "args": worker_arguments(train),
                 "numNodes": train.workers,
                 "resourcesPerNode": worker_resources(launch),
-                "env": identity + object_store_environment(launch),
+                "env": identity
+                + object_store_environment(launch)
+                + step_lease.worker_environment(self, name, launch.step_lease_seconds),
             },
         }
         if "activeDeadlineSeconds" in self.spec_fields:

@@ -13,7 +13,11 @@ marked as supervised. The worker reports its phase through a pipe (`report_phase
 - passes SIGTERM and SIGINT on as SIGTERM: a worker that has joined checkpoints and exits 143 by itself; one that
   has not (there is nothing to save) gets `STOP_GRACE_SECONDS`, then is killed, and the supervisor exits 143;
 - ends with the worker's exit code (death by a signal as 128 + its number), and takes the worker with it if it is
-  itself killed (PR_SET_PDEATHSIG).
+  itself killed (PR_SET_PDEATHSIG);
+- in a training job's pod, watches the lease of the step that launched the job (components/train/step_lease.py):
+  when it lapses, deletes the job (its pods then stop with their grace period); when it cannot, stops the worker
+  (SIGTERM, a checkpoint) and exits 1, a final error for both job kinds, so nothing trains on for a step that is
+  gone.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ class Supervisor:
         self.stop_deadline: float | None = None
         self._buffer = b""
         self._signalled = False
+        self.orphaned = False  # the launching step is gone and the job could not be deleted
 
     def run(self) -> int:
         read_end, write_end = os.pipe()
@@ -101,6 +106,9 @@ class Supervisor:
         os.close(write_end)
         previous = {number: signal.signal(number, self._on_signal) for number in _SIGNALS}
         signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_SIGNALS))
+        from components.train import step_lease
+
+        step_lease.watch_from_environment(self._on_step_lapse)
         try:
             return self._watch(process, read_end)
         finally:
@@ -116,6 +124,16 @@ class Supervisor:
             self.signal_name = signal.Signals(number).name
         self._signalled = True
 
+    def _on_step_lapse(self, reason: str, job: str) -> None:
+        """From the lease's watching thread: the launching step is gone."""
+        from components.train import step_lease
+
+        if not step_lease.delete_own_job(job, reason):
+            self.orphaned = True
+            if self.signal_name is None:
+                self.signal_name = "the launching step's end"
+            self._signalled = True
+
     def _watch(self, process: subprocess.Popen, read_end: int) -> int:
         pipe_open = True
         while True:
@@ -127,7 +145,7 @@ class Supervisor:
                 time.sleep(POLL_SECONDS)
             code = process.poll()
             if code is not None:
-                return exit_code_of(code)
+                return exit_codes.FAILED if self.orphaned else exit_code_of(code)
             if self._signalled:
                 self._signalled = False
                 self._pass_on(process)
