@@ -4,6 +4,10 @@
 read it, so that a run is continued with its own options, a run that is still going is never resumed or removed,
 and an interrupted run is kept until asked. A run whose record says `running` but whose process is gone (killed)
 counts as interrupted. Folders of runs from before the record read as `unknown`.
+
+Options that name a place inside the output folder (a resumed run's `model_dir` in an earlier run's folder, the
+default `promotion_root`) are recorded relative to the run's folder (listed in `relative`), so the output folder can
+be moved or copied and its runs still resumed there; they read back as paths.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def _schema():
             "host": documents.Text(max_length=255),
             "started_at": documents.Number("[0, inf)"),
             "continues": documents.Text(max_length=255, nullable=True),
+            "relative": documents.Items(documents.Text(max_length=255), max_items=1000),
         },
         required=("parameters", "runner", "state", "pid", "host", "started_at"),
         closed=True,
@@ -68,7 +73,17 @@ class RunRecord:
 def write(run_folder: Path, record: RunRecord) -> None:
     from components.common import storage
 
-    content = json.dumps(dataclasses.asdict(record), indent=2, sort_keys=True).encode()
+    document = dataclasses.asdict(record)
+    output_root = os.path.abspath(run_folder.parent)
+    relative = []
+    for name, value in record.parameters.items():
+        if isinstance(value, str) and os.path.isabs(value):
+            place = os.path.abspath(value)
+            if os.path.commonpath([place, output_root]) == output_root:
+                document["parameters"][name] = os.path.relpath(place, run_folder)
+                relative.append(name)
+    document["relative"] = sorted(relative)
+    content = json.dumps(document, indent=2, sort_keys=True).encode()
     storage.atomic_write_bytes(run_folder / RECORD, content)
 
 
@@ -99,4 +114,10 @@ def read(run_folder: Path) -> RunRecord | None:
         document = documents.read(path, _schema(), "run record", root=run_folder, max_bytes=MAX_RECORD_BYTES)
     except FileNotFoundError:
         return None
-    return RunRecord(**document)
+    parameters = dict(document["parameters"])
+    for name in document.pop("relative", None) or []:
+        value = parameters.get(name)
+        if not isinstance(value, str) or os.path.isabs(value):
+            raise ValueError(f"{path}: relative: {name} is not a relative place in parameters")
+        parameters[name] = os.path.normpath(os.path.join(os.path.abspath(run_folder), value))
+    return RunRecord(**{**document, "parameters": parameters})

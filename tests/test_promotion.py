@@ -634,6 +634,9 @@ def test_a_promotion_root_moved_or_copied_is_read_promoted_into_and_warm_started
             target.publish(path.relative_to(moved).as_posix(), path.read_bytes())
     remote = promote.read_ready(copied)
     assert remote["version"] == 2 and remote["saved_model"] == f"{copied}/2"
+    assert promote.warm_start_checkpoint("", copied, from_promoted=True) == f"{copied}/2/checkpoint/ckpt-10"
+    scored = predict(PredictConfig(model=copied, images=str(images), output=str(tmp_path / "remote.jsonl")))
+    assert scored["scored"] == 1
     assert promote_once(trained, copied, step=5).promotion.version == 3
 
     earlier = json.loads((moved / "current.json").read_text())  # as an earlier release wrote it, at the old place

@@ -77,6 +77,28 @@ def test_a_resumed_run_that_is_stopped_again_resumes_in_the_first_runs_model_dir
     )
 
 
+def test_an_output_folder_moved_elsewhere_resumes_its_runs_there(tmp_path):
+    """What a run records inside the output folder (a resumed run's model directory in an earlier run's folder, the
+    promotion root beside the runs) is recorded relative to it: moved, the runs resume and promote at the new place."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    first = a_run(old, "09-00-00", "interrupted")
+    parameters, _ = local_run.resumed(PIPELINE, {}, old, "last")
+    parameters["promotion_root"] = str(old / "models")
+    second = a_run(old, "10-00-00", "interrupted", checkpoint=False)
+    run_record.write(second, dataclasses.replace(run_record.read(second), parameters=parameters))
+    recorded = json.loads((second / run_record.RECORD).read_text())
+    assert recorded["parameters"]["model_dir"] == f"../{first.name}/launch-training-job-component/model"
+    assert (
+        recorded["relative"] == ["model_dir", "promotion_root"]
+        and recorded["parameters"]["source"] == "/data/my-images"
+    )
+    os.rename(old, new)
+    again, continued = local_run.resumed(PIPELINE, {}, new, "last")
+    assert continued == new / second.name
+    assert again["model_dir"] == str(new / first.name / "launch-training-job-component" / "model")
+    assert again["promotion_root"] == str(new / "models")
+
+
 def test_clean_runs_keeps_running_and_interrupted_runs_unless_told(tmp_path, caplog):
     interrupted = a_run(tmp_path, "09-00-00", "interrupted")
     finished = a_run(tmp_path, "10-00-00", "finished")
