@@ -540,3 +540,48 @@ def test_a_sweep_folder_moved_elsewhere_continues_its_trial_in_the_trials_folder
     assert record["continues"] == 0 and record["model_dirs"] == ["trials/0000"]
     assert json.loads((new / "trials" / "0000" / "config.json").read_text())["learning_rate"] == 0.05
     assert not (old).exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b'{"curve": [{"step": 10, "accuracy": NaN}]}', "its validation curve cannot be read"),
+        (b'{"curve": [{"step": 10, "accur', "its validation curve cannot be read"),
+        (b'{"curve": [{"step": 10, "accuracy": 7.5}]}', "its validation curve cannot be read"),
+        (None, "no validation measured"),
+    ],
+    ids=["non-finite", "truncated", "out-of-range", "missing"],
+)
+def test_a_trials_unreadable_or_missing_validation_curve_fails_that_trial_and_the_search_goes_on(
+    split_data, tmp_path, content, expected
+):
+    """The trial's own files are its outcome: recorded failed with the reason, never the sweep's end, and a sweep
+    continued later does not train it again."""
+    from optuna.trial import TrialState
+
+    from components.common.model_directory import VALIDATION_CURVE
+
+    space = {"learning_rate": {"low": 0.01, "high": 0.1, "log": True}}
+    config = sweep_module.SweepConfig(data=split_data, sweep_dir=str(tmp_path / "sweep"), space=json.dumps(space),
+                                      trials=3, poll_seconds=0.1)  # fmt: skip
+    sweep = sweep_module.Sweep(config)
+    try:
+        trial = sweep.study.ask()
+        model_dir = tmp_path / "sweep" / "trials" / "0000-abcdef"
+        model_dir.mkdir(parents=True)
+        running = sweep_module.RunningTrial(trial, sweep.space.suggest(trial), [str(model_dir)])
+        # A training that measured (or wrote) this and runs on, or (missing) ends having measured nothing.
+        running.process = subprocess.Popen(["sleep", "30" if content is not None else "0"])
+        sweep.running.append(running)
+        if content is not None:
+            (model_dir / VALIDATION_CURVE).write_bytes(content)
+        deadline = time.monotonic() + 20
+        while sweep.running and time.monotonic() < deadline:
+            sweep._watch()
+            time.sleep(0.1)
+        assert not sweep.running
+    finally:
+        sweep.folder.release()
+    (failed,) = sweep.finished()
+    assert failed.state == TrialState.FAIL and failed.user_attrs["reason"].startswith(expected)
+    assert running.process.poll() is not None  # stopped, not left running
