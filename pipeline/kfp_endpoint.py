@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from components.common import replies, secrets
 from components.common.pod import SERVICE_ACCOUNT_NAMESPACE
 
 logger = logging.getLogger("pipeline")
@@ -46,6 +47,7 @@ IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubeflow/pipelines/token")
 IN_CLUSTER_NAMESPACE = SERVICE_ACCOUNT_NAMESPACE
 PROBE_TIMEOUT_SECONDS = (5.0, 15.0)  # connect, read
 MAX_CONTEXT_BYTES = 64 * 1024
+MAX_HEALTH_BYTES = 64 * 1024
 HOW_TO_AUTHENTICATE = (
     f"give a token: {TOKEN_FILE_VARIABLE}=FILE with FILE from "
     "'kubectl -n <your profile namespace> create token default-editor > FILE', "
@@ -105,6 +107,7 @@ def credentials_from_environment(environment: dict[str, str] | None = None) -> C
         token = environment[TOKEN_VARIABLE].strip()
         if any(character.isspace() for character in token) or not token.isascii():
             raise EndpointError(f"{TOKEN_VARIABLE}: not a token (more than one word, or non-ASCII characters)")
+        secrets.remember(token)
         return Credentials(token=token, source=TOKEN_VARIABLE)
     if environment.get(TOKEN_FILE_VARIABLE):
         path = Path(environment[TOKEN_FILE_VARIABLE]).expanduser()
@@ -115,6 +118,8 @@ def credentials_from_environment(environment: dict[str, str] | None = None) -> C
         cookie = environment[COOKIE_VARIABLE].strip()
         if "=" not in cookie or "\n" in cookie or "\r" in cookie:
             raise EndpointError(f"{COOKIE_VARIABLE}: not a cookie (expected NAME=VALUE: oauth2_proxy_kubeflow=...)")
+        for part in cookie.split(";"):
+            secrets.remember(part.partition("=")[2])
         return Credentials(cookie=cookie, source=COOKIE_VARIABLE)
     if IN_CLUSTER_TOKEN.is_file():
         return Credentials(token_file=IN_CLUSTER_TOKEN, source=f"the pod's KFP token ({IN_CLUSTER_TOKEN})")
@@ -153,6 +158,10 @@ class EndpointConfig:
         host = (self.host or "").strip().rstrip("/")
         if not host:
             raise EndpointError("no KFP endpoint: set KFP_HOST (e.g. https://kubeflow.example.com/pipeline)")
+        try:
+            secrets.refuse_user_info(host, "KFP endpoint", HOW_TO_AUTHENTICATE)
+        except ValueError as error:
+            raise EndpointError(str(error)) from None
         if not host.startswith(("http://", "https://")):
             raise EndpointError(f"KFP endpoint {host!r}: give it with its scheme, https://{host} or http://{host}")
         ca_bundle = self.ca_bundle or os.environ.get(CA_BUNDLE_VARIABLE) or None
@@ -181,13 +190,10 @@ def probe(config: EndpointConfig, credentials: Credentials) -> bool:
     url = config.host + API_PATH + "/healthz"
     where = f"the KFP endpoint {config.host}"
     try:
-        answer = requests.get(
-            url,
-            headers=credentials.headers(),
-            allow_redirects=False,
-            timeout=PROBE_TIMEOUT_SECONDS,
-            verify=config.ca_bundle or True,
-        )
+        answer = replies.get(url, where, "the KFP API", credentials.headers(), PROBE_TIMEOUT_SECONDS,
+                             config.ca_bundle or True, MAX_HEALTH_BYTES)  # fmt: skip
+    except replies.ReplyError as error:
+        raise EndpointError(f"{error}, and {HOW_TO_AUTHENTICATE}") from None
     except requests.exceptions.SSLError as error:
         raise EndpointError(
             f"{where}: its TLS certificate is not trusted ({_reason(error)}); give its CA bundle with "
@@ -198,9 +204,9 @@ def probe(config: EndpointConfig, credentials: Credentials) -> bool:
         raise EndpointError(f"{where} did not answer within {seconds:.0f} s; check KFP_HOST") from None
     except (requests.exceptions.ConnectionError, requests.exceptions.InvalidURL) as error:
         raise EndpointError(f"{where} cannot be reached ({_reason(error)}); check KFP_HOST") from None
-    status = answer.status_code
+    status = answer.status
     if 300 <= status < 400:
-        location = answer.headers.get("Location", "")
+        location = secrets.without_user_info(answer.location)
         raise EndpointError(
             f"{where} redirects to a login page ({_short(location)}): it needs credentials "
             f"({credentials.source} were sent); {HOW_TO_AUTHENTICATE}"
@@ -210,7 +216,7 @@ def probe(config: EndpointConfig, credentials: Credentials) -> bool:
             f"{where} needs credentials (it answered 401 to a request that carried none); {HOW_TO_AUTHENTICATE}"
         )
     if status == 401:
-        said = _server_words(answer)
+        said = answer.server_words()
         raise EndpointError(
             f"{where} refused the credentials from {credentials.source} (401{said}): the token has expired or is not "
             f"one of this cluster's; {HOW_TO_AUTHENTICATE}"
@@ -228,23 +234,16 @@ def probe(config: EndpointConfig, credentials: Credentials) -> bool:
     if status >= 400:
         raise EndpointError(f"{where} answered {status} to its health check; try again later, or check KFP_HOST")
     try:
-        health = answer.json()
-    except ValueError:
+        health = answer.json(where, "the KFP API")
+    except replies.ReplyError:
         health = None
     if not isinstance(health, dict):
-        kind = answer.headers.get("Content-Type", "no content type")
+        kind = answer.content_type or "no content type"
         raise EndpointError(
             f"{where} answered with a page ({kind}), not KFP's API: a login page, or not a KFP endpoint; "
             f"check KFP_HOST, and {HOW_TO_AUTHENTICATE}"
         )
     return health.get("multi_user") is True
-
-
-def _server_words(answer: Any) -> str:
-    """The server's own short text of a refusal (Istio's "Jwt verification fails"), quoted as its: ", it says '...'"
-    ("" for none, or for a body that is not a short text)."""
-    text = answer.text.strip() if "text/plain" in answer.headers.get("Content-Type", "") else ""
-    return f", it says {_short(' '.join(text.split()), 80)!r}" if text else ""
 
 
 def _reason(error: Exception) -> str:
@@ -289,31 +288,22 @@ class Endpoint:
 
     def _refusal(self, what: str, error: Any) -> str:
         status = getattr(error, "status", None)
-        message = _api_message(getattr(error, "body", None)) or getattr(error, "reason", "") or ""
+        body = getattr(error, "body", None) or getattr(error, "reason", "") or ""
+        body = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else str(body)
+        kind = "application/json" if body.lstrip().startswith("{") else "text/plain"
+        said = replies.Reply(status or 0, kind, body.encode()).server_words(300)
         where = f"{what} at {self.config.host}"
         if status == 403:
             return (
                 f"{where}: namespace {self.namespace!r} may not be used with these credentials "
-                f"({self.credentials.source}, 403): give your own profile namespace with --namespace or "
+                f"({self.credentials.source}, 403{said}): give your own profile namespace with --namespace or "
                 f"{NAMESPACE_VARIABLE}, or ask its owner to add you as a contributor"
             )
         if status == 401:
-            return f"{where}: the credentials were refused (401): {HOW_TO_AUTHENTICATE}"
-        if status == 400 and "namespace" in message.lower():
-            return f"{where}: {message}; give the profile namespace with --namespace or {NAMESPACE_VARIABLE}"
-        return f"{where}: refused ({status}): {_short(message, 300)}"
-
-
-def _api_message(body: Any) -> str:
-    if not body:
-        return ""
-    try:
-        decoded = json.loads(body)
-    except (TypeError, ValueError):
-        return _short(str(body), 200)
-    if isinstance(decoded, dict):
-        return str(decoded.get("message") or decoded.get("error") or "")
-    return ""
+            return f"{where}: the credentials were refused (401{said}): {HOW_TO_AUTHENTICATE}"
+        if status == 400 and "namespace" in said.lower():
+            return f"{where}: refused (400{said}); give the profile namespace with --namespace or {NAMESPACE_VARIABLE}"
+        return f"{where}: refused ({status}{said})"
 
 
 def connect(config: EndpointConfig) -> Endpoint:
@@ -352,6 +342,10 @@ def connect(config: EndpointConfig) -> Endpoint:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This client only works with Kubeflow Pipeline")
         kfp_client = kfp.Client(**arguments)
+    rest_client = kfp_client._run_api.api_client.rest_client  # one ApiClient serves every kfp API object
+    rest_client.pool_manager = replies.BoundedPoolManager(
+        rest_client.pool_manager, f"the KFP endpoint {config.host}", "the KFP API"
+    )
     logger.info(
         "KFP endpoint %s (%s, %s%s)",
         config.host,

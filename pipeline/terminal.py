@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from components.common import secrets
 from components.common.logs import LOG_FORMAT, EscapingFormatter
 
 # kfp.local's names of the pipeline's tasks (component names), as a person would name the steps.
@@ -88,6 +89,7 @@ class StepView(io.TextIOBase):
         self.terminal.flush()
 
     def _line(self, raw: str) -> None:
+        raw = secrets.mask(raw)  # a step's line that names a credential (its own output, a server's words)
         self.log.write(raw + "\n")
         if self.verbose:
             self.terminal.write(raw + "\n")

@@ -5,6 +5,10 @@ input: a newline in it could forge a log line ("... ERROR ..."), an escape seque
 So every message is printed with its control characters escaped (`\\n`, `\\x1b`, `\\u202e`), except tabs, and so is
 a file name that is not UTF-8 (its undecodable bytes, held as surrogates, as `\\udcff`); a
 traceback, which this program writes itself, is printed as it is.
+
+No secret reaches a line: every formatted record, its traceback included, goes through `secrets.mask` (the tokens
+and keys this process knows, and anything shaped like a credential: an Authorization header, a session cookie, a
+URL's user-info).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import unicodedata
+
+from components.common import secrets
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Characters that move the cursor or change how the rest of a line reads: C0/C1 controls, line and paragraph
@@ -33,7 +39,10 @@ def escape_controls(text: str) -> str:
 
 
 class EscapingFormatter(logging.Formatter):
-    """A formatter whose messages cannot hold raw control characters (see the module's description)."""
+    """A formatter whose lines hold neither raw control characters nor secrets (see the module's description)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return secrets.mask(super().format(record))
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
         original = record.message
@@ -47,6 +56,7 @@ class EscapingFormatter(logging.Formatter):
 def setup_logging(level: str = "INFO") -> None:
     """Configure the root logger once, to stderr, and quieten TensorFlow's C++ start-up chatter."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    secrets.remember_environment()
     logging.basicConfig(level=getattr(logging, level.upper()), format=LOG_FORMAT, force=True)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(EscapingFormatter(LOG_FORMAT))

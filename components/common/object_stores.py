@@ -106,6 +106,11 @@ def s3_endpoint() -> str | None:
     from components.common.pod import in_kubernetes_pod
 
     given = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if given:
+        from components.common import secrets
+
+        variable = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+        secrets.refuse_user_info(given, variable, "give the keys as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     if given or not in_kubernetes_pod():
         return given or None
     return kubeflow_store()

@@ -1,9 +1,14 @@
 """A bearer token kept in a file (a projected service-account token, `kubectl create token ... > FILE`): read the same
-way wherever the project sends one (the KFP API, the Model Registry), bounded and without blocking, and never shown.
+way wherever the project sends one (the KFP API, the Model Registry), bounded and without blocking, and never shown;
+and the masking every printed and logged line goes through.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import threading
+import urllib.parse
 from pathlib import Path
 
 from components.common import storage
@@ -35,4 +40,103 @@ def read_token_file(path: str | Path, source: str, how_to: str) -> str:
         raise TokenFileError(f"{source}: {path} is not a token (it holds non-ASCII bytes); {how_to}") from None
     if not token or any(character.isspace() for character in token):
         raise TokenFileError(f"{source}: {path} is not a token (empty, or more than one word); {how_to}")
+    remember(token)
     return token
+
+
+# -- no secret in any line ---------------------------------------------------------------------------------------
+#
+# Every line the project prints or logs goes through `mask` (the logging formatter applies it to each record, its
+# traceback included): the secrets this process knows (read from a token file, or in a variable whose name says it
+# holds one) are replaced wherever they appear, a server's message that repeats a header included, and so are the
+# shapes a credential has in text (an Authorization header, a bearer token, a session cookie, a URL's user-info, a
+# presigned URL's signature).
+
+MASK = "***"
+MIN_SECRET_CHARACTERS = 6  # shorter values would mask ordinary words
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|COOKIE|CREDENTIAL|API_?KEY|PRIVATE_KEY|SESSION", re.IGNORECASE)
+_NOT_A_SECRET_NAME = re.compile(r"(_PATH|_FILE|_DIR|_URL|_ID|_NAME|_SECONDS|_REGION)$", re.IGNORECASE)
+_SHAPES = (
+    (re.compile(r"(?i)\b(authorization[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token)\s+)?[^\s\"',;}]{6,}"),
+     lambda match: f"{match[1]}{match[2] + ' ' if match[2] else ''}{MASK}"),
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9\-._~+/]{16,}=*"), r"\1" + MASK),
+    (re.compile(r"(?i)\b((?:set-)?cookie[\"']?\s*:\s*[\"']?)[^\r\n\"']+"), r"\1" + MASK),
+    (re.compile(r"(?i)\b(oauth2_proxy[a-z0-9_]*=)[^\s;\"',]{8,}"), r"\1" + MASK),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@\"'<>]+@"), r"\1" + MASK + "@"),
+    (re.compile(r"(?i)\b(X-Amz-(?:Signature|Credential|Security-Token)=)[^&\s\"']+"), r"\1" + MASK),
+)  # fmt: skip
+_known: set[str] = set()
+_lock = threading.Lock()
+
+
+def remember(secret: str | None) -> None:
+    """Mask `secret` in every line from now on (a value too short to be a secret is not remembered)."""
+    if secret and len(secret.strip()) >= MIN_SECRET_CHARACTERS:
+        with _lock:
+            _known.add(secret.strip())
+            decoded = urllib.parse.unquote(secret.strip())
+            if len(decoded) >= MIN_SECRET_CHARACTERS:
+                _known.add(decoded)
+
+
+def remember_environment(environment: dict[str, str] | None = None) -> None:
+    """Remember the values of the variables whose names say they hold a secret (KFP_TOKEN, KFP_COOKIE,
+    AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, ...), and the password of any URL in the environment."""
+    for name, value in (os.environ if environment is None else environment).items():
+        if _SECRET_NAME.search(name) and not _NOT_A_SECRET_NAME.search(name):
+            remember(value)
+            if "=" in value and ";" not in value:  # a cookie NAME=VALUE: its value alone may be quoted too
+                remember(value.split("=", 1)[1])
+        elif "://" in value:
+            remember(urllib.parse.urlsplit(value.strip()).password if "@" in value else None)
+
+
+def mask(text: str) -> str:
+    """`text` with every known secret and every credential-shaped part replaced by `***`."""
+    for pattern, replacement in _SHAPES:
+        text = pattern.sub(replacement, text)
+    with _lock:
+        known = sorted(_known, key=len, reverse=True)
+    for secret in known:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def without_user_info(address: str) -> str:
+    """`address` as it may be printed: a URL's user-info (user:password@) left out."""
+    try:
+        parts = urllib.parse.urlsplit(address)
+    except ValueError:
+        return mask(address)
+    if "@" not in parts.netloc:
+        return address
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def refuse_user_info(address: str, field: str, where_credentials_go: str) -> None:
+    """A ValueError when `address` carries user-info: a password in an address is printed wherever the address is,
+    and sent as Basic auth instead of the credentials meant for the server."""
+    try:
+        has_user_info = "@" in urllib.parse.urlsplit(address).netloc
+    except ValueError:
+        return
+    if has_user_info:
+        remember(urllib.parse.urlsplit(address).password)
+        raise ValueError(
+            f"{field}: {without_user_info(address)} is given with credentials in the address (user:password@), "
+            f"which are not used; give the address without them, and {where_credentials_go}"
+        )
+
+
+def server_words(text: str | bytes | None, limit: int = 120) -> str:
+    """A server's own message as a line quotes it: one line, masked, shortened, marked as the server's
+    (", the server says '...'"; "" for none)."""
+    if isinstance(text, bytes):
+        text = text[: limit * 8].decode("utf-8", errors="replace")
+    words = " ".join(mask(text or "").split())
+    if not words:
+        return ""
+    if len(words) > limit:
+        words = words[: limit - 1] + "…"
+    return f", the server says {words!r}"

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from components.common import exit_codes
+from components.common import exit_codes, replies, secrets
 from components.common.cli import run_stage
 from components.common.config import check_fields
 from components.common.values import shown
@@ -67,11 +67,14 @@ class RegistrationError(Exception):
 
 
 def check_address(address: str, field_name: str = "model_registry") -> str:
-    """The registry's REST address, http(s)://host[:port], or a ValueError naming the field."""
+    """The registry's REST address, http(s)://host[:port], or a ValueError naming the field (an address with
+    user:password@ is refused: credentials go in a token file)."""
+    secrets.refuse_user_info(address, field_name, f"give the registry's bearer token in a file ({TOKEN_PATH_VARIABLE})")
     parsed = urlparse(address)
     if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
         raise ValueError(
-            f"{field_name}: {shown(address)} is not a Model Registry address: give http(s)://HOST[:PORT], e.g. "
+            f"{field_name}: {shown(secrets.without_user_info(address))} is not a Model Registry address: give "
+            "http(s)://HOST[:PORT], e.g. "
             "http://model-registry-service.kubeflow.svc.cluster.local:8080"
         )
     try:
@@ -240,7 +243,9 @@ def ca_bundle() -> str | None:
 
 
 def _client(address: str, token: str | None, custom_ca: str | None):
+    """The registry's client, every answer of which is read bounded and checked to be the registry's JSON."""
     from model_registry.core import ModelRegistryAPIClient
+    from mr_openapi import ApiClient, ModelRegistryServiceApi
 
     parsed = urlparse(address)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -248,8 +253,21 @@ def _client(address: str, token: str | None, custom_ca: str | None):
     if parsed.scheme == "https":
         if not token:
             raise RegistrationError(f"{address}: an https registry needs a bearer token ({TOKEN_PATH_VARIABLE})")
-        return ModelRegistryAPIClient.secure_connection(server, port, user_token=token, custom_ca=custom_ca)
-    return ModelRegistryAPIClient.insecure_connection(server, port, token)
+        client = ModelRegistryAPIClient.secure_connection(server, port, user_token=token, custom_ca=custom_ca)
+    else:
+        client = ModelRegistryAPIClient.insecure_connection(server, port, token)
+
+    @contextlib.asynccontextmanager
+    async def bounded_client():
+        api_client = ApiClient(client.config)
+        replies.bound_aiohttp_client(api_client.rest_client, f"the Model Registry at {address}", "the Model Registry")
+        try:
+            yield ModelRegistryServiceApi(api_client)
+        finally:
+            await api_client.close()
+
+    client.get_client = bounded_client
+    return client
 
 
 def probe(address: str, token: str | None, custom_ca: str | None) -> None:
@@ -260,36 +278,36 @@ def probe(address: str, token: str | None, custom_ca: str | None) -> None:
 
     url = f"{address}{API_PATH}/registered_models?pageSize=1"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    where = f"the Model Registry at {address}"
     try:
-        with requests.get(url, headers=headers, timeout=(5, TIMEOUT_SECONDS), stream=True,
-                          verify=custom_ca or True, allow_redirects=False) as answer:  # fmt: skip
-            body = answer.raw.read(MAX_PROBE_BYTES + 1, decode_content=True)
-            status, kind = answer.status_code, answer.headers.get("Content-Type", "no content type")
+        answer = replies.get(url, where, "the Model Registry", headers, (5, TIMEOUT_SECONDS), custom_ca or True,
+                             MAX_PROBE_BYTES)  # fmt: skip
+    except replies.ReplyError as error:
+        raise RegistrationError(str(error)) from None
     except requests.exceptions.SSLError:
         raise RegistrationError(
-            f"the Model Registry at {address}: its TLS certificate is not trusted; give its CA certificates with "
-            f"{CA_BUNDLE_VARIABLE}=FILE"
+            f"{where}: its TLS certificate is not trusted; give its CA certificates with {CA_BUNDLE_VARIABLE}=FILE"
         ) from None
     except requests.exceptions.RequestException as error:
         reason = type(error).__name__
-        raise RegistrationError(
-            f"the Model Registry at {address} cannot be reached ({reason})", transient=True
-        ) from None
-    where = f"the Model Registry at {address}"
-    if status == 404 and "json" not in kind:
+        raise RegistrationError(f"{where} cannot be reached ({reason})", transient=True) from None
+    status, kind = answer.status, answer.content_type or "no content type"
+    if status == 404 and not replies.is_json(kind):
         raise RegistrationError(
             f"{where} does not serve {API_PATH} (404 from its router): it runs another API version than this client's "
             "(model-registry 0.3.x servers, as Kubeflow 1.10 to 26.03 install, serve v1alpha3; newer ones only v1)"
         )
     if status in (401, 403):
         raise RegistrationError(
-            f"{where} refused the bearer token ({status}); give one it accepts ({TOKEN_PATH_VARIABLE})"
+            f"{where} refused the bearer token ({status}{answer.server_words()}); give one it accepts "
+            f"({TOKEN_PATH_VARIABLE})"
         )
     if status >= 500 or status == 429:
-        raise RegistrationError(f"{where}: HTTP {status}", transient=True)
-    if 300 <= status < 400 or "json" not in kind or len(body) > MAX_PROBE_BYTES:
+        raise RegistrationError(f"{where}: HTTP {status}{answer.server_words()}", transient=True)
+    if 300 <= status < 400 or not replies.is_json(kind):
         raise RegistrationError(
-            f"{where}: the answer to {API_PATH} is not the Model Registry's (HTTP {status}, {kind}): check the address"
+            f"{where}: the answer to {API_PATH} is not the Model Registry's (HTTP {status}, {kind}): this is not the "
+            "Model Registry's REST API; check the address"
         )
 
 
@@ -360,12 +378,13 @@ def _cause(error: BaseException) -> tuple[str, bool]:
     """What went wrong in one phrase, and whether trying again may help."""
     from mr_openapi import exceptions as api_errors
 
+    if isinstance(error, replies.ReplyError):
+        return str(error), False
     if isinstance(error, api_errors.ApiException):
         status = error.status or 0
-        message = (error.body or error.reason or "").strip()
-        with contextlib.suppress(ValueError, AttributeError):
-            message = json.loads(message).get("message", message)
-        return f"HTTP {status} {message}".strip()[:300], status >= 500 or status == 429
+        body = (error.body or error.reason or "").strip()
+        reply = replies.Reply(status, "application/json" if body.startswith("{") else "text/plain", body.encode())
+        return f"HTTP {status}{reply.server_words(200)}", status >= 500 or status == 429
     if isinstance(error, (OSError, asyncio.TimeoutError)):
         return (f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)[:300], True
     import aiohttp
@@ -424,7 +443,7 @@ def register_promotion(address: str, registration: Registration) -> Registered:
             logger.debug("registration failed", exc_info=True)
             first = (str(error).splitlines() or [""])[0][:300]
             error = f"the Model Registry at {address}: {type(error).__name__}: {first}"
-        line = (
+        line = secrets.mask(
             f"version {registration.version} was promoted, but not registered in the Model Registry: {error}. The "
             "promotion stands; register it later with: python -m components.evaluate.registry "
             f"--promotion-root {registration.properties.get('promotion_root')} --model-registry {address} "
@@ -466,7 +485,7 @@ class RegisterConfig:
 def run(config: RegisterConfig) -> int:
     """Exit 0 registered; 145 when the registry kept failing (try again later); 2 for what to fix first."""
     try:
-        print(register_current(config).line)
+        print(secrets.mask(register_current(config).line))
     except RegistrationError as error:
         if not error.transient:
             raise
