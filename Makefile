@@ -42,7 +42,7 @@ test-images:
 	cd $(ROOT) && $(BIN)/python -m pytest -q -s -n 0 -m images -p no:cacheprovider tests/test_images.py
 
 lint:
-	cd $(ROOT) && $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/deptry .
+	cd $(ROOT) && $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/deptry . && $(BIN)/python tools/check_readers.py
 
 format:
 	cd $(ROOT) && $(BIN)/ruff check --fix . && $(BIN)/ruff format .

@@ -74,7 +74,7 @@ def content_tag(repository: Path = REPOSITORY) -> str:
     digest = hashlib.sha256()
     for path in build_inputs(repository):
         digest.update(path.relative_to(repository).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())  # reader: the repository's own build inputs
     return f"{VERSION}-{digest.hexdigest()[:12]}"
 
 

@@ -103,7 +103,7 @@ def find_engine(preferred: str | None = None) -> str:
 
 def default_base_image() -> str:
     """The Dockerfile's own default (a digest-pinned python image)."""
-    for line in DOCKERFILE.read_text().splitlines():
+    for line in DOCKERFILE.read_text().splitlines():  # reader: the repository's own Dockerfile
         if line.startswith("ARG BASE_IMAGE="):
             return line.split("=", 1)[1]
     raise BuildError(f"{DOCKERFILE}: no ARG BASE_IMAGE= line")

@@ -149,11 +149,12 @@ def compile_pipeline(pipeline, output: Path | None = None, quiet: bool = False) 
 
     output = output or compiled_path(pipeline)
     compiler.Compiler().compile(pipeline, str(output))
-    output.write_text(with_sorted_default_comments(output.read_text()))
+    compiled = output.read_text()  # reader: the pipeline file kfp's compiler just wrote
+    output.write_text(with_sorted_default_comments(compiled))  # writer: the same file, its defaults commented
     if not quiet:
         from components.images import images_named_in
 
-        named = images_named_in(output.read_text())
+        named = images_named_in(output.read_text())  # reader: the pipeline file just compiled
         logger.info(
             "compiled %s%s", output, f" (images: {named[0]}/cpu:{named[1]} and gpu:{named[1]})" if named else ""
         )
@@ -215,17 +216,18 @@ def package_for_submission(pipeline, directory: Path) -> Path:
     from components import images
 
     package = compile_pipeline(pipeline, directory / compiled_path(pipeline).name, quiet=True)
-    text = package.read_text()
+    text = package.read_text()  # reader: the pipeline file just compiled
     named = images.images_named_in(text)
     if named is None:  # a pipeline without the project's images
         return package
     registry, tag = named
     compiled = compiled_path(pipeline)
+    # reader: the pipeline file make compile wrote
     remembered = images.images_named_in(compiled.read_text()) if compiled.is_file() else None
     if not os.environ.get("CIFAR10_PIPELINE_REGISTRY") and remembered and remembered[0] != registry:
         for kind in images.KINDS:
             text = text.replace(f"{registry}/{kind}:{tag}", f"{remembered[0]}/{kind}:{tag}")
-        package.write_text(text)
+        package.write_text(text)  # writer: the pipeline file this command compiled
         registry = remembered[0]
     where = "REGISTRY" if os.environ.get("CIFAR10_PIPELINE_REGISTRY") else f"as make compile wrote {compiled.name}"
     logger.info("images: %s/cpu:%s and gpu:%s (%s)", registry, tag, tag, where)

@@ -114,9 +114,9 @@ def _converter(annotation: Any, optional: bool):
 
 def _json_object(text: str) -> dict:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not JSON ({error.msg}): {text[:80]!r}") from error
+        value = documents.load(text, "the value", "JSON object", yaml_allowed=False)
+    except documents.DocumentError as error:
+        raise argparse.ArgumentTypeError(f"not a JSON object ({error}): {text[:80]!r}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f'expected a JSON object like {{"name": value}}, got {text[:80]!r}')
     return value
@@ -286,4 +286,4 @@ def build_parser(
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A JSON-ready dict of a config dataclass (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(config)))
+    return json.loads(json.dumps(dataclasses.asdict(config)))  # reader: a round trip of our own dataclass

@@ -33,12 +33,12 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
+from components.common.documents import DocumentError, load
 from components.common.storage import ABSENT, PublishConflictError, StoreUnavailableError, conflict_error
 
 logger = logging.getLogger(__name__)
@@ -119,8 +119,8 @@ def _claim(content: bytes) -> dict[str, Any]:
     """The Lease's spec for a document: who holds its claim and since when (a writer lease's holder and renewal, a
     pointer's promotion in progress), as `kubectl get leases` shows them; {} for a document with no claim."""
     try:
-        document = json.loads(content)
-    except ValueError:
+        document = load(content, "the claim", "claim", yaml_allowed=False)
+    except DocumentError:
         return {}
     if not isinstance(document, dict):
         return {}

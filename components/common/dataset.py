@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common import records, storage
+from components.common import documents, records, storage
 from components.common.compression import gunzip_bounded
 
 logger = logging.getLogger(__name__)
@@ -88,9 +88,9 @@ class Manifest:
         """The manifest in `content`, every field checked for type and range (a prepared dataset is input too):
         DatasetError naming the field otherwise."""
         try:
-            raw = json.loads(content)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise DatasetError(f"{origin}: not a valid dataset manifest: not JSON ({error})") from error
+            raw = documents.load(content, origin, "dataset manifest", yaml_allowed=False)
+        except documents.DocumentError as error:
+            raise DatasetError(f"not a valid dataset manifest: {error}") from None
         return _checked_manifest(cls, raw, _Fields(origin))
 
     def split(self, name: str) -> SplitInfo:

@@ -189,6 +189,24 @@ def load(content: bytes | str, origin: str, kind: str, yaml_allowed: bool = True
     return document
 
 
+def load_foreign(content: bytes | str, origin: str, kind: str) -> Any:
+    """A JSON value in another program's own format (an Optuna journal line, which may hold NaN): its depth bounded
+    before it is built, its values that program's to check."""
+    reader = _Reader(origin, kind, None)
+    if isinstance(content, bytes):
+        try:
+            content = content.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise reader.fail("", f"not UTF-8 text (byte {error.start})") from error
+    depth = _depth(content)
+    if depth > MAX_DEPTH:
+        raise reader.fail("", f"nested {depth:,} levels deep, more than the {MAX_DEPTH} a {kind} may have")
+    try:
+        return json.loads(content)
+    except json.JSONDecodeError as error:
+        raise reader.fail("", f"not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+
+
 def _json(content: str, reader: _Reader, kind: str) -> Any:
     try:
         return json.loads(

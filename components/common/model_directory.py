@@ -279,7 +279,8 @@ class ModelDirectory:
         for name in names:
             target = self.local / name
             checksum = publisher.checksum(name)
-            if target.exists() and checksum == (target.stat().st_size, storage.crc32c_base64(target.read_bytes())):
+            local_content = storage.read_bytes(str(target)) if target.exists() else None
+            if local_content is not None and checksum == (len(local_content), storage.crc32c_base64(local_content)):
                 continue
             storage.download_file(publisher.uri(name), target)
         logger.info("pulled %d file(s) of %s into %s", len(names), self.uri, self.local)
@@ -302,7 +303,7 @@ class ModelDirectory:
         ]
         changed.sort(key=lambda path: path.name == "checkpoint")  # the index that names the latest, last
         for path in changed:
-            publisher.publish(path.relative_to(self.local).as_posix(), path.read_bytes())
+            publisher.publish(path.relative_to(self.local).as_posix(), storage.read_bytes(str(path)))
             self._pushed[str(path)] = self._signature(path)
         if not remove_deleted_checkpoints:
             return

@@ -35,11 +35,13 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 import google_crc32c
 
@@ -200,10 +202,78 @@ def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
             raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
         if size > max_bytes:
             raise FileReadError(f"{path}: {size:,} bytes, more than the {max_bytes:,} it may have", size)
-        content = handle.read(max_bytes + 1)  # it may have grown since
+        content = handle.read(size + 1)  # it may have grown since
+        while size < len(content) <= max_bytes:  # it grew: read on, within the bound
+            more = handle.read(min(1 << 20, max_bytes + 1 - len(content)))
+            if not more:
+                break
+            content += more
     if len(content) > max_bytes:
         raise FileReadError(f"{path}: more than the {max_bytes:,} bytes it may have", len(content))
     return content
+
+
+def read_tail(path: str | Path, max_bytes: int) -> bytes:
+    """The last `max_bytes` of a regular file (a log's last lines), never more read; FileReadError for a FIFO or a
+    device, without blocking on it."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as handle:
+        mode, size = os.fstat(descriptor).st_mode, os.fstat(descriptor).st_size
+        if not stat.S_ISREG(mode):
+            raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
+        handle.seek(max(size - max_bytes, 0))
+        return handle.read(max_bytes)
+
+
+def whole_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """(number, line) of each whole line of a regular file, read as a stream; a last line cut short (a writer
+    stopped mid-line) is not a line."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as handle:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):
+                return
+            yield number, line
+
+
+def cut_to_whole_lines(path: str | Path, keep: int | None = None) -> int:
+    """Cut a regular file back to its last whole line (or to `keep` bytes); returns the bytes dropped."""
+    descriptor = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    with os.fdopen(descriptor, "r+b") as handle:
+        mode, size = os.fstat(descriptor).st_mode, os.fstat(descriptor).st_size
+        if not stat.S_ISREG(mode):
+            raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
+        if keep is None:
+            keep, end = 0, size
+            while end > 0:  # the last newline, read backwards a block at a time
+                start = max(end - (1 << 16), 0)
+                handle.seek(start)
+                found = handle.read(end - start).rfind(b"\n")
+                if found >= 0:
+                    keep = start + found + 1
+                    break
+                end = start
+        if keep < size:
+            handle.truncate(keep)
+        return size - keep
+
+
+def open_for_append(path: str | Path, text: bool = False) -> IO:
+    """A regular file (made when absent) opened to append to, never through a link; FileReadError for a folder, a
+    FIFO or a device, without blocking on it. Text is UTF-8, a character it cannot hold written escaped."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+    descriptor = os.open(path, flags, 0o644)
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
+    os.set_blocking(descriptor, True)
+    if text:
+        return open(descriptor, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
+    return open(descriptor, "ab")
 
 
 def read_bounded(uri: str, max_bytes: int) -> bytes:
@@ -235,7 +305,7 @@ def read_bytes(uri: str) -> bytes:
         if content is None:
             raise FileNotFoundError(f"{uri} does not exist")
         return content
-    return Path(uri).read_bytes()
+    return read_regular_file(uri, sys.maxsize)
 
 
 # -- temporary files: named after their writer, so that what a killed writer left is found and removed ---------

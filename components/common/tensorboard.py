@@ -40,7 +40,7 @@ def mirror(remote: str, local: Path) -> int:
         target = local / name
         if target.exists():
             checksum = publisher.checksum(name)
-            content = target.read_bytes()
+            content = storage.read_bytes(str(target))
             if checksum == (len(content), storage.crc32c_base64(content)):
                 continue
         storage.download_file(publisher.uri(name), target)

@@ -34,6 +34,7 @@ from components.common import documents, storage
 
 logger = logging.getLogger(__name__)
 
+MAX_LOCK_BYTES = 4096  # a holder's name and token
 WRITER_LOCK = ".writer.lock"  # who holds the claim (informational: the locks are the directory's and the path's)
 ONE_WRITER = "a model directory has one writer at a time (wait for it to end, stop it, or give another --model-dir)"
 
@@ -69,7 +70,9 @@ class DirectoryClaim:
         self._path_lock: socket.socket | None = None
 
     def acquire(self) -> None:
-        descriptor = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        descriptor = os.open(
+            self.path, os.O_RDONLY | os.O_DIRECTORY
+        )  # reader: a folder's descriptor, for its lock only
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -106,8 +109,8 @@ class DirectoryClaim:
     def _recorded_holder(self) -> str:
         """Who holds the folder: as its `.writer.lock` says, else (the file was deleted) as the path lock's owner."""
         try:
-            recorded = (self.path / WRITER_LOCK).read_text().strip()
-        except (OSError, UnicodeDecodeError):
+            recorded = storage.read_regular_file(self.path / WRITER_LOCK, MAX_LOCK_BYTES).decode().strip()
+        except (OSError, ValueError):
             recorded = ""
         return recorded or _path_lock_holder(self._path_lock_name)
 

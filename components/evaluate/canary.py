@@ -62,7 +62,7 @@ def answer(saved_model_dir: str, requests: Path) -> dict:
     import tensorflow as tf
 
     loaded = tf.saved_model.load(saved_model_dir)
-    images = np.load(requests)["images"]
+    images = np.load(requests)["images"]  # reader: the requests the parent process just wrote
     answers = {"uint8": loaded.signatures["serving_default"](images=tf.constant(images))}
     by_bytes = loaded.signatures["serving_image_bytes"]
     for kind in ("png", "jpeg"):
@@ -90,7 +90,7 @@ def validate(saved_model_dir: str | Path, canary: Canary) -> dict:
     if completed.returncode != 0:
         last = (completed.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise InfraValidationError(f"the exported model did not load or answer in a fresh process: {last}")
-    answers = json.loads(completed.stdout.strip().splitlines()[-1])
+    answers = json.loads(completed.stdout.strip().splitlines()[-1])  # reader: the answer of our own child process
     expected = canary.expected_classes.tolist()
     for kind in ("uint8", "png"):
         if answers[kind]["classes"] != expected:

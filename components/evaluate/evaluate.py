@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from components.common import data_statistics, storage
+from components.common import data_statistics, outputs, storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
 from components.common.model import build_model, model_spec_of, predict_logits, weights_sha256
@@ -217,10 +217,8 @@ class Evaluator:
             tf.summary.image("confusion_matrix", heatmap[None], max_outputs=1)
         self.summary_writer.flush()
         per_checkpoint = self.directory.local / EVAL_LOGS / f"metrics-{step}.json"
-        per_checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        per_checkpoint.write_text(
-            json.dumps({"checkpoint": checkpoint, "weights": weights, **result.to_dict()}, indent=2)
-        )
+        document = {"checkpoint": checkpoint, "weights": weights, **result.to_dict()}
+        storage.atomic_write_bytes(per_checkpoint, json.dumps(document, indent=2).encode())
         return CheckpointResult(checkpoint, step, weights, result, probabilities)
 
     # -- which checkpoints ----------------------------------------------------------------------------------
@@ -535,7 +533,7 @@ class Evaluator:
             publisher.publish(REPORT_FILE, result.report_html.encode())
             publisher.publish(EVAL_METRICS, json.dumps(summary, indent=2, sort_keys=True).encode())
         else:
-            (self.directory.local / EVAL_LOGS / REPORT_FILE).write_text(result.report_html)
+            outputs.write_text(self.directory.local / EVAL_LOGS / REPORT_FILE, result.report_html, "evaluation report")
         self.directory.push()
 
 

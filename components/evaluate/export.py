@@ -21,6 +21,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from components.common import storage
 from components.common.model import predict_logits
 from components.common.pixels import resize_images
 
@@ -92,7 +93,9 @@ def export_saved_model(
     # The class names, for a reader of the SavedModel alone (batch prediction's top-k names); TF Serving ignores it.
     assets = Path(directory, "assets")
     assets.mkdir(exist_ok=True)
-    (assets / LABEL_NAMES_ASSET).write_text(json.dumps({"label_names": list(label_names)}) + "\n")
+    storage.atomic_write_bytes(
+        assets / LABEL_NAMES_ASSET, (json.dumps({"label_names": list(label_names)}) + "\n").encode()
+    )
     for path in checkpoint_files:
         target = Path(directory, CHECKPOINT_FOLDER, Path(path).name)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from components.common import outputs
 from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import CheckpointError, artifact_location
 from components.evaluate.config import EvaluateConfig
@@ -34,10 +35,8 @@ def run_evaluate(
     metrics.log_metric("step", result.final.step)
     metrics.log_metric("blessed", 1.0 if result.decision.blessed else 0.0)
     classification.log_confusion_matrix(result.label_names, result.final.metrics.confusion_matrix)
-    with open(report.path, "w") as handle:
-        handle.write(result.report_html)
-    with open(evaluation.path, "w") as handle:
-        json.dump(result.summary(), handle, indent=2, sort_keys=True)
+    outputs.write_text(report.path, result.report_html, "evaluation report artifact")
+    outputs.write_text(evaluation.path, json.dumps(result.summary(), indent=2, sort_keys=True), "evaluation artifact")
     evaluation.metadata.update(
         {
             "blessed": result.decision.blessed,
@@ -89,11 +88,10 @@ def run_promote(
     if outcome.promotion is None:
         summary = outcome.decision.summary() if outcome.decision else "not promoted"
         promoted.metadata.update({"promoted": False, "decision": summary})
-        with open(promoted.path, "w") as handle:
-            json.dump({"promoted": False, "decision": summary}, handle)
+        outputs.write_json(promoted.path, {"promoted": False, "decision": summary}, "promotion artifact")
         return 0
-    with open(promoted.path, "w") as handle:
-        json.dump(outcome.pointer, handle, indent=2, sort_keys=True)  # the pointer as this promotion wrote it
+    # the pointer as this promotion wrote it
+    outputs.write_text(promoted.path, json.dumps(outcome.pointer, indent=2, sort_keys=True), "promotion artifact")
     promoted.metadata.update(
         {
             "promoted": True,
@@ -123,11 +121,10 @@ def run_check_data(
         thresholds=dict(thresholds),
     )  # fmt: skip
     outcome = check_data(config)
-    with open(findings.path, "w") as handle:
-        json.dump(outcome.summary(mode), handle, indent=2)
+    outputs.write_json(findings.path, outcome.summary(mode), "data check artifact")
     title = f"Data check against {outcome.reference}"
-    with open(visualization.path, "w") as handle:
-        handle.write(markdown(outcome.statistics, outcome.reference_statistics, outcome.findings, title))
+    outputs.write_text(visualization.path, markdown(outcome.statistics, outcome.reference_statistics,
+                       outcome.findings, title), "data check visualization")  # fmt: skip
     findings.metadata.update(
         {"errors": sum(f.severity == "error" for f in outcome.findings), "blocking": outcome.blocking}
     )

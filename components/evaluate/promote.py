@@ -166,7 +166,9 @@ def stage(root: str, export_dir: Path, token: str) -> list[str]:
     if storage.is_remote(root):
         publisher = storage.publisher_for(root)
         for path, name in zip(files, relative, strict=True):
-            publisher.publish(f"{STAGING}/{token}/{name}", path.read_bytes(), expected_version=storage.ABSENT)
+            publisher.publish(
+                f"{STAGING}/{token}/{name}", storage.read_bytes(str(path)), expected_version=storage.ABSENT
+            )
     else:
         shutil.copytree(export_dir, Path(root, STAGING, token))
     return relative
@@ -261,7 +263,7 @@ def promote(
             candidate.checkpoint_files,
         )  # fmt: skip
         if candidate.data_statistics is not None:  # what the next run's data is checked against
-            (export_dir / PROMOTED_STATISTICS).write_bytes(candidate.data_statistics)
+            storage.atomic_write_bytes(export_dir / PROMOTED_STATISTICS, candidate.data_statistics)
         serving = check_serving(export_dir, declared, publisher.uri(""))
         validated = canary.validate(export_dir, candidate.canary) if candidate.canary is not None else None
         extra = {"serving": serving, "canary": validated}

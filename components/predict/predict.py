@@ -218,11 +218,8 @@ LINE_SCHEMA = documents.Fields(
 
 def read_predictions(output: str) -> Iterator[dict]:
     """The lines of an output, each checked; a last line cut short (a job stopped mid-write) is not a line."""
-    with open(output, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.endswith(b"\n"):
-                return
-            yield documents.parse(line, f"{output} line {number}", LINE_SCHEMA, "prediction")
+    for number, line in storage.whole_lines(output):
+        yield documents.parse(line, f"{output} line {number}", LINE_SCHEMA, "prediction")
 
 
 def _continue(output: str) -> set[str]:
@@ -231,12 +228,9 @@ def _continue(output: str) -> set[str]:
     if not path.exists():
         return set()
     done = {prediction["image"] for prediction in read_predictions(output)}
-    content = path.read_bytes()
-    whole = content.rfind(b"\n") + 1
-    if whole < len(content):
-        logger.warning("%s: dropping a last line cut short (%d bytes)", output, len(content) - whole)
-        with open(path, "r+b") as handle:
-            handle.truncate(whole)
+    dropped = storage.cut_to_whole_lines(path)
+    if dropped:
+        logger.warning("%s: dropped a last line cut short (%d bytes)", output, dropped)
     if done:
         logger.info("%s holds %d images of this job already: continuing after them", output, len(done))
     return done
@@ -319,7 +313,7 @@ def _score(config: PredictConfig, model: ServedModel, images: Images) -> tuple[d
     pending = [key for key in images.keys if key not in done]
     progress = Progress("predict", len(pending), unit="images", logger=logger)
     skipped, started = 0, time.monotonic()
-    with open(config.output, "a", encoding="utf-8") as output:
+    with storage.open_for_append(config.output, text=True) as output:
         batch_keys: list[str] = []
         batch: list[np.ndarray] = []
 

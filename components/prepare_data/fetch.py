@@ -71,6 +71,7 @@ def download_url(url: str, cache_dir: Path, expected_sha256: str | None, max_byt
     digest = hashlib.sha256()
     logger.info("downloading %s", url)
     try:
+        # reader: an archive streamed to a file, its size bounded by max_bytes and its SHA-256 checked
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response, open(partial, "wb") as out:
             total = _content_length(response.headers.get("Content-Length"), url)
             if total > max_bytes:
@@ -119,7 +120,7 @@ def download_object(uri: str, cache_dir: Path, expected_sha256: str | None, max_
         raise _too_large(uri, checksum[0], max_bytes)
     target = _cache_path(cache_dir, uri)
     if target.exists():
-        content = target.read_bytes()
+        content = storage.read_regular_file(target, max_bytes)
         if (len(content), storage.crc32c_base64(content)) == checksum:
             digest = hashlib.sha256(content).hexdigest()
             _check_sha256(target, digest, expected_sha256, uri)

@@ -35,6 +35,7 @@ def source_fingerprint(source: str) -> str:
             return f"object:{version}:{checksum[1]}:{checksum[0]}"
         if fetch.is_url(source):
             request = urllib.request.Request(source, method="HEAD")
+            # reader: a HEAD request: its headers only, no body is read
             with urllib.request.urlopen(request, timeout=fetch.DOWNLOAD_TIMEOUT_SECONDS) as response:
                 headers = response.headers
                 described = [headers.get(key, "") for key in ("ETag", "Last-Modified", "Content-Length")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.common import data_statistics
+from components.common import data_statistics, outputs
 from components.common.kfp_parameters import config_from_parameters
 from components.common.memory import reuse_freed_memory
 from components.common.statistics_view import markdown
@@ -44,7 +44,7 @@ def run_prepare_data(dataset: Any, statistics: Any, **options: Any) -> PrepareRe
     result = prepare_data(config)
     dataset.metadata.update({**dataset_metadata(result), "source_fingerprint": fingerprint})
     described = data_statistics.dataset_statistics(config.output, result.manifest)
-    with open(statistics.path, "w") as handle:
-        handle.write(markdown(described, title=f"Statistics of {result.manifest.dataset} ({config.source})"))
+    title = f"Statistics of {result.manifest.dataset} ({config.source})"
+    outputs.write_text(statistics.path, markdown(described, title=title), "statistics artifact")
     dataset.metadata["leakage"] = described["leakage"]
     return result

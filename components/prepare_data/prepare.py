@@ -94,7 +94,7 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
         folder = DirTree(path, config.max_source_bytes)
         return ResolvedSource(source, folder.sha256(), path, folder=folder, max_bytes=config.max_source_bytes)
     check_source_size(path, config.max_source_bytes)
-    content = path.read_bytes()
+    content = storage.read_regular_file(path, config.max_source_bytes)
     digest = hashlib.sha256(content).hexdigest()
     if expected is not None and digest != expected.lower():
         raise SourceError(f"{source}: SHA-256 is {digest}, expected {expected.lower()}; the file is damaged")

@@ -57,9 +57,7 @@ def run_sweep(
     if code != exit_codes.SUCCESS:  # stopped: a retry continues the study
         sys.exit(code)
     best = read_best(sweep_dir)
-    content = storage.read_bytes(storage.join(sweep_dir, REPORT))
-    with open(report.path, "wb") as handle:
-        handle.write(content)
+    storage.atomic_write_bytes(report.path, storage.read_bytes(storage.join(sweep_dir, REPORT)))
     sweep_artifact.metadata.update({"sweep_dir": sweep_dir, "best_trial": best["trial"], "best_params": best["params"]})
     metrics.log_metric("best_validation_accuracy", best["validation_accuracy"])
     if best.get("validation_accuracy_std") is not None:

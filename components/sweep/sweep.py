@@ -69,6 +69,7 @@ TRIAL_RECORD = "trial.json"  # in a trial's model directory: the settings it tra
 STUDY_NAME = "cifar10-sweep"
 STOP_WAIT_SECONDS = 120.0  # a stopped trial saves its checkpoint; then it is killed
 MAX_JOURNAL_BYTES = 256 << 20
+MAX_LOG_TAIL_BYTES = 256 << 10  # where a failed trial's last error line is looked for
 STALL_FACTOR = 5.0
 SWEEP_FOLDER = writer_claim.Folder(
     "sweep_dir", "a sweep folder has one driver at a time (wait for it to end, stop it, or give another sweep folder)"
@@ -156,7 +157,7 @@ class SweepFolder:
         """The journal, where a retried step finds it: on an object store, published whole after each change."""
         if self.remote and (self.local / STUDY).exists():
             self.check_claim()
-            self.publisher.publish(STUDY, (self.local / STUDY).read_bytes())
+            self.publisher.publish(STUDY, storage.read_bytes(str(self.local / STUDY)))
 
     def pull(self, name: str, max_bytes: int = MAX_JOURNAL_BYTES) -> None:
         if self.remote:
@@ -177,7 +178,7 @@ class SweepFolder:
         if self.remote:
             for path in sorted((self.local / folder).rglob("*")):
                 if path.is_file():
-                    self.publisher.publish(path.relative_to(self.local).as_posix(), path.read_bytes())
+                    self.publisher.publish(path.relative_to(self.local).as_posix(), storage.read_bytes(str(path)))
 
 
 def _study(folder: SweepFolder, config: SweepConfig):
@@ -220,8 +221,8 @@ def recover_journal(path: Path, uri: str) -> None:
     lines = content[:whole].split(b"\n")[:-1]
     for number, line in enumerate(lines, start=1):
         try:
-            valid = isinstance(json.loads(line), dict)
-        except ValueError:
+            valid = isinstance(documents.load_foreign(line, f"{uri} line {number}", "journal line"), dict)
+        except documents.DocumentError:
             valid = False
         if not valid:
             if number == len(lines) and whole == len(content):  # the last whole line, damaged: cut with it
@@ -234,8 +235,7 @@ def recover_journal(path: Path, uri: str) -> None:
     if whole < len(content):
         logger.warning("%s: its last line was cut short (an abrupt end): the study continues up to the line before",
                        uri)  # fmt: skip
-        with open(path, "r+b") as handle:
-            handle.truncate(whole)
+        storage.cut_to_whole_lines(path, keep=whole)
 
 
 def trial_settings(config: SweepConfig, params: dict, model_dir: str, seed: int) -> dict[str, Any]:
@@ -256,7 +256,7 @@ def trial_settings(config: SweepConfig, params: dict, model_dir: str, seed: int)
         config_from_mapping(LaunchConfig, {k: v for k, v in settings.items() if k in launch_names}, "train_options")
     except ValueError as error:
         raise SweepError(str(error)) from None
-    return json.loads(json.dumps(settings, default=list))
+    return json.loads(json.dumps(settings, default=list))  # reader: a round trip of the settings just built
 
 
 def read_curve(model_dir: str) -> list[tuple[int, float]]:
@@ -405,7 +405,7 @@ class Sweep:
         logs = self.folder.local / "logs"
         logs.mkdir(exist_ok=True)
         running.log_path = logs / f"{running.trial.number:04d}-{running.repeat}.log"
-        with open(running.log_path, "ab") as log:
+        with storage.open_for_append(running.log_path) as log:
             running.process = processes.start(
                 [sys.executable, "-m", "components.train", "--config", json.dumps(settings)],
                 stdout=log, stderr=subprocess.STDOUT,
@@ -579,7 +579,8 @@ def _last_error(log_path: Path | None) -> str:
     """The last ERROR line of a trial's log (what the train stage said), shortened."""
     if log_path is None or not log_path.exists():
         return ""
-    lines = [line for line in log_path.read_text(errors="replace").splitlines() if " ERROR " in line or "Error" in line]
+    tail = storage.read_tail(log_path, MAX_LOG_TAIL_BYTES).decode(errors="replace")
+    lines = [line for line in tail.splitlines() if " ERROR " in line or "Error" in line]
     return f": {lines[-1].strip()[-200:]}" if lines else ""
 
 

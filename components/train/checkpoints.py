@@ -65,6 +65,7 @@ class TrainingState:
 
 
 STATE_FILE = "checkpoint"
+MAX_STATE_BYTES = 1 << 20  # the checkpoint index: a line per kept checkpoint
 
 
 def remove_partial_checkpoint(directory: str | Path, step: int) -> None:
@@ -95,8 +96,8 @@ def reconcile_state_file(directory: str | Path) -> None:
     names = [Path(path).name for path in paths]
     wanted = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
     try:
-        current = state_path.read_text()
-    except (OSError, UnicodeDecodeError):
+        current = storage.read_regular_file(state_path, MAX_STATE_BYTES).decode()
+    except (OSError, ValueError):
         current = None
     if current == wanted:
         return

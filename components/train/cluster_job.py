@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
+from components.common import documents, secrets
 from components.common import pod as this_pod
 from components.common.config import config_to_dict
 from components.images import image
@@ -196,7 +197,9 @@ def api_reason(error: BaseException) -> str:
     body = getattr(error, "body", None)
     if body:
         with contextlib.suppress(ValueError, TypeError, AttributeError):
-            return json.loads(body).get("message") or str(body)
+            status = documents.load(body, "the API's answer", "Status", yaml_allowed=False)
+            message = status.get("message") if isinstance(status, dict) else None
+            return secrets.mask(" ".join(str(message or body).split()))[:300]
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 

@@ -168,7 +168,9 @@ def tf_config_from_jobset(environment, expected_workers: int) -> str:
     if index >= expected_workers:
         raise ClusterError(f"{JOB_COMPLETION_INDEX} {index} is out of range for {expected_workers} workers")
     addresses = [f"{name}-node-0-{worker}.{name}:{WORKER_PORT}" for worker in range(expected_workers)]
-    mapping = json.loads(environment.get(ADDRESS_MAP) or "{}")
+    mapping = documents.load(environment.get(ADDRESS_MAP) or "{}", ADDRESS_MAP, "address map", yaml_allowed=False)
+    if not isinstance(mapping, dict):
+        raise ClusterError(f"{ADDRESS_MAP}: expected a JSON object of address to address")
     addresses = [mapping.get(address, address) for address in addresses]
     return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
 

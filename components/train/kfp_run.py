@@ -6,13 +6,12 @@ No TensorFlow here: the job-launching step imports this."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import sys
 from typing import Any
 
-from components.common import documents, exit_codes, storage
+from components.common import documents, exit_codes, outputs, storage
 from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import (
     RESOLVED_CONFIG,
@@ -177,10 +176,8 @@ def tensorboard_note(log_dir: str) -> str:
 def write_tensorboard_metadata(ui_metadata: Any, note: Any, log_dir: str) -> None:
     """The KFP UI reads an output artifact named mlpipeline-ui-metadata (the TensorBoard button) and shows a
     Markdown artifact as it is."""
-    with open(ui_metadata.path, "w") as handle:
-        json.dump({"outputs": tensorboard_outputs(log_dir)}, handle)
-    with open(note.path, "w", encoding="utf-8") as handle:
-        handle.write(tensorboard_note(log_dir))
+    outputs.write_json(ui_metadata.path, {"outputs": tensorboard_outputs(log_dir)}, "KFP UI metadata artifact")
+    outputs.write_text(note.path, tensorboard_note(log_dir), "TensorBoard note artifact")
 
 
 def delete_run_jobs(run_id: str) -> list[str]:

@@ -169,7 +169,7 @@ class Supervisor:
         self._buffer += chunk
         while b"\n" in self._buffer:
             line, self._buffer = self._buffer.split(b"\n", 1)
-            self._on_phase(json.loads(line))
+            self._on_phase(json.loads(line))  # reader: a phase line our own worker process wrote
         return True
 
     def _on_phase(self, message: dict) -> None:

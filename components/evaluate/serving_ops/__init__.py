@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from components.common import storage
+
+MAX_SAVED_MODEL_BYTES = 2 << 30  # protobuf's own limit on a message
+
 
 class UnknownServingVersionError(ValueError):
     """No op definitions were generated for the requested TensorFlow Serving release."""
@@ -36,7 +40,8 @@ def op_definitions(version: str) -> dict[str, frozenset[str]]:
             f"serving_version: no op definitions of TensorFlow {version} ship with this project (known: "
             f"{', '.join(known_versions())}); generate them with `make serving-ops VERSION={version}`"
         )
-    return {name: frozenset(attributes) for name, attributes in json.loads(path.read_text())["ops"].items()}
+    content = path.read_text()  # reader: a file shipped in this package
+    return {name: frozenset(attributes) for name, attributes in json.loads(content)["ops"].items()}  # reader: that file
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,9 @@ def graph_nodes(saved_model_dir: str | Path):
     """Every node of the SavedModel's graphs and of their functions, and the functions' own names."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    saved_model = saved_model_pb2.SavedModel.FromString(Path(saved_model_dir, "saved_model.pb").read_bytes())
+    saved_model = saved_model_pb2.SavedModel.FromString(
+        storage.read_regular_file(Path(saved_model_dir, "saved_model.pb"), MAX_SAVED_MODEL_BYTES)
+    )
     nodes, functions = [], set()
     for meta_graph in saved_model.meta_graphs:
         nodes += list(meta_graph.graph_def.node)

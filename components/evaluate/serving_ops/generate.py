@@ -67,7 +67,7 @@ def op_list_bytes(wheel: Path, folder: Path) -> bytes:
             archive.extract(name, folder)
     output = folder / "ops.pb"
     subprocess.run([sys.executable, "-c", LOADER, str(folder), str(output), *present], check=True)
-    return output.read_bytes()
+    return output.read_bytes()  # reader: what the loader subprocess just wrote
 
 
 def _name(op) -> str:
@@ -81,7 +81,7 @@ def definitions(version: str) -> dict:
         folder = Path(scratch)
         wheel = download_wheel(version, folder)
         ops = op_def_pb2.OpList.FromString(op_list_bytes(wheel, folder))
-        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()  # reader: the wheel pip just downloaded
     return {
         "tensorflow": version,
         "source": {"wheel": wheel.name, "sha256": digest},
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for version in arguments.versions:
         result = definitions(version)
         path = HERE / f"tensorflow-{version}.json"
-        path.write_text(to_text(result))
+        path.write_text(to_text(result))  # writer: a development tool's own package file
         logger.info("%s: %d ops from %s", path, len(result["ops"]), result["source"]["wheel"])
     return 0
 
