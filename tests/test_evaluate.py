@@ -400,3 +400,29 @@ def test_test_time_augmentation_is_the_same_in_evaluation_and_in_the_exported_mo
     np.testing.assert_allclose(
         mirror, tf.nn.softmax(0.5 * np.log(plain) + 0.5 * np.log(flipped)).numpy(), atol=1e-4
     )  # the mirror view averages logits (log-probabilities up to a constant per image)
+
+
+@pytest.mark.parametrize("num_classes", [9, 12])
+def test_a_model_scoring_another_number_of_classes_than_its_names_is_refused_in_one_line(
+    synthetic_data, trained, tmp_path, num_classes
+):
+    """The model directory's config says the model scores `num_classes`, the data names 10: refused before anything
+    is restored, naming both; and an export of names that do not fit the model is refused the same way."""
+    from components.common.model import LabelCountError
+    from components.evaluate.export import export_saved_model
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained, model_dir)
+    config_file = model_dir / "config.json"
+    config = json.loads(config_file.read_text())
+    config["model_spec"]["num_classes"] = num_classes
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(LabelCountError) as refused:
+        evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(model_dir)))
+    assert f"lists 10 class names, but the model {model_dir} (its training config) scores {num_classes}" in str(
+        refused.value
+    )
+    model = build_model(model_spec_of(config))
+    with pytest.raises(LabelCountError, match=f"lists 10 class names, but the model .* scores {num_classes}"):
+        export_saved_model(model, [f"class {index}" for index in range(10)], tmp_path / "export")
+    assert not (tmp_path / "export").exists()

@@ -258,17 +258,44 @@ def test_any_file_name_can_be_reported(promoted, tmp_path):
     assert "caf\\xe9 &lt;b&gt;.png" in report and "<b>" not in report
 
 
-@pytest.mark.parametrize("count", [3, 20])
-def test_class_names_that_do_not_match_the_models_outputs_are_refused(promoted, tmp_path, capsys, count):
+@pytest.mark.parametrize("count", [1, 9, 11, 20])
+@pytest.mark.parametrize("names_in", ["the SavedModel's asset", "the pointer", "the pointer, counted"])
+def test_class_names_that_do_not_match_the_models_outputs_are_refused(promoted, tmp_path, capsys, count, names_in):
+    """Names of each wrong length, where a model's names come from: its asset, or its promotion root's pointer
+    (which since this release also says how many there are: a pointer whose count and names differ is damaged)."""
     import shutil
 
     root, _evaluation = promoted
-    model = tmp_path / "saved_model"
-    shutil.copytree(root / "1", model)
-    names_file = model / "assets" / "label_names.json"
-    names_file.write_text(json.dumps({"label_names": [f"class {index}" for index in range(count)]}))
+    names = [f"class {index}" for index in range(count)]
+    if names_in == "the SavedModel's asset":
+        model = tmp_path / "saved_model"
+        shutil.copytree(root / "1", model)
+        named_by = model / "assets" / "label_names.json"
+        named_by.write_text(json.dumps({"label_names": names}))
+        expected = f"{named_by}: lists {count} class names, but the model {model} scores 10 classes"
+    else:
+        model = tmp_path / "root"
+        shutil.copytree(root, model)
+        pointer = json.loads((model / "current.json").read_text())
+        pointer["label_names"] = names
+        if names_in == "the pointer":
+            pointer.pop("num_classes")  # as an earlier release wrote it
+            expected = f"{model}/current.json (label_names): lists {count} class names, but the model "
+        else:
+            expected = f"label_names: {count} names, but num_classes is 10; the pointer is damaged"
+        (model / "current.json").write_text(json.dumps(pointer))
     code = predict_main(["--model", str(model), "--images", str(tmp_path), "--output", str(tmp_path / "p.jsonl")])
     assert code == 2
     said = capsys.readouterr().err
-    assert f"its class names list {count} classes, the model scores 10" in said and str(model) in said
+    assert expected in said and "Traceback" not in said
     assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_the_pointer_and_the_registration_carry_the_class_count(promoted):
+    from components.evaluate import registry
+
+    root, _evaluation = promoted
+    pointer = json.loads((root / "current.json").read_text())
+    assert pointer["num_classes"] == len(pointer["label_names"]) == 10
+    registration = registry.registration_of("cifar10", pointer, str(root), registry.Lineage())
+    assert registration.properties["num_classes"] == 10

@@ -383,3 +383,16 @@ def variable_name(variable) -> str:
 def is_kernel(variable) -> bool:
     """Conv and dense kernels: the variables weight decay applies to."""
     return variable_name(variable).endswith("/kernel")
+
+
+class LabelCountError(ValueError):
+    """Class names that do not belong to the model: their count is not the number of classes it scores."""
+
+
+def check_label_count(scored: int, label_names, model: str, names_from: str) -> None:
+    """The model `model` scores `scored` classes; its class names (read from `names_from`) must name each one."""
+    if scored != len(label_names):
+        raise LabelCountError(
+            f"{names_from}: lists {len(label_names)} class names, but the model {model} scores {scored} classes: "
+            "the names do not belong to this model (give the model with its own names)"
+        )

@@ -22,7 +22,7 @@ import tensorflow as tf
 from components.common import data_statistics, outputs, storage
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
-from components.common.model import build_model, model_spec_of, predict_logits, weights_sha256
+from components.common.model import build_model, check_label_count, model_spec_of, predict_logits, weights_sha256
 from components.common.model_directory import (
     EVAL_LOGS,
     EVAL_METRICS,
@@ -126,6 +126,10 @@ class Evaluator:
         self.label_names = manifest.label_names
         self.model_spec = model_spec_of(self.train_config)
         self.model = build_model(self.model_spec)
+        trained_config = f"{config.model_dir} (its training config)"
+        check_label_count(
+            int(self.model.output_shape[-1]), self.label_names, trained_config, f"{config.data}'s manifest"
+        )
         self.images, self.labels, self.ids = self._load_split()
         self.statistics = data_statistics.dataset_statistics(config.data, manifest)  # None: prepared before them
         leaking = set((self.statistics or {}).get("leaking_ids", {}).get(config.split, []))
@@ -370,6 +374,7 @@ class Evaluator:
             "weights_sha256": weights_sha256(self.model),  # the evaluated weights, held by the model now
             "model_dir": self.config.model_dir,
             "label_names": self.label_names,
+            "num_classes": len(self.label_names),
             "dataset_manifest_sha256": self.dataset.manifest_sha256,
             "synthetic_data": self.dataset.manifest.synthetic,
             "evaluation": {

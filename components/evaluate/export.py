@@ -22,7 +22,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from components.common import storage
-from components.common.model import predict_logits
+from components.common.model import check_label_count, predict_logits
 from components.common.pixels import resize_images
 
 SIGNATURES = ("serving_default", "serving_image_bytes")
@@ -36,6 +36,7 @@ class ServingModule(tf.Module):
         self.model = model
         self.test_time_augmentation = test_time_augmentation
         self.resize = resize
+        check_label_count(int(model.output_shape[-1]), label_names, model.name, "the class names to export")
         self.label_names = tf.constant(label_names)
         self.height, self.width, self.channels = model.input_shape[1:]
         self.serve = tf.function(

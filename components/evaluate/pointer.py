@@ -27,6 +27,7 @@ POINTER_SCHEMA = documents.Fields(
         "weights_sha256": documents.Text(max_length=64),
         "metrics": documents.Fields({"accuracy": documents.Number("[0, 1]")}, required=("accuracy",)),
         "label_names": documents.Items(documents.Text(), max_items=100_000),
+        "num_classes": documents.Number("[1, 100000]", integer=True),
         "synthetic_data": documents.Flag(nullable=True),
         "promoting": documents.Fields(
             {
@@ -65,6 +66,12 @@ def parse_pointer(content: bytes, root: str) -> dict:
         raise documents.DocumentError(
             f"{uri}: not a valid promotion pointer: promoting.version: {claim['version']} is not above the ready "
             f"version {pointer['version']}; {DAMAGED}"
+        )
+    names, count = pointer.get("label_names"), pointer.get("num_classes")
+    if names is not None and count is not None and len(names) != count:
+        raise documents.DocumentError(
+            f"{uri}: not a valid promotion pointer: label_names: {len(names)} names, but num_classes is {count}; "
+            f"{DAMAGED}"
         )
     if not given and claim is None:
         raise documents.DocumentError(f"{uri}: not a valid promotion pointer: neither a version nor a claim; {DAMAGED}")

@@ -154,6 +154,7 @@ def registration_of(model_name: str, pointer: dict, root_uri: str, lineage: Line
         "dataset": dataset.get("uri") or "",
         "dataset_source": _text(dataset.get("source") or ""),
         "synthetic_data": bool(pointer.get("synthetic_data")),
+        "num_classes": int(pointer.get("num_classes") or len(pointer.get("label_names") or [])),
         "evaluated_on": _text(pointer.get("evaluation") or {}),
         "train_settings": _text(train_settings),
         "image": lineage.image,

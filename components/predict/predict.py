@@ -35,6 +35,7 @@ import numpy as np
 
 from components.common import documents, outputs, storage
 from components.common.dataset import MANIFEST_NAME
+from components.common.model import LabelCountError, check_label_count
 from components.common.progress import Progress
 from components.evaluate.export import LABEL_NAMES_ASSET
 from components.predict.config import PredictConfig
@@ -79,7 +80,8 @@ def open_model(location: str) -> ServedModel:
     if not _exists(storage.join(folder, "saved_model.pb")):
         raise PredictError(f"{folder}: not a SavedModel (no saved_model.pb), a version folder or a promotion root")
     local = _local_copy(folder)
-    names = names or _label_names(local, folder)
+    names_from = f"{location.rstrip('/')}/current.json (label_names)" if names else None
+    names, names_from = (names, names_from) if names else _label_names(local, folder)
     try:
         loaded = tf.saved_model.load(str(local))
         signature = loaded.signatures["serving_default"]
@@ -93,11 +95,11 @@ def open_model(location: str) -> ServedModel:
     height, width = int(spec.shape[1]), int(spec.shape[2])
     outputs = signature.structured_outputs.get("probabilities")
     classes = int(outputs.shape[-1]) if outputs is not None and outputs.shape.rank == 2 else None
-    if classes is not None and classes != len(names):
-        raise PredictError(
-            f"{folder}: its class names list {len(names)} classes, the model scores {classes}: the SavedModel's "
-            f"assets/{LABEL_NAMES_ASSET} does not belong to it"
-        )
+    if classes is not None:
+        try:
+            check_label_count(classes, names, folder, names_from)
+        except LabelCountError as error:
+            raise PredictError(str(error)) from None
     logger.info("model %s: %d classes, %dx%d images", folder, len(names), width, height)
     return ServedModel(folder, lambda images: signature(images=tf.constant(images))["probabilities"].numpy(), names,
                        height, width, version)  # fmt: skip
@@ -121,14 +123,15 @@ def _local_copy(folder: str) -> Path:
     return target
 
 
-def _label_names(local: Path, folder: str) -> list[str]:
+def _label_names(local: Path, folder: str) -> tuple[list[str], str]:
     """The class names a SavedModel of this project carries: its asset, else its version's data statistics."""
     from components.common.data_statistics import PROMOTED_STATISTICS
 
     schema = documents.Fields({"label_names": documents.Items(documents.Text(max_length=1024))}, ("label_names",))
     for candidate in (local / "assets" / LABEL_NAMES_ASSET, local / PROMOTED_STATISTICS):
         if candidate.is_file():
-            return list(documents.read(candidate, schema, "list of class names", max_bytes=8 << 20)["label_names"])
+            names = documents.read(candidate, schema, "list of class names", max_bytes=8 << 20)["label_names"]
+            return list(names), f"{folder}/{candidate.relative_to(local).as_posix()}"
     raise PredictError(f"{folder}: the SavedModel does not say its class names (assets/{LABEL_NAMES_ASSET})")
 
 
