@@ -299,3 +299,31 @@ def test_the_pointer_and_the_registration_carry_the_class_count(promoted):
     assert pointer["num_classes"] == len(pointer["label_names"]) == 10
     registration = registry.registration_of("cifar10", pointer, str(root), registry.Lineage())
     assert registration.properties["num_classes"] == 10
+
+
+@pytest.mark.parametrize("kind", ["folder", "FIFO", "link", "one of the images", "the model"])
+def test_a_report_that_cannot_be_the_jobs_own_file_is_refused_before_anything_is_scored(promoted, tmp_path, capsys,
+                                                                                          kind):  # fmt: skip
+    import os
+
+    root, _evaluation = promoted
+    images = tmp_path / "images"
+    images.mkdir()
+    image = images / "0.png"
+    image.write_bytes(tf.io.encode_png(np.zeros((32, 32, 3), np.uint8)).numpy())
+    report = {"folder": tmp_path / "a-folder", "FIFO": tmp_path / "fifo.html", "link": tmp_path / "link.html",
+              "one of the images": image, "the model": root / "current.json"}[kind]  # fmt: skip
+    if kind == "folder":
+        report.mkdir()
+    elif kind == "FIFO":
+        os.mkfifo(report)
+    elif kind == "link":
+        report.symlink_to(tmp_path / "elsewhere.html")
+    before = {path: path.read_bytes() for path in (image, root / "current.json")}
+    output = tmp_path / "p.jsonl"
+    code = predict_main(["--model", str(root), "--images", str(images), "--output", str(output), "--report",
+                         str(report)])  # fmt: skip
+    said = capsys.readouterr().err
+    assert code == 2 and str(report) in said and "Traceback" not in said
+    assert not output.exists() or output.read_bytes() == b""
+    assert before == {path: path.read_bytes() for path in before}
