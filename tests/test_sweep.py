@@ -585,3 +585,10 @@ def test_a_trials_unreadable_or_missing_validation_curve_fails_that_trial_and_th
     (failed,) = sweep.finished()
     assert failed.state == TrialState.FAIL and failed.user_attrs["reason"].startswith(expected)
     assert running.process.poll() is not None  # stopped, not left running
+    again = sweep_module.Sweep(config)  # the sweep continued later: the failed trial stays failed, never retrained
+    try:
+        (still,) = again.finished()
+        assert (still.number, still.state) == (failed.number, TrialState.FAIL)
+        assert again.study.ask().number == failed.number + 1
+    finally:
+        again.folder.release()
