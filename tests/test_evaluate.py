@@ -156,7 +156,8 @@ def test_a_model_of_other_classes_never_replaces_the_promoted_one(synthetic_data
     root = tmp_path / "promoted"
     evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), promote_to=str(root)))
     pointer = json.loads((root / "current.json").read_text())
-    (root / "current.json").write_text(json.dumps({**pointer, "label_names": ["circle", "square"]}))
+    other_classes = {**pointer, "label_names": ["circle", "square"], "num_classes": 2}
+    (root / "current.json").write_text(json.dumps(other_classes))
     other = evaluate(EvaluateConfig(data=synthetic_data, model_dir=str(trained), promote_to=str(root), weights="raw"))
     assert not other.decision.blessed and other.promotion is None
     (reason,) = other.decision.reasons

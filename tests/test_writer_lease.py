@@ -59,11 +59,11 @@ def test_a_second_writer_on_another_machine_fails_naming_the_holder(object_store
 def test_the_lease_of_a_killed_writer_is_taken_over_after_it_runs_out(object_store, tmp_path):
     model_dir = f"{object_store}/models/run"
     killed = {"holder": "pid 1 on gone-host since then", "token": "dead", "renewed_at": time.time()}
+    started = time.monotonic()  # the lease runs out counted from its last renewal, this moment
     storage.publisher_for(model_dir).swap_document(
         writer_lease.WRITER_LEASE, json.dumps(killed).encode(), storage.ABSENT
     )
     newcomer = machine(model_dir, tmp_path, "a")
-    started = time.monotonic()
     newcomer.claim_writer()
     try:
         assert 3.0 < time.monotonic() - started < 15.0

@@ -327,6 +327,7 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
             **candidate.record,
             **extra,
             "version": version,
+            "num_classes": len(candidate.label_names),  # an int, whatever the record became on its way (KFP)
             "state": "ready",
             "saved_model": publisher.uri(str(version)),
             "warm_start": _warm_start_uri(publisher, version, candidate),
