@@ -49,7 +49,7 @@ SHOWN = (
     ("components.train.loop", re.compile(r"^(step \d+/\d+ |step \d+ validation-|resuming from |starting from step )")),
     ("components.prepare_data.prepare", re.compile(r"^published |already holds this dataset")),
     ("components.evaluate.", re.compile(r"^(BLESSED|NOT BLESSED|step \d+ \(|promoted version |not promoted)")),
-    ("components.evaluate.data_check", re.compile(r"^(data check against |(ERROR|WARNING) finding: )")),
+    ("components.evaluate.data_check", re.compile(r"^(data check against |(ERROR|WARNING|NOTE) finding: )")),
     ("components.sweep.sweep", re.compile(r"^(trial \d+ (started|validation accuracy|pruned|failed|was)|sweep done)")),
     ("components.sweep.kfp_run", re.compile(r"^best trial ")),
 )

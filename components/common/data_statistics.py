@@ -6,17 +6,29 @@ the data the promoted model was trained on. It is read here like every document 
 bounded, checked against STATISTICS_SCHEMA, one line naming the file and field otherwise).
 
 The check (`check`) compares a dataset's statistics with a reference's, as TFX's ExampleValidator compares with a
-schema and a previous span, and says what changed beyond thresholds a user can set (`DataCheckConfig`): a class
-missing or new, class shares (L-infinity distance, as TFDV measures categorical drift), images of a class that look
-like another class's (labels moved), each channel's mean (a shift in the reference's standard deviations) and spread,
-source image sizes, colour conversions, the near-duplicate and leakage rates. Without a reference it reports what
-needs none: leaking images. Each finding has a severity: an "error" is what `data_check` acts on ("warn": say it;
-"block": no promotion; "fail": the run stops), a "warning" is only said.
+schema and a previous span, and says what changed, and what kind of change it is, beyond thresholds a user can set
+(`DataCheckConfig`):
+- balance: a class missing or new, class shares (L-infinity distance, as TFDV measures categorical drift);
+- the look of the images, told apart: brightness (mean luminance), contrast (each image's luminance spread), colour
+  saturation, colour balance (a channel moving apart from the others once brightness and saturation are accounted
+  for: a tint, or red and blue swapped), fine detail (blur, a lower resolution, compression; or noise), the layout
+  of the mean image (rotated or flipped images), and, when none of these names it, the pixel values' histograms
+  (Jensen-Shannon divergence, TFDV's numeric measure);
+- labels, only where the look did not change: classes whose mean images are less distinct from each other than the
+  reference's (labels shuffled within a share of the images), a class that looks like another (labels moved);
+- source image sizes, colour conversions, the near-duplicate and leakage rates.
+Each threshold is the least change a user would call one; on a small sample the limit is widened to what chance can
+move the measure (CHANCE_Z standard errors, from the spreads the statistics record), so that an unchanged resample
+is not a finding whatever its size (measured in bench/data_check.py). Without a reference it reports what needs none:
+leaking images. Each finding has a severity: an "error" is what `data_check` acts on ("warn": say it; "block": no
+promotion; "fail": the run stops), a "warning" is only said, a "note" says what could not be compared (a reference
+written before a statistic was recorded).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -29,8 +41,18 @@ from components.common.dataset import STATISTICS_NAME, DatasetError
 DATA_CHECK_MODES = ("warn", "block", "fail")
 PROMOTED_STATISTICS = "data_statistics.json"  # in a promoted version's folder
 MAX_STATISTICS_BYTES = 8 << 20
-ERROR, WARNING = "error", "warning"
+ERROR, WARNING, NOTE = "error", "warning", "note"
+CHANCE_Z = 5.0  # standard errors of the difference a measure may move by chance before it is a finding
+PER_IMAGE = ("red", "green", "blue", "brightness", "contrast", "saturation", "detail")
+LUMA = np.array([0.299, 0.587, 0.114])
+LAYOUT_NOISE = 5.5  # the layout difference of two random samples of n images, times sqrt(n) (bench/data_check.py)
+BLOCK_VARIANCE = 0.8  # the variance of an 8x8 block's mean over a pixel's, across images (CIFAR-10: 0.81)
+MIN_CLASS_IMAGES = 100  # fewer images of a class, and its mean image says too little of its labels
+# The 192 values of an 8x8 mean image move together: by chance its distance moves as if it had this many independent
+# values (measured on CIFAR-10 resamples, bench/data_check.py: 5.5 times the spread 192 independent values give).
+MEAN_IMAGE_EFFECTIVE_VALUES = 6
 
+_COUNT = documents.Number("[0, 1e15]", integer=True)
 _COUNTS = documents.Items(documents.Number("[0, 1e12]", integer=True), max_items=100_000)
 _TRIPLE = documents.Items(documents.Number("[0, 255]"), length=3)
 _SPLIT = documents.Fields(
@@ -47,6 +69,19 @@ _SPLIT = documents.Fields(
         "source_aspect_ratios": documents.ANY_OBJECT,
         "distinct_source_sizes": documents.Number("[0, 1e12]", integer=True),
         "converted_to_rgb": documents.ANY_OBJECT,
+        "channel_histogram": documents.Items(documents.Items(_COUNT, length=32), length=3),
+        "saturation_histogram": documents.Items(_COUNT, length=16),
+        "detail_histogram": documents.Items(_COUNT, length=32),
+        "per_image": documents.Fields(
+            {
+                name: documents.Fields(
+                    {"mean": documents.Number("[-1e6, 1e6]"), "std": documents.Number("[0, 1e6]")},
+                    required=("mean", "std"),
+                )
+                for name in PER_IMAGE
+            },
+            required=PER_IMAGE,
+        ),
     },
     required=("count", "class_counts", "channel_mean", "channel_std", "class_thumbnails", "source_sizes"),
 )
@@ -75,7 +110,7 @@ _PER_SPLIT_COUNT = documents.Fields(
 )
 STATISTICS_SCHEMA = documents.Fields(
     {
-        "schema_version": documents.Number("[1, 1]", integer=True),
+        "schema_version": documents.Number("[1, 2]", integer=True),
         "label_names": documents.Items(documents.Text(max_length=1024), max_items=100_000),
         "method": documents.ANY_OBJECT,
         "splits": documents.Fields(
@@ -134,18 +169,67 @@ class DataCheckConfig:
     said otherwise)."""
 
     class_share_change: float = field(
-        default=0.05,
+        default=0.03,
         metadata={
             "range": "(0, 1]",
             "help": "the largest change of any class's share of a split (L-infinity distance, as TFDV measures it)",
         },
     )
     channel_mean_shift: float = field(
-        default=0.25,
-        metadata={"range": "(0, 100]", "help": "a channel's mean may move this many of the reference's std deviations"},
+        default=0.1,
+        metadata={
+            "range": "(0, 100]",
+            "help": "brightness: the mean luminance may move this many of the reference's pixel standard deviations",
+        },
+    )
+    colour_shift: float = field(
+        default=0.1,
+        metadata={
+            "range": "(0, 100]",
+            "help": "colour balance: a channel's mean may move this many of its standard deviations apart from what "
+            "brightness and saturation explain (a tint, channels swapped)",
+        },
     )
     channel_spread_change: float = field(
-        default=0.2, metadata={"range": "(0, 100]", "help": "a channel's std deviation may change by this fraction"}
+        default=0.1,
+        metadata={
+            "range": "(0, 100]",
+            "help": "contrast: the images' mean luminance spread may change by this fraction",
+        },
+    )
+    saturation_change: float = field(
+        default=0.15,
+        metadata={"range": "(0, 100]", "help": "the images' mean colour saturation may change by this fraction"},
+    )
+    detail_change: float = field(
+        default=0.1,
+        metadata={
+            "range": "(0, 100]",
+            "help": "fine detail (blur, resolution, compression, noise) may change by this fraction",
+        },
+    )
+    layout_change: float = field(
+        default=0.25,
+        metadata={
+            "range": "(0, 100]",
+            "help": "the mean image's pattern may move this much (RMS, in its own standard deviations): rotated or "
+            "flipped images",
+        },
+    )
+    pixel_divergence: float = field(
+        default=0.02,
+        metadata={
+            "range": "(0, 1]",
+            "help": "a channel's histogram may move this Jensen-Shannon divergence (TFDV's numeric measure) when no "
+            "other measure names the change",
+        },
+    )
+    label_noise: float = field(
+        default=0.1,
+        metadata={
+            "range": "(0, 1]",
+            "help": "labels shuffled: the classes' mean images may grow this fraction less distinct from each other",
+        },
     )
     class_look_change: float = field(
         default=1.0,
@@ -179,13 +263,16 @@ class DataCheckConfig:
 @dataclass(frozen=True)
 class Finding:
     kind: str
-    severity: str  # ERROR or WARNING
+    severity: str  # ERROR, WARNING or NOTE
     message: str
     value: float | None = None
-    threshold: float | None = None
+    threshold: float | None = None  # the limit the value met (the setting, or wider on a small sample)
+    split: str | None = None
+    class_name: str | None = None
+    setting: str | None = None  # the DataCheckConfig field (data_thresholds name) that controls it
 
     def line(self) -> str:
-        return f"{self.severity.upper()} finding: {self.message}"
+        return f"{self.severity.upper()} finding: {self.kind.replace('_', ' ')}: {self.message}"
 
 
 def check(current: dict, reference: dict | None, thresholds: DataCheckConfig) -> list[Finding]:
@@ -230,46 +317,135 @@ def _compared(current: dict, reference: dict, thresholds: DataCheckConfig) -> li
         findings.append(Finding("class_missing", ERROR, f"class(es) {missing} of the reference are missing"))
     if new:
         findings.append(Finding("class_new", ERROR, f"class(es) {new} are new: the reference has none of them"))
+    less_detail: dict[str, bool] = {}
     for split in ("train", "eval"):
         mine, theirs = current["splits"].get(split), reference["splits"].get(split)
         if mine is None or theirs is None or not mine["count"] or not theirs["count"]:
             continue
-        findings += _class_findings(split, mine, theirs, names, reference_names, thresholds)
-        findings += _pixel_findings(split, mine, theirs, thresholds)
+        look = _look_findings(split, mine, theirs, thresholds)
+        changed_look = [finding for finding in look if finding.severity == ERROR]
+        findings += look
+        findings += _class_findings(split, mine, theirs, names, reference_names, thresholds, changed_look)
         findings += _source_findings(split, mine, theirs, thresholds)
-    findings += _duplicate_findings(current, reference, thresholds)
+        blurred = any(finding.kind == "detail" and (finding.value or 0) < 0 for finding in changed_look)
+        if blurred:
+            less_detail[split] = True
+    findings += _duplicate_findings(current, reference, thresholds, less_detail)
     return findings
 
 
-def _class_findings(split, mine, theirs, names, reference_names, thresholds) -> list[Finding]:
+def _limit(threshold: float, chance: float) -> float:
+    return max(threshold, chance)
+
+
+def _against(value: float, limit: float, threshold: float, setting: str, count: int) -> str:
+    """How a measure compares with its limit, in words: "(>= 0.10, channel_mean_shift)", or when the sample is too
+    small for the setting alone, "(>= 0.14: channel_mean_shift 0.1, widened by chance at 1,000 images)"."""
+    if limit > threshold:
+        return f"(>= {limit:.3g}: {setting} {threshold:g}, widened for what chance moves at {count:,} images)"
+    return f"(>= {threshold:g}, {setting})"
+
+
+def _class_findings(split, mine, theirs, names, reference_names, thresholds, changed_look) -> list[Finding]:
     findings = []
     shared = [name for name in names if name in reference_names]
     share = np.array(mine["class_counts"], float) / mine["count"]
     reference_share = np.array(theirs["class_counts"], float) / theirs["count"]
-    changes = {name: share[names.index(name)] - reference_share[reference_names.index(name)] for name in shared}
     for name in names:
         if (
-            name in changes
+            name in shared
             and mine["class_counts"][names.index(name)] == 0 < theirs["class_counts"][reference_names.index(name)]
         ):
             findings.append(Finding("class_missing", ERROR, f"{split}: class {name!r} has no images (the reference has "
-                                    f"{theirs['class_counts'][reference_names.index(name)]})"))  # fmt: skip
+                                    f"{theirs['class_counts'][reference_names.index(name)]})", split=split,
+                                    class_name=name))  # fmt: skip
+    changes = []
+    for name in shared:
+        mine_share, their_share = share[names.index(name)], reference_share[reference_names.index(name)]
+        chance = CHANCE_Z * math.sqrt(
+            max(mine_share * (1 - mine_share), 1e-4) / mine["count"] + their_share * (1 - their_share) / theirs["count"]
+        )
+        limit = _limit(thresholds.class_share_change, chance)
+        changes.append((abs(mine_share - their_share) / limit, name, mine_share, their_share, limit))
     if changes:
-        name, change = max(changes.items(), key=lambda item: abs(item[1]))
-        if abs(change) >= thresholds.class_share_change:
+        ratio, name, mine_share, their_share, limit = max(changes)
+        if ratio >= 1:
+            more = "more" if mine_share > their_share else "fewer"
             findings.append(
                 Finding(
-                    "class_balance",
-                    ERROR,
-                    f"{split}: class {name!r} is {share[names.index(name)]:.1%} of the images, the reference's "
-                    f"{reference_share[reference_names.index(name)]:.1%} (change {abs(change):.1%} >= "
-                    f"{thresholds.class_share_change:.1%})",
-                    abs(change),
-                    thresholds.class_share_change,
+                    "class_balance", ERROR,
+                    f"{split}: {more} {name!r} images: {mine_share:.1%} of the split, the reference's {their_share:.1%}"
+                    f" (change {abs(mine_share - their_share):.1%} "
+                    f"{_against(0, limit, thresholds.class_share_change, 'class_share_change', mine['count'])})",
+                    abs(mine_share - their_share), limit, split, name, "class_share_change",
                 )
-            )
+            )  # fmt: skip
+    if changed_look:  # the images changed: their classes' looks say nothing about the labels
+        return findings
+    findings += _label_noise(split, mine, theirs, names, reference_names, thresholds)
     findings += _moved_labels(split, mine, theirs, names, reference_names, thresholds)
     return findings
+
+
+def _mean_image(split: dict) -> np.ndarray:
+    """The split's mean image at 8x8 (its classes' mean images weighted by their counts), [8, 8, 3]."""
+    thumbnails = np.array(split["class_thumbnails"], float).reshape(-1, 8, 8, 3)
+    counts = np.array(split["class_counts"], float)
+    return np.tensordot(counts, thumbnails, axes=1) / max(counts.sum(), 1)
+
+
+def _pattern(image: np.ndarray, around: np.ndarray | None = None, scale: float | None = None) -> np.ndarray:
+    """`image` less its per-channel mean (or less `around`), over its standard deviation (or `scale`): the pattern
+    of light and colour over the frame, whatever the brightness and contrast."""
+    centred = image - (image.mean(axis=(0, 1)) if around is None else around)  # per channel, when it has channels
+    return centred / max(scale if scale is not None else float(centred.std()), 1e-6)
+
+
+def _separations(split: dict, names: list[str], shared: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """How distinct each class's mean image is from the split's: its mean squared distance per value, in pixel
+    variances, less what chance adds to a mean of its count of images (BLOCK_VARIANCE over the count); and the
+    counts."""
+    thumbnails = np.array(split["class_thumbnails"], float).reshape(len(names), -1)
+    counts = np.array(split["class_counts"], float)
+    mean = counts @ thumbnails / max(counts.sum(), 1)
+    variance = float(np.mean(np.square(split["channel_std"]))) or 1.0
+    indices = [names.index(name) for name in shared]
+    squared = np.mean((thumbnails[indices] - mean) ** 2, axis=1) / variance
+    return squared - BLOCK_VARIANCE / np.maximum(counts[indices], 1), counts[indices]
+
+
+def _label_noise(split, mine, theirs, names, reference_names, thresholds) -> list[Finding]:
+    """Labels shuffled within a share of the images pull every class's mean image towards the split's: the classes
+    grow less distinct by about that share (measured on classes of MIN_CLASS_IMAGES images or more)."""
+    shared = [name for name in names if name in reference_names and
+              mine["class_counts"][names.index(name)] >= MIN_CLASS_IMAGES and
+              theirs["class_counts"][reference_names.index(name)] >= MIN_CLASS_IMAGES]  # fmt: skip
+    if len(shared) < 2:
+        return []
+    ours, counts = _separations(mine, names, shared)
+    reference, reference_counts = _separations(theirs, reference_names, shared)
+    if reference.mean() <= 0:
+        return []
+    fall = 1 - math.sqrt(max(ours.mean(), 0) / reference.mean())
+
+    def variance(separation: np.ndarray, count: np.ndarray) -> float:  # of the mean of the classes' estimates
+        each = (4 * np.maximum(separation, 0) * BLOCK_VARIANCE / count + 2 * (BLOCK_VARIANCE / count) ** 2)
+        each /= MEAN_IMAGE_EFFECTIVE_VALUES
+        return float(each.sum()) / len(each) ** 2
+
+    error = math.sqrt(variance(ours, counts) + variance(reference, reference_counts)) / (2 * reference.mean())
+    limit = _limit(thresholds.label_noise, CHANCE_Z * error)
+    if fall < limit:
+        return []
+    return [
+        Finding(
+            "label_noise", ERROR,
+            f"{split}: the classes' mean images are {fall:.0%} less distinct from each other than the reference's, "
+            f"while the images look the same: labels shuffled within about {fall:.0%} of the images "
+            f"{_against(fall, limit, thresholds.label_noise, 'label_noise', mine['count'])}",
+            fall, limit, split, None, "label_noise",
+        )
+    ]  # fmt: skip
 
 
 def _moved_labels(split, mine, theirs, names, reference_names, thresholds) -> list[Finding]:
@@ -284,7 +460,13 @@ def _moved_labels(split, mine, theirs, names, reference_names, thresholds) -> li
         own = reference_names.index(name)
         if not present[own]:
             continue
-        distances = np.linalg.norm(reference_thumbnails - np.array(mine["class_thumbnails"][index], float), axis=1)
+        squared = np.sum((reference_thumbnails - np.array(mine["class_thumbnails"][index], float)) ** 2, axis=1)
+        # what chance adds to a squared distance of two class means of n and m images: 192 values, each of
+        # BLOCK_VARIANCE of a pixel's variance, over n and over m
+        variance = BLOCK_VARIANCE * float(np.mean(np.square(theirs["channel_std"])))
+        counts = np.maximum(np.array(theirs["class_counts"], float), 1)
+        noise = 192 * variance * (1 / mine["class_counts"][index] + 1 / counts)
+        distances = np.sqrt(np.maximum(squared - noise, 0))
         distances[~present] = np.inf
         others = distances.copy()
         others[own] = np.inf
@@ -292,51 +474,246 @@ def _moved_labels(split, mine, theirs, names, reference_names, thresholds) -> li
         if not math.isfinite(others[nearest]):
             continue
         ratio = distances[own] / max(others[nearest], 1e-9)
-        if ratio >= thresholds.class_look_change:
+        beyond_chance = squared[own] - squared[nearest] >= CHANCE_Z * noise[own]  # not a small sample's wobble
+        if ratio >= thresholds.class_look_change and beyond_chance:
             findings.append(
                 Finding(
-                    "labels_moved",
-                    ERROR,
+                    "labels_moved", ERROR,
                     f"{split}: the images labelled {name!r} look more like the reference's "
                     f"{reference_names[nearest]!r} than like its {name!r} (mean-image distance {distances[own]:.1f} "
-                    f"against {others[nearest]:.1f}): labels moved, or other images",
-                    float(ratio),
-                    thresholds.class_look_change,
+                    f"against {others[nearest]:.1f}, ratio {ratio:.2f} >= {thresholds.class_look_change:g}, "
+                    "class_look_change), while the images overall look the same: labels moved",
+                    float(ratio), thresholds.class_look_change, split, name, "class_look_change",
                 )
-            )
+            )  # fmt: skip
     return findings
 
 
-def _pixel_findings(split, mine, theirs, thresholds) -> list[Finding]:
-    findings = []
-    for channel, colour in enumerate(("red", "green", "blue")):
-        mean, reference_mean = mine["channel_mean"][channel], theirs["channel_mean"][channel]
-        spread, reference_spread = mine["channel_std"][channel], theirs["channel_std"][channel]
-        shift = abs(mean - reference_mean) / max(reference_spread, 1e-6)
-        if shift >= thresholds.channel_mean_shift:
-            findings.append(
-                Finding(
-                    "channel_shift",
-                    ERROR,
-                    f"{split}: the {colour} channel's mean is {mean:.1f}, the reference's {reference_mean:.1f}: a "
-                    f"shift of {shift:.2f} standard deviations (>= {thresholds.channel_mean_shift:g})",
-                    shift,
-                    thresholds.channel_mean_shift,
-                )
+def _histograms(split: dict, name: str) -> np.ndarray | None:
+    values = split.get(name)
+    if values is None:
+        return None
+    array = np.asarray(values, float)
+    return array / np.maximum(array.sum(axis=-1, keepdims=True), 1e-12)
+
+
+def jensen_shannon(first: np.ndarray, second: np.ndarray) -> float:
+    """The Jensen-Shannon divergence (base 2, in [0, 1]) of two histograms: TFDV's measure of numeric drift."""
+    middle = (first + second) / 2
+
+    def divergence(histogram: np.ndarray) -> float:
+        present = histogram > 0
+        return float(np.sum(histogram[present] * np.log2(histogram[present] / middle[present])))
+
+    return (divergence(first) + divergence(second)) / 2
+
+
+TURNS = {
+    "rotated a quarter turn": lambda image: np.rot90(image, 1),
+    "rotated a half turn": lambda image: np.rot90(image, 2),
+    "rotated three quarters of a turn": lambda image: np.rot90(image, 3),
+    "upside down": lambda image: image[::-1],
+    "mirrored left to right": lambda image: image[:, ::-1],
+}
+
+
+def _look_findings(split: str, mine: dict, theirs: dict, thresholds: DataCheckConfig) -> list[Finding]:
+    """What changed in how the images look, each measure against its threshold (widened by chance on a small
+    sample), named by kind: brightness, contrast, saturation, colour balance, detail, layout, pixel values."""
+    look = _Look(split, mine, theirs, thresholds)
+    findings = [*look.brightness(), *look.contrast(), *look.saturation(), *look.colour(), *look.detail(),
+                *look.layout()]  # fmt: skip
+    if not findings:
+        findings += look.pixel_values()
+    if look.not_compared:
+        findings.append(
+            Finding(
+                "not_compared",
+                NOTE,
+                f"{split}: not compared: {', '.join(look.not_compared)} (the reference's "
+                "statistics were written before these were recorded; prepare it again to compare them)",
+                split=split,
             )
-        change = abs(spread / max(reference_spread, 1e-6) - 1)
-        if change >= thresholds.channel_spread_change:
-            findings.append(
-                Finding(
-                    "channel_spread",
-                    ERROR,
-                    f"{split}: the {colour} channel's standard deviation is {spread:.1f}, the reference's "
-                    f"{reference_spread:.1f} (change {change:.0%} >= {thresholds.channel_spread_change:.0%})",
-                    change,
-                    thresholds.channel_spread_change,
-                )
-            )
+        )
     return findings
+
+
+class _Look:
+    """The measures of `_look_findings`, each a method returning its findings."""
+
+    def __init__(self, split: str, mine: dict, theirs: dict, thresholds: DataCheckConfig):
+        self.split, self.mine, self.theirs, self.thresholds = split, mine, theirs, thresholds
+        self.count, self.reference_count = mine["count"], theirs["count"]
+        self.per_image, self.reference_per_image = mine.get("per_image"), theirs.get("per_image")
+        self.not_compared: list[str] = []
+        self.means, self.reference_means = np.array(mine["channel_mean"]), np.array(theirs["channel_mean"])
+        self.reference_stds = np.maximum(np.array(theirs["channel_std"]), 1e-6)
+
+    def _chance(self, measure: str, scale: float) -> float:
+        """CHANCE_Z standard errors of the difference of `measure`'s means, in units of `scale` (0 without spreads)."""
+        if self.per_image is None or self.reference_per_image is None:
+            return 0.0
+        mine, theirs = self.per_image[measure]["std"], self.reference_per_image[measure]["std"]
+        error = math.sqrt(mine**2 / max(self.count, 1) + theirs**2 / max(self.reference_count, 1))
+        return CHANCE_Z * error / max(scale, 1e-6)
+
+    def _finding(self, kind: str, text: str, value: float, threshold: float, limit: float, setting: str) -> Finding:
+        return Finding(kind, ERROR, f"{self.split}: {text} {_against(value, limit, threshold, setting, self.count)}",
+                       value, limit, self.split, None, setting)  # fmt: skip
+
+    def _measure(self, name: str) -> tuple[float, float] | None:
+        if self.per_image is None or self.reference_per_image is None:
+            return None
+        return self.per_image[name]["mean"], self.reference_per_image[name]["mean"]
+
+    def brightness(self) -> list[Finding]:
+        scale = float(LUMA @ self.reference_stds)
+        luminance, reference = float(LUMA @ self.means), float(LUMA @ self.reference_means)
+        shift = (luminance - reference) / scale
+        threshold = self.thresholds.channel_mean_shift
+        limit = _limit(threshold, self._chance("brightness", scale))
+        if abs(shift) < limit:
+            return []
+        word = "brighter" if shift > 0 else "darker"
+        return [self._finding("brightness", f"{word} images: mean luminance {luminance:.1f}, the reference's "
+                              f"{reference:.1f}, a shift of {shift:+.2f} standard deviations", shift, threshold,
+                              limit, "channel_mean_shift")]  # fmt: skip
+
+    def contrast(self) -> list[Finding]:
+        measured = self._measure("contrast")
+        threshold = self.thresholds.channel_spread_change
+        if measured is None:  # an earlier release's statistics: the channels' spreads
+            ours, reference = float(np.mean(self.mine["channel_std"])), float(np.mean(self.theirs["channel_std"]))
+            limit = threshold
+        else:
+            ours, reference = measured
+            limit = _limit(threshold, self._chance("contrast", reference))
+        change = ours / max(reference, 1e-6) - 1
+        if abs(change) < limit:
+            return []
+        word = "more" if change > 0 else "less"
+        return [self._finding("contrast", f"{word} contrast: the images' luminance spread {ours:.1f}, the reference's "
+                              f"{reference:.1f} (change {change:+.0%})", change, threshold, limit,
+                              "channel_spread_change")]  # fmt: skip
+
+    def saturation(self) -> list[Finding]:
+        measured = self._measure("saturation")
+        if measured is None:
+            self.not_compared.append("colour saturation")
+            return []
+        ours, reference = measured
+        threshold = self.thresholds.saturation_change
+        limit = _limit(threshold, self._chance("saturation", reference))
+        change = ours / max(reference, 1e-6) - 1
+        if abs(change) < limit:
+            return []
+        what = "grey images (no colour)" if ours < 0.02 else ("less colour" if change < 0 else "more colour")
+        return [self._finding("saturation", f"{what}: mean colour saturation {ours:.3f}, the reference's "
+                              f"{reference:.3f} (change {change:+.0%})", change, threshold, limit,
+                              "saturation_change")]  # fmt: skip
+
+    def colour(self) -> list[Finding]:
+        """Each channel against what brightness and saturation explain: the reference's channel offsets from its
+        luminance, scaled by the saturation's change, on the new luminance; and the channels read in another order
+        (their means per class match the reference's with the channels permuted)."""
+        order = self._channel_order()
+        if order is not None:
+            return [order]
+        measured = self._measure("saturation")
+        factor = measured[0] / max(measured[1], 1e-6) if measured else 1.0
+        luminance, reference = float(LUMA @ self.means), float(LUMA @ self.reference_means)
+        expected = luminance + factor * (self.reference_means - reference)
+        offsets = (self.means - expected) / self.reference_stds
+        channel = int(np.argmax(np.abs(offsets)))
+        threshold = self.thresholds.colour_shift
+        colour = ("red", "green", "blue")[channel]
+        limit = _limit(threshold, self._chance(colour, float(self.reference_stds[channel])))
+        if abs(offsets[channel]) < limit:
+            return []
+        shifts = ", ".join(f"{name} {offset:+.2f}" for name, offset in zip(("red", "green", "blue"), offsets,
+                                                                              strict=True))  # fmt: skip
+        what = f"a {'warmer' if offsets[0] > offsets[2] else 'cooler'} tint"
+        return [self._finding("colour_balance", f"{what}: the channels' means moved apart by {shifts} standard "
+                              "deviations beyond what brightness and saturation explain", float(offsets[channel]),
+                              threshold, limit, "colour_shift")]  # fmt: skip
+
+    def _channel_order(self) -> Finding | None:
+        """The channels permuted, when the classes' channel means match the reference's far better so."""
+        mine, theirs = self.mine.get("class_channel_mean"), self.theirs.get("class_channel_mean")
+        if not mine or not theirs or len(mine) != len(theirs):
+            return None
+        present = (np.array(self.mine["class_counts"]) > 0) & (np.array(self.theirs["class_counts"]) > 0)
+        ours, reference = np.array(mine, float)[present], np.array(theirs, float)[present]
+        if not len(ours):
+            return None
+        as_is = float(np.mean(np.abs(ours - reference) / self.reference_stds))
+        threshold = self.thresholds.colour_shift
+        if as_is < threshold:
+            return None
+        orders = [order for order in itertools.permutations(range(3)) if order != (0, 1, 2)]
+        distance, order = min((float(np.mean(np.abs(ours[:, list(order)] - reference) / self.reference_stds)), order)
+                              for order in orders)  # fmt: skip
+        if distance >= as_is / 3:
+            return None
+        names = "".join("RGB"[index] for index in order)
+        what = "red and blue swapped (images read as BGR?)" if names == "BGR" else f"the channels in {names} order"
+        return self._finding("colour_balance", f"{what}: the classes' channel means match the reference's so "
+                             f"({distance:.2f} standard deviations apart, {as_is:.2f} as they are)", as_is,
+                             threshold, threshold, "colour_shift")  # fmt: skip
+
+    def detail(self) -> list[Finding]:
+        measured = self._measure("detail")
+        if measured is None:
+            self.not_compared.append("fine detail")
+            return []
+        ours, reference = measured
+        threshold = self.thresholds.detail_change
+        limit = _limit(threshold, self._chance("detail", reference))
+        change = ours / max(reference, 1e-6) - 1
+        if abs(change) < limit:
+            return []
+        what = ("less fine detail: blurred, upscaled from a lower resolution, or compressed harder" if change < 0 else
+                "more fine detail: noise, or sharpened")  # fmt: skip
+        return [self._finding("detail", f"{what} (fine detail {ours:.3f} per unit of contrast, the reference's "
+                              f"{reference:.3f}, change {change:+.0%})", change, threshold, limit,
+                              "detail_change")]  # fmt: skip
+
+    def layout(self) -> list[Finding]:
+        """Where light and dark lie in the mean image (its luminance: colour changes are the other measures')."""
+        ours = _pattern(_mean_image(self.mine) @ LUMA)
+        reference = _pattern(_mean_image(self.theirs) @ LUMA)
+        distance = float(np.sqrt(np.mean((ours - reference) ** 2)))
+        threshold = self.thresholds.layout_change
+        chance = 2 * LAYOUT_NOISE * math.sqrt(1 / max(self.count, 1) + 1 / max(self.reference_count, 1))
+        limit = _limit(threshold, chance)
+        if distance < limit:
+            return []
+        turned = {name: float(np.sqrt(np.mean((ours - _pattern(turn(reference))) ** 2))) for name, turn in
+                  TURNS.items()}  # fmt: skip
+        name, best = min(turned.items(), key=lambda item: item[1])
+        what = (f"the images look {name}: their mean image matches the reference's {name} ({best:.2f} against "
+                f"{distance:.2f} as they are)" if best < distance / 2 else
+                "the light and colour are laid out otherwise in the frame (another framing or camera?)")  # fmt: skip
+        return [self._finding("layout", f"{what}; mean-image difference {distance:.2f}", distance, threshold, limit,
+                              "layout_change")]  # fmt: skip
+
+    def pixel_values(self) -> list[Finding]:
+        ours, reference = _histograms(self.mine, "channel_histogram"), _histograms(self.theirs, "channel_histogram")
+        if ours is None or reference is None:
+            self.not_compared.append("pixel histograms")
+            return []
+        divergences = [jensen_shannon(ours[channel], reference[channel]) for channel in range(3)]
+        channel = int(np.argmax(divergences))
+        threshold = self.thresholds.pixel_divergence
+        # n images' histogram is off its distribution's by about 22/n (31 bins; an image's pixels go together)
+        limit = _limit(threshold, 50 * (1 / max(self.count, 1) + 1 / max(self.reference_count, 1)))
+        if divergences[channel] < limit:
+            return []
+        colour = ("red", "green", "blue")[channel]
+        return [self._finding("pixel_values", f"the {colour} channel's values are spread otherwise (Jensen-Shannon "
+                              f"divergence {divergences[channel]:.3f}) though brightness, contrast and colour held: "
+                              "another camera, or other processing", divergences[channel], threshold, limit,
+                              "pixel_divergence")]  # fmt: skip
 
 
 def _shares(counts: dict, total: int) -> dict[str, float]:
@@ -386,7 +763,9 @@ def _duplicate_rates(document: dict) -> dict[tuple[str, str], float]:
     return rates
 
 
-def _duplicate_findings(current: dict, reference: dict, thresholds: DataCheckConfig) -> list[Finding]:
+def _duplicate_findings(
+    current: dict, reference: dict, thresholds: DataCheckConfig, less_detail: dict[str, bool] | None = None
+) -> list[Finding]:
     findings = []
     rates, reference_rates = _duplicate_rates(current), _duplicate_rates(reference)
     for (split, other), rate in sorted(rates.items()):
@@ -396,18 +775,31 @@ def _duplicate_findings(current: dict, reference: dict, thresholds: DataCheckCon
         if rate - before < threshold:
             continue
         where = "the training split" if other == "train" else f"the {other} split"
+        blurred = (less_detail or {}).get(split) or (less_detail or {}).get(other)
+        setting = "leakage_rate_change" if leaking else "duplicate_rate_change"
+        cause = (": images with less fine detail look alike more often; check the leakage again once the detail is "
+                 "back" if blurred else ": test images leak into training" if leaking else "")  # fmt: skip
         findings.append(
             Finding(
                 "leakage" if leaking else "duplicates",
-                ERROR if leaking else WARNING,
+                ERROR if leaking and not blurred else WARNING,
                 f"{split}: {rate:.1%} of the images have a near-duplicate in {where}, the reference's {before:.1%} "
-                f"(rise {rate - before:.1%} >= {threshold:.1%})"
-                + (": test images leak into training" if leaking else ""),
-                rate - before,
-                threshold,
+                f"(rise {rate - before:.1%} >= {threshold:.1%}, {setting}){cause}",
+                rate - before, threshold, split, None, setting,
             )
-        )
+        )  # fmt: skip
     return findings
+
+
+def summary_line(findings: list[Finding]) -> str:
+    """The run's findings in one line: "2 errors (brightness, contrast), 1 warning (image_sizes)", or "nothing found"."""
+    parts = []
+    for severity, word in ((ERROR, "error"), (WARNING, "warning"), (NOTE, "note")):
+        kinds = sorted({finding.kind for finding in findings if finding.severity == severity})
+        count = sum(finding.severity == severity for finding in findings)
+        if count:
+            parts.append(f"{count} {word}{'s' if count > 1 else ''} ({', '.join(kinds)})")
+    return ", ".join(parts) or "nothing found"
 
 
 def blocking(findings: list[Finding]) -> str:

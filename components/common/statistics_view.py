@@ -57,6 +57,7 @@ def markdown(statistics: dict, reference: dict | None = None, findings: list | N
                     else " | |"
                 )
             lines.append(row)
+    lines += _look_lines(splits, reference)
     lines += ["", "## Source images (before any resize)", "", "| split | sizes | converted to RGB |", "|---|---|---|"]
     for split_name, split in splits.items():
         sizes = ", ".join(f"{size}: {count:,}" for size, count in list(split["source_sizes"].items())[:5])
@@ -84,3 +85,28 @@ def markdown(statistics: dict, reference: dict | None = None, findings: list | N
         f"Near-duplicates: {method.get('descriptor', '')}, cosine >= {method.get('near_duplicate_threshold')}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+LOOK = (("brightness", "brightness (mean luminance)", ".1f"), ("contrast", "contrast (luminance spread at 8x8)", ".1f"),
+        ("saturation", "saturation (distance from grey per unit of contrast)", ".3f"),
+        ("detail", "fine detail (per unit of contrast)", ".3f"))  # fmt: skip
+
+
+def _look_lines(splits: dict, reference: dict | None) -> list[str]:
+    """How the images look, per split: each measure's mean over the images (and its spread), beside the
+    reference's; nothing for statistics written before these were recorded."""
+    if not any("per_image" in split for split in splits.values()):
+        return []
+    header = "| split | measure | mean | spread |" + (" reference mean |" if reference else "")
+    lines = ["", "## How the images look", "", header, "|---|---|---|---|" + ("---|" if reference else "")]
+    for split_name, split in splits.items():
+        measures = split.get("per_image")
+        if not measures:
+            continue
+        other = ((reference or {}).get("splits", {}).get(split_name) or {}).get("per_image")
+        for name, words, style in LOOK:
+            row = f"| {split_name} | {words} | {measures[name]['mean']:{style}} | {measures[name]['std']:{style}} |"
+            if reference:
+                row += f" {other[name]['mean']:{style}} |" if other else " not recorded |"
+            lines.append(row)
+    return lines

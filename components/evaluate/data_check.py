@@ -121,7 +121,7 @@ def check_data(config: CheckDataConfig) -> DataCheckOutcome:
         )
     reference, described = reference_statistics(config.reference, config.promotion_root, manifest.synthetic)
     findings = data_statistics.check(current, reference, DataCheckConfig(**config.thresholds))
-    logger.info("data check against %s: %d finding(s)", described, len(findings))
+    logger.info("data check against %s: %s", described, data_statistics.summary_line(findings))
     for finding in findings:
         logger.info("%s", finding.line())
     blocking = data_statistics.blocking(findings)

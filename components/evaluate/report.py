@@ -277,6 +277,7 @@ def data_section(
             f"<h3>Class balance of the {html.escape(split)} split{described}</h3><table>{''.join(rows)}</table>"
         )
     parts.append(_channel_table(statistics, reference, reference_name))
+    parts.append(look_pictures(statistics, reference, reference_name, split))
     if pairs:
         tiles = []
         for pair in pairs:
@@ -295,6 +296,61 @@ def data_section(
             f'<div class="grid">{"".join(tiles)}</div>'
         )
     return "\n".join(parts)
+
+
+HISTOGRAMS = (("red", (200, 40, 40)), ("green", (40, 150, 40)), ("blue", (40, 70, 200)),
+              ("distance from grey", (150, 60, 170)), ("fine detail", (200, 130, 20)))  # fmt: skip
+PANEL = (72, 160)  # height, width of one histogram's picture
+
+
+def histogram_panel(ours: np.ndarray, reference: np.ndarray | None, colour: tuple[int, int, int]) -> np.ndarray:
+    """One histogram as a picture: this data's bars in `colour` over the reference's in grey (both as shares)."""
+    height, width = PANEL
+    panel = np.full((height, width, 3), 255, np.uint8)
+    shares = [ours / max(ours.sum(), 1)] + ([reference / max(reference.sum(), 1)] if reference is not None else [])
+    top = max(float(np.max(share)) for share in shares) or 1.0
+    bar = width // len(ours)
+    for layer, (share, paint) in enumerate(zip(shares[::-1], ([(190, 190, 190)] if reference is not None else [])
+                                               + [colour], strict=True)):  # fmt: skip
+        for index, value in enumerate(share):
+            filled = round((height - 2) * value / top)
+            if filled:
+                left = index * bar + (1 if layer else 0)
+                panel[height - filled :, left : left + max(bar - 1 - (2 if layer else 0), 1)] = paint
+    return panel
+
+
+def look_pictures(statistics: dict, reference: dict | None, reference_name: str, split: str) -> str:
+    """How the images look, as pictures: the histograms of each channel's values, of the pixels' distance from grey
+    and of the images' fine detail (this data's in colour, the reference's in grey behind), and each class's mean
+    image, the reference's above this data's."""
+    mine = statistics["splits"].get(split) or {}
+    theirs = ((reference or {}).get("splits") or {}).get(split) or {}
+    if "channel_histogram" not in mine:
+        return ""
+    ours = [*np.array(mine["channel_histogram"], float), np.array(mine["saturation_histogram"], float),
+            np.array(mine["detail_histogram"], float)]  # fmt: skip
+    if "channel_histogram" in theirs:
+        others = [*np.array(theirs["channel_histogram"], float), np.array(theirs["saturation_histogram"], float),
+                  np.array(theirs["detail_histogram"], float)]  # fmt: skip
+    else:
+        others = [None] * len(ours)
+    figures = []
+    for (name, colour), histogram, other in zip(HISTOGRAMS, ours, others, strict=True):
+        picture = data_uri(encode_png(histogram_panel(histogram, other, colour)))
+        figures.append(f'<figure><img src="{picture}" alt="{name}"><figcaption>{name}</figcaption></figure>')
+    means = []
+    for label, side in ((html.escape(reference_name), theirs), (f"this {html.escape(split)} split", mine)):
+        if side.get("class_thumbnails"):
+            tiles = [np.repeat(np.repeat(np.clip(np.array(row).reshape(8, 8, 3), 0, 255), 6, 0), 6, 1).astype(np.uint8)
+                     for row in side["class_thumbnails"]]  # fmt: skip
+            strip = np.concatenate([np.pad(tile, ((0, 0), (0, 4), (0, 0)), constant_values=255) for tile in tiles], 1)
+            classes = ", ".join(map(html.escape, statistics["label_names"]))
+            means.append(f'<figure><img src="{data_uri(encode_png(strip))}" alt="class mean images">'
+                         f"<figcaption>{label}: each class's mean image ({classes})</figcaption></figure>")  # fmt: skip
+    behind = f" (grey: {html.escape(reference_name)})" if reference else ""
+    return (f"<h3>How the {html.escape(split)} images look{behind}</h3><div class=\"grid\">{''.join(figures)}</div>"
+            + "".join(means))  # fmt: skip
 
 
 def enlarged(image: np.ndarray) -> np.ndarray:

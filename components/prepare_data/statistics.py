@@ -3,7 +3,10 @@
 Computed by prepare_data from the pixels it gathers anyway, a shard's worth at a time, before the shards are written
 (so that leaking images can be dropped from them): per split and class the counts; per channel the mean and standard
 deviation, overall and per class; per class a mean 8x8 thumbnail (what the class looks like, to notice labels that
-moved); the images' sizes, aspect ratios and colour conversions as the source had them, before any resize; exact
+moved); how the images look, at 32x32: a histogram of each channel's values, of each pixel's colour saturation and of
+each image's fine detail, and per image its brightness, contrast, saturation and detail (their means and spreads over
+the images, which say how far a mean may move by chance); the images' sizes, aspect ratios and colour conversions as
+the source had them, before any resize; exact
 duplicates (the same pixels) and near-duplicates within each split and across splits. A near-duplicate of a
 validation or test image in the training split is leakage, and `leakage` counts, per split other than train, the
 images that have one.
@@ -37,11 +40,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from components.common.data_statistics import PER_IMAGE
 from components.common.progress import Progress
 
 logger = logging.getLogger(__name__)
 
-STATISTICS_VERSION = 1
+STATISTICS_VERSION = 2  # 2: the look of the images (histograms, saturation, contrast, detail); 1 is still read
 FEATURE_SIDE = 32  # descriptors are computed at 32x32 luminance, whatever the image size
 DCT_SIZE = 8
 NEAR_DUPLICATE_THRESHOLD = 0.9
@@ -54,6 +58,10 @@ SEARCH_PROBES = 4
 SEARCH_BLOCK = 2048
 CHUNK_BYTES = 32 << 20  # of float pixels converted at a time
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+HISTOGRAM_BINS = 32  # per channel, of 8 pixel values each
+SATURATION_BINS = 16
+DETAIL_BINS = 32
+DETAIL_RANGE = (-3.0, 2.0)  # log2 of an image's fine detail (see `fine_detail`)
 
 
 def _dct_basis(size: int, count: int) -> np.ndarray:
@@ -130,8 +138,16 @@ class SplitStatistics:
     ids: list[str] = field(default_factory=list)
     digests: list[np.ndarray] = field(default_factory=list)  # uint64 [n, 2] per batch
     features: list[np.ndarray] = field(default_factory=list)
+    channel_histogram: np.ndarray = None  # int64 [3, HISTOGRAM_BINS]
+    saturation_histogram: np.ndarray = None  # int64 [SATURATION_BINS]
+    detail_histogram: np.ndarray = None  # int64 [DETAIL_BINS]
+    per_image_sums: np.ndarray = None  # float64 [2, PER_IMAGE]: sums and sums of squares of PER_IMAGE's measures
 
     def __post_init__(self) -> None:
+        self.channel_histogram = np.zeros((3, HISTOGRAM_BINS), np.int64)
+        self.saturation_histogram = np.zeros(SATURATION_BINS, np.int64)
+        self.detail_histogram = np.zeros(DETAIL_BINS, np.int64)
+        self.per_image_sums = np.zeros((2, len(PER_IMAGE)))
         self.class_counts = np.zeros(self.num_classes, np.int64)
         self.channel_sum = np.zeros(3)
         self.channel_square_sum = np.zeros(3)
@@ -161,6 +177,7 @@ class SplitStatistics:
         at_32 = images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE)
         small = as_float if at_32 else at_feature_size(images)
         self.features.append(descriptors(small))
+        self._add_look(small)
         class_sums = _class_sums(small.reshape(count, -1), labels, self.num_classes)  # [classes, 32*32*3]
         self.class_pixel_sum += class_sums
         if at_32:  # the pixels' sum is the class sums' (exact: the same pixels)
@@ -173,6 +190,29 @@ class SplitStatistics:
             self.aspects[aspect_ratio(width, height)] += number
         if colors is not None:
             self.conversions.update(color for color in colors[part] if color != "RGB")
+
+    def _add_look(self, small: np.ndarray) -> None:
+        """The histograms and per-image measures of how the images look, from their float [n, 32, 32, 3] pixels."""
+        pixels = np.clip(small, 0, 255)
+        for channel in range(3):
+            bins = (pixels[..., channel] * (HISTOGRAM_BINS / 256)).astype(np.int64).ravel()
+            self.channel_histogram[channel] += np.bincount(bins, minlength=HISTOGRAM_BINS)[:HISTOGRAM_BINS]
+        chroma = pixels.max(axis=-1) - pixels.min(axis=-1)  # how far from grey each pixel is, 0 to 255
+        bins = np.minimum(chroma * (SATURATION_BINS / 256), SATURATION_BINS - 1).astype(np.int64).ravel()
+        self.saturation_histogram += np.bincount(bins, minlength=SATURATION_BINS)
+        luminance = pixels @ LUMA
+        detail = fine_detail(luminance)
+        low, high = DETAIL_RANGE
+        bins = np.clip((np.log2(np.maximum(detail, 1e-6)) - low) / (high - low) * DETAIL_BINS, 0, DETAIL_BINS - 1)
+        self.detail_histogram += np.bincount(bins.astype(np.int64), minlength=DETAIL_BINS)
+        count, side = len(luminance), FEATURE_SIDE // THUMBNAIL_SIDE
+        coarse = luminance.reshape(count, THUMBNAIL_SIDE, side, THUMBNAIL_SIDE, side).mean(axis=(2, 4))
+        contrast = coarse.std(axis=(1, 2))  # at 8x8: what blur and noise leave alone, and contrast scales
+        measures = np.column_stack(
+            [pixels.mean(axis=(1, 2)), luminance.mean(axis=(1, 2)), contrast,
+             chroma.mean(axis=(1, 2)) / (contrast + 8.0), detail]
+        ).astype(np.float64)  # fmt: skip
+        self.per_image_sums += np.stack([measures.sum(axis=0), (measures**2).sum(axis=0)])
 
     def all_features(self) -> np.ndarray:
         return np.concatenate(self.features) if self.features else np.zeros((0, _WEIGHTS.size), np.float32)
@@ -198,7 +238,34 @@ class SplitStatistics:
             "source_aspect_ratios": dict(self.aspects.most_common(50)),
             "distinct_source_sizes": len(self.sizes),
             "converted_to_rgb": dict(sorted(self.conversions.items())),
+            "channel_histogram": self.channel_histogram.tolist(),
+            "saturation_histogram": self.saturation_histogram.tolist(),
+            "detail_histogram": self.detail_histogram.tolist(),
+            "per_image": per_image_summary(self.per_image_sums, self.count),
         }
+
+
+def per_image_summary(sums: np.ndarray, count: int) -> dict:
+    """{measure: {"mean", "std"}} over the images of each PER_IMAGE measure: a channel's mean value, brightness (mean
+    luminance), contrast (the spread of the luminance at 8x8, which blur and noise leave alone), saturation (the mean
+    distance of a pixel from grey, max - min of its channels, per unit of that contrast: grey images 0, and the same
+    under any contrast), fine detail (`fine_detail`)."""
+    count = max(count, 1)
+    mean = sums[0] / count
+    spread = np.sqrt(np.maximum(sums[1] / count - mean**2, 0))
+    return {name: {"mean": round(float(m), 5), "std": round(float(s), 5)} for name, m, s in zip(PER_IMAGE, mean,
+            spread, strict=True)}  # fmt: skip
+
+
+def fine_detail(luminance: np.ndarray) -> np.ndarray:
+    """Per image [n] of float [n, H, W] luminance: the mean absolute Laplacian over the image's standard deviation,
+    how much of its contrast lies in the finest detail. Lower when an image is blurred, upscaled from a lower
+    resolution or compressed hard; higher with noise; unchanged by brightness and contrast."""
+    centre = luminance[:, 1:-1, 1:-1]
+    laplacian = (
+        4 * centre - luminance[:, :-2, 1:-1] - luminance[:, 2:, 1:-1] - luminance[:, 1:-1, :-2] - luminance[:, 1:-1, 2:]
+    )
+    return np.abs(laplacian).mean(axis=(1, 2)) / (luminance.std(axis=(1, 2)) + 1.0)
 
 
 def pixel_digests(images: np.ndarray) -> np.ndarray:
