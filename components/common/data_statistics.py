@@ -792,7 +792,7 @@ def _duplicate_findings(
 
 
 def summary_line(findings: list[Finding]) -> str:
-    """The run's findings in one line: "2 errors (brightness, contrast), 1 warning (image_sizes)", or "nothing found"."""
+    """The run's findings in one line: "2 errors (brightness, contrast), 1 warning (image_sizes)"; "nothing found"."""
     parts = []
     for severity, word in ((ERROR, "error"), (WARNING, "warning"), (NOTE, "note")):
         kinds = sorted({finding.kind for finding in findings if finding.severity == severity})
