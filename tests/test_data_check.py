@@ -376,7 +376,7 @@ def test_a_scheduled_run_on_changed_data_is_not_promoted_and_on_unchanged_data_i
     assert unchanged.decision.blessed and unchanged.promotion.version == 2
     assert "Class balance of the eval split" in unchanged.report_html  # the report's data section
     # with pictures of how the images look: five histograms and the classes' mean images, the reference's and these
-    shown = changed.report_html[changed.report_html.index("How the eval images look"):]
+    shown = changed.report_html[changed.report_html.index("How the eval images look") :]
     assert shown.count('<img src="data:image/png;base64,') >= 7 and "each class's mean image" in shown
 
 

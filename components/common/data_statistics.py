@@ -429,7 +429,7 @@ def _label_noise(split, mine, theirs, names, reference_names, thresholds) -> lis
     fall = 1 - math.sqrt(max(ours.mean(), 0) / reference.mean())
 
     def variance(separation: np.ndarray, count: np.ndarray) -> float:  # of the mean of the classes' estimates
-        each = (4 * np.maximum(separation, 0) * BLOCK_VARIANCE / count + 2 * (BLOCK_VARIANCE / count) ** 2)
+        each = 4 * np.maximum(separation, 0) * BLOCK_VARIANCE / count + 2 * (BLOCK_VARIANCE / count) ** 2
         each /= MEAN_IMAGE_EFFECTIVE_VALUES
         return float(each.sum()) / len(each) ** 2
 
