@@ -65,12 +65,17 @@ def parse_json(text: str) -> Any:
     try:
         if text.lstrip().startswith(("{", "[")):
             return documents.load(text, f"inline JSON {_shortened(text)}", "value", yaml_allowed=False)
-        if not Path(text).expanduser().exists():
-            raise argparse.ArgumentTypeError(
-                f"{text}: no such file (give a JSON or YAML file, or inline JSON starting with {{ or [)"
-            )
         content = documents.read_bytes(str(Path(text).expanduser()), "JSON or YAML file")
         return documents.load(content, text, "JSON or YAML document")
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(
+            f"{_shortened(text)}: no such file (give a JSON or YAML file, or inline JSON starting with {{ or [)"
+        ) from None
+    except OSError as error:  # a name too long to be a file's, a folder, one it may not read
+        raise argparse.ArgumentTypeError(
+            f"{_shortened(text)}: not a file that can be read ({error.strerror}); give a JSON or YAML file, or inline "
+            "JSON starting with { or ["
+        ) from None
     except documents.DocumentError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

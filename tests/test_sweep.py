@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from components.sweep import space as space_module
 from components.sweep import sweep as sweep_module
 from components.sweep.__main__ import main as sweep_main
 from components.sweep.space import SearchSpaceError, parse_space, read_space
@@ -592,3 +593,26 @@ def test_a_trials_unreadable_or_missing_validation_curve_fails_that_trial_and_th
         assert again.study.ask().number == failed.number + 1
     finally:
         again.folder.release()
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("[" * 20000 + "]" * 20000, "nested 20,000 levels deep, more than the 32"),
+        ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "nested 5,001 levels deep"),
+        ("a" * 5000, "neither inline JSON ({...}) nor a file that can be read (File name too long)"),
+        ("/", "a folder, not a search space"),
+    ],
+    ids=["deep list", "deep object", "name too long", "a folder"],
+)
+def test_a_space_that_is_neither_json_nor_a_readable_file_is_one_line(given, expected):
+    """The sweep's --space and the run's --space option (its parser) each refuse in one line, never a traceback."""
+    import argparse
+
+    from pipeline.commands import parse_json
+
+    with pytest.raises(space_module.SearchSpaceError, match=re.escape(expected)):
+        space_module.read_space(given)
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        parse_json(given)
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 400

@@ -217,12 +217,17 @@ def read_space(location: str) -> SearchSpace:
     from components.common import documents
 
     text = location.strip()
+    shown_location = shown(location, 60)
     try:
-        if text.startswith("{"):
+        if text.startswith(("{", "[")):
             return parse_space(documents.load(text, "space", "search space", yaml_allowed=False), "space")
         content = documents.read_bytes(location, "search space (JSON or YAML)")
         return parse_space(documents.load(content, location, "search space"), location)
     except FileNotFoundError:
-        raise SearchSpaceError(f"{location}: the search space file does not exist") from None
+        raise SearchSpaceError(f"space: {shown_location}: the search space file does not exist") from None
+    except OSError as error:  # a name too long to be a file's, a folder, one it may not read
+        raise SearchSpaceError(
+            f"space: {shown_location}: neither inline JSON ({{...}}) nor a file that can be read ({error.strerror})"
+        ) from None
     except documents.DocumentError as error:
         raise SearchSpaceError(str(error)) from None
