@@ -72,6 +72,7 @@ _SPLIT = documents.Fields(
         "channel_histogram": documents.Items(documents.Items(_COUNT, length=32), length=3),
         "saturation_histogram": documents.Items(_COUNT, length=16),
         "detail_histogram": documents.Items(_COUNT, length=32),
+        "look_images": documents.Number("[0, 1e12]", integer=True),
         "per_image": documents.Fields(
             {
                 name: documents.Fields(
@@ -543,7 +544,9 @@ class _Look:
 
     def __init__(self, split: str, mine: dict, theirs: dict, thresholds: DataCheckConfig):
         self.split, self.mine, self.theirs, self.thresholds = split, mine, theirs, thresholds
-        self.count, self.reference_count = mine["count"], theirs["count"]
+        # the images the look was measured on (a systematic sample of a large dataset's)
+        self.count = mine.get("look_images", mine["count"]) or mine["count"]
+        self.reference_count = theirs.get("look_images", theirs["count"]) or theirs["count"]
         self.per_image, self.reference_per_image = mine.get("per_image"), theirs.get("per_image")
         self.not_compared: list[str] = []
         self.means, self.reference_means = np.array(mine["channel_mean"]), np.array(theirs["channel_mean"])
