@@ -56,6 +56,7 @@ bench-sweep:
 bench:
 	$(BIN)/python $(ROOT)bench/prepare_data.py
 	$(BIN)/python $(ROOT)bench/near_duplicates.py
+	$(BIN)/python $(ROOT)bench/data_check.py
 	$(BIN)/python $(ROOT)bench/train.py
 	$(BIN)/python $(ROOT)bench/evaluate.py
 	$(BIN)/python $(ROOT)bench/predict.py

@@ -413,16 +413,18 @@ def _data_lines(run_folder: Path, model_dir: Path | None) -> list[str]:
     """What the data check found (by severity, whether it blocked the promotion, where its findings are) and what
     the leakage option removed."""
     from components.common import documents
-    from components.common.data_statistics import ERROR, read_statistics
+    from components.common.data_statistics import Finding, read_statistics, summary_line
     from components.evaluate.report import leakage_removed_line
 
     lines = []
     for findings_file in sorted(run_folder.glob("check-data-component*/findings")):
         found = documents.read(findings_file, documents.ANY_OBJECT, "data check findings")
-        severities = [finding.get("severity") for finding in found.get("findings", [])]
-        errors, warnings = severities.count(ERROR), len(severities) - severities.count(ERROR)
+        fields = set(Finding.__dataclass_fields__)
+        findings = [Finding(**{"kind": "finding", "message": "", **{key: value for key, value in finding.items()
+                                                                     if key in fields}})
+                    for finding in found.get("findings", []) if isinstance(finding, dict)]  # fmt: skip
         blocked = f"; it blocked the promotion ({found['blocking']})" if found.get("blocking") else ""
-        lines.append(f"data check against {found.get('reference', '?')}: {errors} error(s), {warnings} warning(s)"
+        lines.append(f"data check against {found.get('reference', '?')}: {summary_line(findings)}"
                      f"{blocked}; the findings (JSON): {findings_file}")  # fmt: skip
     config_file = model_dir / "config.json" if model_dir else None
     if config_file is not None and config_file.is_file():

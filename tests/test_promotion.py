@@ -592,12 +592,14 @@ def test_a_runs_summary_says_what_stays_promoted_what_the_data_check_found_and_w
     findings.parent.mkdir()
     findings.write_text(json.dumps({
         "mode": "block", "reference": "the training data of promoted version 1", "blocking": "data check: moved",
-        "findings": [{"severity": "error", "message": "moved"}, {"severity": "warning", "message": "sizes"}],
+        "findings": [{"kind": "brightness", "severity": "error", "message": "moved"},
+                     {"kind": "image_sizes", "severity": "warning", "message": "sizes"}],
     }))  # fmt: skip
     lines = local_run.describe_run(run, root, run / "local-run.log")
     assert lines[0] == f"accuracy 0.5000: NOT BLESSED ({reason})"
     assert lines[1] == (
-        "data check against the training data of promoted version 1: 1 error(s), 1 warning(s); it blocked the "
+        "data check against the training data of promoted version 1: 1 error (brightness), 1 warning (image_sizes); it "
+        "blocked the "
         f"promotion (data check: moved); the findings (JSON): {findings}"
     )
     assert lines[2] == (

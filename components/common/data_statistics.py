@@ -557,7 +557,12 @@ class _Look:
         if self.per_image is None or self.reference_per_image is None:
             return 0.0
         mine, theirs = self.per_image[measure]["std"], self.reference_per_image[measure]["std"]
-        error = math.sqrt(mine**2 / max(self.count, 1) + theirs**2 / max(self.reference_count, 1))
+        # the channels' means (and the brightness made of them) are of every image; the other measures' of the
+        # images the look was measured on
+        every = measure in ("red", "green", "blue", "brightness")
+        count = self.mine["count"] if every else self.count
+        reference_count = self.theirs["count"] if every else self.reference_count
+        error = math.sqrt(mine**2 / max(count, 1) + theirs**2 / max(reference_count, 1))
         return CHANCE_Z * error / max(scale, 1e-6)
 
     def _finding(self, kind: str, text: str, value: float, threshold: float, limit: float, setting: str) -> Finding:

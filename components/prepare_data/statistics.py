@@ -63,7 +63,7 @@ SATURATION_BINS = 16
 DETAIL_BINS = 32
 DETAIL_RANGE = (-3.0, 2.0)  # log2 of an image's fine detail (see `fine_detail`)
 _CHANNEL_OFFSETS = np.arange(3, dtype=np.int32) * HISTOGRAM_BINS
-LOOK_IMAGES = 1024  # of a batch, at most about this many are measured for the look (every k-th)
+LOOK_IMAGES = 512  # of a batch, at most about this many are measured for the look (every k-th)
 # [8, 32]: the mean of each 4 consecutive values; P @ image @ P.T is the image at 8x8
 _POOL = np.kron(
     np.eye(THUMBNAIL_SIDE, dtype=np.float32), np.full((1, FEATURE_SIDE // THUMBNAIL_SIDE), 0.25, np.float32)
@@ -84,10 +84,15 @@ _WEIGHTS = (_FREQUENCIES.astype(np.float32)) ** 0.25
 
 
 def descriptors(pixels: np.ndarray) -> np.ndarray:
-    """float32 [n, 63] unit descriptors of float32 [n, 32, 32, 3] pixels (a flat image's is all zeros): two matrix
-    products, the first over each row of RGB pixels (the luminance's DCT along the row in one step)."""
-    count = len(pixels)
-    along_rows = (pixels.reshape(-1, FEATURE_SIDE * 3) @ _ALONG_ROWS).reshape(count, FEATURE_SIDE, DCT_SIZE)
+    """float32 [n, 63] unit descriptors of float32 [n, 32, 32, 3] pixels (a flat image's is all zeros)."""
+    return luminance_descriptors(pixels @ LUMA)
+
+
+def luminance_descriptors(luminance: np.ndarray) -> np.ndarray:
+    """float32 [n, 63] unit descriptors of float32 [n, 32, 32] luminance: two matrix products (the DCT along the
+    rows, then across)."""
+    count = len(luminance)
+    along_rows = (luminance.reshape(-1, FEATURE_SIDE) @ _BASIS.T).reshape(count, FEATURE_SIDE, DCT_SIZE)
     across = np.ascontiguousarray(along_rows.transpose(0, 2, 1)).reshape(-1, FEATURE_SIDE)  # [n * 8, 32 rows]
     coefficients = (across @ _BASIS.T).reshape(count, DCT_SIZE, DCT_SIZE).transpose(0, 2, 1)  # [n, down, across]
     coefficients = coefficients.reshape(count, -1)[:, 1:] * _WEIGHTS  # without the DC term
@@ -95,7 +100,6 @@ def descriptors(pixels: np.ndarray) -> np.ndarray:
     return np.where(norms > 1e-3, coefficients / np.maximum(norms, 1e-3), 0).astype(np.float32)
 
 
-_ALONG_ROWS = np.kron(_BASIS.T, LUMA[:, None]).astype(np.float32)  # [32 * 3, 8]: luminance, then the DCT along a row
 ONE_PRODUCT_CLASSES = 64  # up to this many classes, per-class sums are one matrix product
 
 
@@ -183,9 +187,10 @@ class SplitStatistics:
             self.channel_square_sum[channel] += float(np.dot(plane, plane))
         at_32 = images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE)
         small = as_float if at_32 else at_feature_size(images)
-        self.features.append(descriptors(small))
+        luminance = small @ LUMA  # [n, 32, 32]
+        self.features.append(luminance_descriptors(luminance))
         step = -(-count // LOOK_IMAGES)  # a systematic sample of a large batch: the look needs no more
-        self._add_look(images[::step], small[::step])
+        self._add_look(images[::step], small[::step], luminance[::step])
         class_sums = _class_sums(small.reshape(count, -1), labels, self.num_classes)  # [classes, 32*32*3]
         self.class_pixel_sum += class_sums
         if at_32:  # the pixels' sum is the class sums' (exact: the same pixels)
@@ -199,7 +204,7 @@ class SplitStatistics:
         if colors is not None:
             self.conversions.update(color for color in colors[part] if color != "RGB")
 
-    def _add_look(self, images: np.ndarray, small: np.ndarray) -> None:
+    def _add_look(self, images: np.ndarray, small: np.ndarray, luminance: np.ndarray) -> None:
         """The histograms and per-image measures of how the images look: luminance, contrast and detail from every
         pixel of the float [n, 32, 32, 3] `small`; the histograms and colour from every fourth pixel of every fourth
         row (64 an image: as good a histogram over thousands of images, at a sixteenth of the cost)."""
@@ -212,13 +217,12 @@ class SplitStatistics:
         red, green, blue = sampled[..., 0], sampled[..., 1], sampled[..., 2]
         chroma = np.maximum(np.maximum(red, green), blue) - np.minimum(np.minimum(red, green), blue)  # from grey
         self.saturation_histogram += np.bincount((chroma >> 4).ravel(), minlength=SATURATION_BINS)
-        luminance = small @ LUMA  # [n, 32, 32]
-        detail = fine_detail(luminance)
+        coarse = (_POOL @ luminance @ _POOL.T).reshape(len(small), -1)  # [n, 64]: the luminance at 8x8
+        contrast = coarse.std(axis=1)  # what blur and noise leave alone, and contrast scales
+        detail = fine_detail(luminance, contrast)
         low, high = DETAIL_RANGE
         bins = np.clip((np.log2(np.maximum(detail, 1e-6)) - low) * (DETAIL_BINS / (high - low)), 0, DETAIL_BINS - 1)
         self.detail_histogram += np.bincount(bins.astype(np.int64), minlength=DETAIL_BINS)
-        coarse = (_POOL @ luminance @ _POOL.T).reshape(len(small), -1)  # [n, 64]: the luminance at 8x8
-        contrast = coarse.std(axis=1)  # what blur and noise leave alone, and contrast scales
         measures = np.column_stack(
             [sampled.reshape(len(small), -1, 3).mean(axis=1, dtype=np.float32), coarse.mean(axis=1), contrast,
              chroma.reshape(len(small), -1).mean(axis=1, dtype=np.float32) / (contrast + 8.0), detail]
@@ -270,17 +274,18 @@ def per_image_summary(sums: np.ndarray, count: int) -> dict:
             spread, strict=True)}  # fmt: skip
 
 
-def fine_detail(luminance: np.ndarray) -> np.ndarray:
-    """Per image [n] of float [n, H, W] luminance: the mean absolute Laplacian over the image's standard deviation,
-    how much of its contrast lies in the finest detail. Lower when an image is blurred, upscaled from a lower
-    resolution or compressed hard; higher with noise; unchanged by brightness and contrast."""
+def fine_detail(luminance: np.ndarray, contrast: np.ndarray) -> np.ndarray:
+    """Per image [n] of float [n, H, W] luminance: the mean absolute Laplacian over the image's `contrast` (its
+    luminance's spread at 8x8), how much detail it has at the finest scale for the contrast it has at a coarse one.
+    Lower when an image is blurred, upscaled from a lower resolution or compressed hard; higher with noise;
+    unchanged by brightness and contrast."""
     laplacian = 4 * luminance[:, 1:-1, 1:-1]
     laplacian -= luminance[:, :-2, 1:-1]
     laplacian -= luminance[:, 2:, 1:-1]
     laplacian -= luminance[:, 1:-1, :-2]
     laplacian -= luminance[:, 1:-1, 2:]
     np.abs(laplacian, out=laplacian)
-    return laplacian.mean(axis=(1, 2)) / (luminance.std(axis=(1, 2)) + 1.0)
+    return laplacian.mean(axis=(1, 2)) / (contrast + 1.0)
 
 
 def pixel_digests(images: np.ndarray) -> np.ndarray:
@@ -292,9 +297,7 @@ def pixel_digests(images: np.ndarray) -> np.ndarray:
     if padding:
         flat = np.concatenate([flat, np.zeros((count, padding), np.uint8)], axis=1)
     words = np.ascontiguousarray(flat).view(np.uint64)
-    multipliers = _digest_multipliers(words.shape[1])
-    with np.errstate(over="ignore"):
-        return np.stack([(words * multipliers[0]).sum(axis=1), (words * multipliers[1]).sum(axis=1)], axis=1)
+    return words @ _digest_multipliers(words.shape[1]).T  # integer products and sums wrap modulo 2^64
 
 
 def _digest_multipliers(count: int) -> np.ndarray:
