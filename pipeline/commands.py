@@ -69,7 +69,7 @@ def parse_json(text: str) -> Any:
         return documents.load(content, text, "JSON or YAML document")
     except FileNotFoundError:
         raise argparse.ArgumentTypeError(
-            f"{_shortened(text)}: no such file (give a JSON or YAML file, or inline JSON starting with {{ or [)"
+            f"{text}: no such file (give a JSON or YAML file, or inline JSON starting with {{ or [)"
         ) from None
     except OSError as error:  # a name too long to be a file's, a folder, one it may not read
         raise argparse.ArgumentTypeError(

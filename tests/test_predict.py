@@ -258,7 +258,7 @@ def test_any_file_name_can_be_reported(promoted, tmp_path):
     assert "caf\\xe9 &lt;b&gt;.png" in report and "<b>" not in report
 
 
-@pytest.mark.parametrize("count", [1, 9, 11, 20])
+@pytest.mark.parametrize("count", [1, 11])
 @pytest.mark.parametrize("names_in", ["the SavedModel's asset", "the pointer", "the pointer, counted"])
 def test_class_names_that_do_not_match_the_models_outputs_are_refused(promoted, tmp_path, capsys, count, names_in):
     """Names of each wrong length, where a model's names come from: its asset, or its promotion root's pointer

@@ -141,14 +141,7 @@ def parse(
 ) -> dict:
     """`content` parsed within the JSON bounds and checked against `schema`, errors naming `origin`."""
     reader = _Reader(origin, kind, None if root is None else str(root))
-    if isinstance(content, bytes):
-        try:
-            content = content.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise reader.fail("", f"not UTF-8 text (byte {error.start})") from error
-    depth = _depth(content)
-    if depth > MAX_DEPTH:
-        raise reader.fail("", f"nested {depth:,} levels deep, more than the {MAX_DEPTH} a {kind} may have")
+    content = _text_within_depth(content, reader, kind)
     try:
         document = json.loads(
             content, parse_int=_integer, parse_float=_float, parse_constant=_NonFinite, object_pairs_hook=_object
@@ -170,15 +163,10 @@ def load(content: bytes | str, origin: str, kind: str, yaml_allowed: bool = True
     string sizes, no field given twice; YAML without aliases (an alias bomb expands when written). Errors are one
     line naming `origin` and, for a syntax error, the line and column."""
     reader = _Reader(origin, kind, None)
-    if isinstance(content, bytes):
-        try:
-            content = content.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise reader.fail("", f"not UTF-8 text (byte {error.start})") from error
+    content = _text(content, reader)
     as_json = not yaml_allowed or content.lstrip().startswith(("{", "["))
-    depth = _depth(content) if as_json else 0
-    if depth > MAX_DEPTH:
-        raise reader.fail("", f"nested {depth:,} levels deep, more than the {MAX_DEPTH} a {kind} may have")
+    if as_json:
+        _check_depth(content, reader, kind)
     try:  # JSON first where it may be JSON: its numbers are exact (YAML 1.1 reads 1e-05 as text)
         document = _json(content, reader, kind) if as_json else _yaml(content, reader, kind)
     except DocumentError:
@@ -193,18 +181,33 @@ def load_foreign(content: bytes | str, origin: str, kind: str) -> Any:
     """A JSON value in another program's own format (an Optuna journal line, which may hold NaN): its depth bounded
     before it is built, its values that program's to check."""
     reader = _Reader(origin, kind, None)
-    if isinstance(content, bytes):
-        try:
-            content = content.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise reader.fail("", f"not UTF-8 text (byte {error.start})") from error
-    depth = _depth(content)
-    if depth > MAX_DEPTH:
-        raise reader.fail("", f"nested {depth:,} levels deep, more than the {MAX_DEPTH} a {kind} may have")
+    content = _text_within_depth(content, reader, kind)
     try:
         return json.loads(content)
     except json.JSONDecodeError as error:
         raise reader.fail("", f"not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+
+
+def _text(content: bytes | str, reader: _Reader) -> str:
+    if isinstance(content, bytes):
+        try:
+            return content.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise reader.fail("", f"not UTF-8 text (byte {error.start})") from error
+    return content
+
+
+def _check_depth(content: str, reader: _Reader, kind: str) -> None:
+    """Counted on the text, before anything is built: a deeply nested document costs nothing."""
+    depth = _depth(content)
+    if depth > MAX_DEPTH:
+        raise reader.fail("", f"nested {depth:,} levels deep, more than the {MAX_DEPTH} a {kind} may have")
+
+
+def _text_within_depth(content: bytes | str, reader: _Reader, kind: str) -> str:
+    content = _text(content, reader)
+    _check_depth(content, reader, kind)
+    return content
 
 
 def _json(content: str, reader: _Reader, kind: str) -> Any:
