@@ -285,3 +285,17 @@ def interrupted_when(command: list[str], pattern: str, cwd, environment=None) ->
     os.killpg(run.pid, signal.SIGINT)
     lines.append(run.communicate(timeout=180)[0])
     return run.returncode, "".join(lines)
+
+
+def self_signed_certificate(folder) -> tuple[str, str]:
+    """(certificate, key) files in `folder`: a self-signed certificate for 127.0.0.1, valid a day."""
+    import subprocess
+    from pathlib import Path
+
+    certificate, key = Path(folder) / "cert.pem", Path(folder) / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(certificate), str(key)

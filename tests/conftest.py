@@ -100,6 +100,19 @@ def object_store(request):
     return f"s3://{request.getfixturevalue('s3_bucket')}"
 
 
+@pytest.fixture(params=["gs", "s3", "s3-kubernetes"])
+def coordinated_store(request):
+    """The root URI of a fresh bucket on gs:// (fake-gcs-server), on s3:// (an S3 server), and on an S3 store that
+    ignores conditional writes, from a step in a pod (its one-holder and compare-and-swap guarantees then come from
+    the Kubernetes API: Leases)."""
+    if request.param == "gs":
+        return f"gs://{request.getfixturevalue('gcs_bucket')}"
+    if request.param == "s3":
+        return f"s3://{request.getfixturevalue('s3_bucket')}"
+    request.getfixturevalue("pod")
+    return request.getfixturevalue("unsafe_s3")
+
+
 @pytest.fixture(scope="session")
 def synthetic_data(tmp_path_factory):
     """A small prepared synthetic dataset (10 classes, 16 training images each), made once per session."""

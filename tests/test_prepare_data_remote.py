@@ -155,18 +155,6 @@ def test_compare_and_swap_publish_refuses_a_lost_race_and_accepts_identical_byte
     assert other.read("manifest.json") == b"two"
 
 
-@pytest.fixture(params=["gs", "s3", "s3-kubernetes"])
-def racing_store(request):
-    """Where publishers race: gs://, an S3 server, and an S3 store that ignores conditional writes, from steps in a
-    pod (the manifest swapped as a Kubernetes Lease)."""
-    if request.param == "gs":
-        return f"gs://{request.getfixturevalue('gcs_bucket')}"
-    if request.param == "s3":
-        return f"s3://{request.getfixturevalue('s3_bucket')}"
-    request.getfixturevalue("pod")
-    return request.getfixturevalue("unsafe_s3")
-
-
 def publish_concurrently(sources: list[str], output: str) -> tuple[list[int], list[str]]:
     """Start one CLI publisher per source at once; return their exit codes and outputs."""
     processes = [
@@ -183,8 +171,10 @@ def publish_concurrently(sources: list[str], output: str) -> tuple[list[int], li
     return [process.returncode for process in processes], outputs
 
 
-def test_two_concurrent_publishers_of_the_same_remote_output_both_succeed_with_one_valid_dataset(archive, racing_store):
-    output = f"{racing_store}/datasets/concurrent"
+def test_two_concurrent_publishers_of_the_same_remote_output_both_succeed_with_one_valid_dataset(
+    archive, coordinated_store
+):
+    output = f"{coordinated_store}/datasets/concurrent"
     codes, outputs = publish_concurrently([str(archive), str(archive)], output)
     assert codes == [0, 0], outputs
     verified = open_dataset(output)
@@ -193,10 +183,10 @@ def test_two_concurrent_publishers_of_the_same_remote_output_both_succeed_with_o
 
 
 def test_concurrent_publishers_of_different_data_never_leave_a_manifest_that_does_not_verify(
-    tmp_path, archive, racing_store
+    tmp_path, archive, coordinated_store
 ):
     other = builders.write_python_archive(tmp_path / "other.tar.gz", builders.official_data(per_batch=10, seed=9))
-    output = f"{racing_store}/datasets/contested"
+    output = f"{coordinated_store}/datasets/contested"
     codes, outputs = publish_concurrently([str(archive), str(other)], output)
     assert 0 in codes, outputs
     for code, text in zip(codes, outputs, strict=True):
@@ -209,11 +199,11 @@ def test_concurrent_publishers_of_different_data_never_leave_a_manifest_that_doe
 
 
 @pytest.mark.parametrize("same_data", [True, False], ids=["same-data", "different-data"])
-def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, archive, racing_store, same_data):
+def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, archive, coordinated_store, same_data):
     """Both publishers have written every shard before either writes the manifest: the worst interleaving."""
     other = builders.write_python_archive(tmp_path / "other.tar.gz", builders.official_data(per_batch=10, seed=9))
     sources = [archive, archive if same_data else other]
-    output = f"{racing_store}/datasets/raced"
+    output = f"{coordinated_store}/datasets/raced"
     barrier = threading.Barrier(2, timeout=60)
     publisher_class = type(storage.publisher_for(output))
     original_swap = publisher_class.swap_document

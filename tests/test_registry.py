@@ -15,7 +15,7 @@ from components.evaluate.evaluate import Evaluator
 from components.train import loop
 from pipeline.parameters import CommandError, check_parameters
 from pipeline.training_pipeline import cifar10_pipeline
-from tests.builders import tiny_train_config
+from tests.builders import self_signed_certificate, tiny_train_config
 from tests.fake_model_registry import FakeModelRegistry
 
 LINEAGE = registry.Lineage(
@@ -252,15 +252,8 @@ def test_the_stand_in_refuses_a_search_by_name_without_its_parent_as_the_server_
 
 
 def test_an_https_registry_with_a_private_ca_is_reached_once_its_ca_is_given(token, tmp_path, monkeypatch):
-    import subprocess
-
-    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    server = FakeModelRegistry(token=token, tls=(str(certificate), str(key)))
+    certificate, key = self_signed_certificate(tmp_path)
+    server = FakeModelRegistry(token=token, tls=(certificate, key))
     try:
         with pytest.raises(registry.RegistrationError, match="its TLS certificate is not trusted") as refused:
             registry.register(server.address, registration_of_version())

@@ -9,7 +9,6 @@ import http.server
 import json
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from pipeline import commands, kfp_endpoint
 from pipeline.training_pipeline import cifar10_pipeline
+from tests.builders import self_signed_certificate
 from tests.fake_kfp_api import API, FakeKfpApi
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.alice-default-editor.c2lnbmF0dXJl"
@@ -209,12 +209,7 @@ def test_a_login_page_answered_mid_way_is_not_taken_for_a_created_run(kubeflow):
 @pytest.fixture
 def tls_endpoint(tmp_path):
     """An HTTPS server on 127.0.0.1 with a self-signed certificate; yields (url, the certificate's file)."""
-    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    certificate, key = self_signed_certificate(tmp_path)
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

@@ -15,18 +15,6 @@ from components.common.model_directory import ModelDirectory
 from components.common.writer_claim import WriterClaimError
 
 
-@pytest.fixture(params=["gs", "s3", "s3-kubernetes"])
-def object_store(request):
-    """A bucket on gs:// (fake-gcs-server), on s3:// (an S3 server), and on an S3 store that ignores conditional writes
-    from a step in a pod (the lease a Kubernetes Lease)."""
-    if request.param == "gs":
-        return f"gs://{request.getfixturevalue('gcs_bucket')}"
-    if request.param == "s3":
-        return f"s3://{request.getfixturevalue('s3_bucket')}"
-    request.getfixturevalue("pod")
-    return request.getfixturevalue("unsafe_s3")
-
-
 @pytest.fixture(autouse=True)
 def short_leases(monkeypatch):
     monkeypatch.setattr(writer_lease, "LEASE_SECONDS", 4.0)
@@ -38,8 +26,8 @@ def machine(model_dir: str, tmp_path, name: str) -> ModelDirectory:
     return ModelDirectory(model_dir, cache_dir=tmp_path / name)
 
 
-def test_a_second_writer_on_another_machine_fails_naming_the_holder(object_store, tmp_path):
-    model_dir = f"{object_store}/models/run"
+def test_a_second_writer_on_another_machine_fails_naming_the_holder(coordinated_store, tmp_path):
+    model_dir = f"{coordinated_store}/models/run"
     first = machine(model_dir, tmp_path, "a")
     first.claim_writer()
     try:
@@ -56,8 +44,8 @@ def test_a_second_writer_on_another_machine_fails_naming_the_holder(object_store
     third.release_writer()
 
 
-def test_the_lease_of_a_killed_writer_is_taken_over_after_it_runs_out(object_store, tmp_path):
-    model_dir = f"{object_store}/models/run"
+def test_the_lease_of_a_killed_writer_is_taken_over_after_it_runs_out(coordinated_store, tmp_path):
+    model_dir = f"{coordinated_store}/models/run"
     killed = {"holder": "pid 1 on gone-host since then", "token": "dead", "renewed_at": time.time()}
     started = time.monotonic()  # the lease runs out counted from its last renewal, this moment
     storage.publisher_for(model_dir).swap_document(
@@ -73,8 +61,8 @@ def test_the_lease_of_a_killed_writer_is_taken_over_after_it_runs_out(object_sto
         newcomer.release_writer()
 
 
-def test_a_writer_whose_lease_was_taken_stops_at_its_next_push(object_store, tmp_path):
-    model_dir = f"{object_store}/models/run"
+def test_a_writer_whose_lease_was_taken_stops_at_its_next_push(coordinated_store, tmp_path):
+    model_dir = f"{coordinated_store}/models/run"
     writer = machine(model_dir, tmp_path, "a")
     writer.claim_writer()
     try:
@@ -91,11 +79,11 @@ def test_a_writer_whose_lease_was_taken_stops_at_its_next_push(object_store, tmp
 
 
 def test_publish_answers_the_version_it_wrote_and_the_lease_never_reads_its_own_back(
-    object_store, tmp_path, monkeypatch
+    coordinated_store, tmp_path, monkeypatch
 ):
     """The lease's next compare-and-swap uses the version the store answered to its own write: read back instead,
     another writer's version written in between would be taken for its own."""
-    store = storage.publisher_for(f"{object_store}/versions")
+    store = storage.publisher_for(f"{coordinated_store}/versions")
     written = store.publish("record.json", b"one", expected_version=storage.ABSENT)
     assert written == store.read_versioned("record.json")[1]
     replaced = store.publish("record.json", b"two", expected_version=written)
@@ -106,7 +94,7 @@ def test_publish_answers_the_version_it_wrote_and_the_lease_never_reads_its_own_
         raise AssertionError(f"the writer lease read {name}'s version back instead of using its write's answer")
 
     monkeypatch.setattr(type(store), "version", no_read_back)
-    model_dir = f"{object_store}/models/run"
+    model_dir = f"{coordinated_store}/models/run"
     holder = machine(model_dir, tmp_path, "a")
     holder.claim_writer()
     try:

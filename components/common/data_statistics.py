@@ -339,7 +339,7 @@ def _limit(threshold: float, chance: float) -> float:
     return max(threshold, chance)
 
 
-def _against(value: float, limit: float, threshold: float, setting: str, count: int) -> str:
+def _against(limit: float, threshold: float, setting: str, count: int) -> str:
     """How a measure compares with its limit, in words: "(>= 0.10, channel_mean_shift)", or when the sample is too
     small for the setting alone, "(>= 0.14: channel_mean_shift 0.1, widened by chance at 1,000 images)"."""
     if limit > threshold:
@@ -377,7 +377,7 @@ def _class_findings(split, mine, theirs, names, reference_names, thresholds, cha
                     "class_balance", ERROR,
                     f"{split}: {more} {name!r} images: {mine_share:.1%} of the split, the reference's {their_share:.1%}"
                     f" (change {abs(mine_share - their_share):.1%} "
-                    f"{_against(0, limit, thresholds.class_share_change, 'class_share_change', mine['count'])})",
+                    f"{_against(limit, thresholds.class_share_change, 'class_share_change', mine['count'])})",
                     abs(mine_share - their_share), limit, split, name, "class_share_change",
                 )
             )  # fmt: skip
@@ -443,7 +443,7 @@ def _label_noise(split, mine, theirs, names, reference_names, thresholds) -> lis
             "label_noise", ERROR,
             f"{split}: the classes' mean images are {fall:.0%} less distinct from each other than the reference's, "
             f"while the images look the same: labels shuffled within about {fall:.0%} of the images "
-            f"{_against(fall, limit, thresholds.label_noise, 'label_noise', mine['count'])}",
+            f"{_against(limit, thresholds.label_noise, 'label_noise', mine['count'])}",
             fall, limit, split, None, "label_noise",
         )
     ]  # fmt: skip
@@ -566,7 +566,7 @@ class _Look:
         return CHANCE_Z * error / max(scale, 1e-6)
 
     def _finding(self, kind: str, text: str, value: float, threshold: float, limit: float, setting: str) -> Finding:
-        return Finding(kind, ERROR, f"{self.split}: {text} {_against(value, limit, threshold, setting, self.count)}",
+        return Finding(kind, ERROR, f"{self.split}: {text} {_against(limit, threshold, setting, self.count)}",
                        value, limit, self.split, None, setting)  # fmt: skip
 
     def _measure(self, name: str) -> tuple[float, float] | None:
