@@ -72,7 +72,8 @@ def test_airbench_augmentation_flips_every_image_in_exactly_one_of_two_epochs(sy
 
 
 @pytest.mark.parametrize("seed", [5, 0])  # 0: any seed in the config's range (tf.data's shuffle refused it)
-def test_a_resumed_airbench_stream_is_the_uninterrupted_one_from_that_step_on(synthetic_data, seed):
+@pytest.mark.parametrize("jitter", [(0.0, 0.0), (0.14, 0.13)])
+def test_a_resumed_airbench_stream_is_the_uninterrupted_one_from_that_step_on(synthetic_data, seed, jitter):
     """A run resumed at step 4 (mid-epoch: 160 images, batch 48) trains on exactly the batches the uninterrupted run
     would have: same order, same translations, and the flips keep alternating."""
     verified = open_dataset(synthetic_data, splits=("train",))
@@ -80,7 +81,14 @@ def test_a_resumed_airbench_stream_is_the_uninterrupted_one_from_that_step_on(sy
 
     def batches(start_step: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
         stream = data.train_dataset(
-            verified, tf.distribute.InputContext(), 48, seed=seed, augmentation="airbench", start_step=start_step
+            verified,
+            tf.distribute.InputContext(),
+            48,
+            seed=seed,
+            augmentation="airbench",
+            start_step=start_step,
+            brightness=jitter[0],
+            contrast=jitter[1],
         )
         return [(images.numpy(), labels.numpy()) for images, labels in stream.take(count)]
 
@@ -104,6 +112,45 @@ def test_airbench_augmentation_translates_with_reflected_borders():
             for row in range(5)
             for column in range(5)
         )
+
+
+def test_colour_jitter_shifts_brightness_then_scales_contrast_about_the_channel_means_per_image():
+    """On normalised images the jitter is (x + shift) x factor with one shift in +-brightness and one factor in
+    1 +- contrast per image, the same for every pixel and channel of it; uint8 in, uint8 out."""
+    images = np.random.default_rng(2).integers(60, 196, size=(400, 8, 8, 3), dtype=np.uint8)
+    means, deviations = np.array([120.0, 125.0, 115.0]), np.array([60.0, 55.0, 65.0])
+    jittered = data.jitter_batch(tf.constant(images), tf.constant([7, 8], tf.int64), 0.1, 0.2, means, deviations)
+    assert jittered.dtype == tf.uint8
+    before = (images - means) / deviations
+    after = (jittered.numpy() - means) / deviations
+    shifts, factors = [], []
+    for original, result in zip(before, after, strict=True):
+        # result = factor x (original + shift): a line through each image's pixels, up to the rounding to uint8
+        factor, intercept = np.polyfit(original.ravel(), result.ravel(), 1)
+        factors.append(factor)
+        shifts.append(intercept / factor)
+        assert np.abs(result - factor * (original + intercept / factor)).max() < 1.0 / deviations.min()  # a pixel level
+    factors, shifts = np.array(factors), np.array(shifts)
+    assert 0.8 - 1e-2 < factors.min() < 0.85 and 1.15 < factors.max() < 0.2 + 1 + 1e-2
+    assert -0.1 - 1e-2 < shifts.min() < -0.08 and 0.08 < shifts.max() < 0.1 + 1e-2
+    assert abs(np.corrcoef(factors, shifts)[0, 1]) < 0.2  # drawn independently
+
+
+def test_colour_jitter_clips_at_the_ends_of_the_pixel_range():
+    images = np.full((64, 4, 4, 3), 250, np.uint8)
+    images[:, :2] = 3
+    jittered = data.jitter_batch(tf.constant(images), tf.constant([1, 2], tf.int64), 1.0, 0.5, 128.0, 64.0).numpy()
+    assert jittered.max() == 255 and jittered.min() == 0
+
+
+def test_colour_jitter_outside_the_airbench_augmentation_is_refused():
+    from components.common.config import config_from_mapping
+    from components.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"brightness/contrast: 0.1/0.0 need augmentation airbench"):
+        config_from_mapping(TrainConfig, {"data": "d", "model_dir": "m", "brightness": 0.1}, "test")
+    with pytest.raises(ValueError, match=r"contrast"):
+        config_from_mapping(TrainConfig, {"data": "d", "model_dir": "m", "contrast": 1.0}, "test")
 
 
 def _as_array(verified):

@@ -122,6 +122,22 @@ class TrainConfig:
     translate: int = field(
         default=2, metadata={"range": "[0, 8]", "help": "augmentation airbench: the largest translation, in pixels"}
     )
+    brightness: float = field(
+        default=0.0,
+        metadata={
+            "range": "[0, 1]",
+            "help": "augmentation airbench: each image's brightness shifted by up to this many of each channel's "
+            "standard deviations (0: none)",
+        },
+    )
+    contrast: float = field(
+        default=0.0,
+        metadata={
+            "range": "[0, 1)",
+            "help": "augmentation airbench: each image's contrast about the channel means scaled by 1 +- up to this "
+            "(0: none)",
+        },
+    )
     seed: int = field(
         default=42, metadata={"range": "[0, 2147483647]", "help": "seed of initialization, data order and augmentation"}
     )
@@ -346,6 +362,11 @@ class TrainConfig:
         # Each number's interval is its field's "range", checked by check_fields; what is left relates fields.
         if (self.depth - 2) % 6:
             raise ValueError(f"depth: {self.depth} is not of the form 6n+2 with n >= 1 (20, 32, 44, 56, 110)")
+        if (self.brightness or self.contrast) and not (self.augment and self.augmentation == "airbench"):
+            raise ValueError(
+                f"brightness/contrast: {self.brightness}/{self.contrast} need augmentation airbench (the images in "
+                "memory give the channel means they vary about); set them to 0 or use --augmentation airbench"
+            )
         if self.batch_size % self.workers:
             raise ValueError(f"batch_size: {self.batch_size} does not split evenly over {self.workers} workers")
         if self.train_steps is not None and self.epochs is not None:

@@ -349,6 +349,8 @@ class Trainer:
                 config.augmentation,
                 config.translate,
                 start_step=start_step,
+                brightness=config.brightness,
+                contrast=config.contrast,
             )
         )
         iterator = iter(distributed)
