@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -327,3 +329,54 @@ def test_a_report_that_cannot_be_the_jobs_own_file_is_refused_before_anything_is
     assert code == 2 and str(report) in said and "Traceback" not in said
     assert not output.exists() or output.read_bytes() == b""
     assert before == {path: path.read_bytes() for path in before}
+
+
+def test_reading_ahead_keeps_the_order_and_holds_at_most_its_depth_of_batches():
+    from components.predict.predict import ahead
+
+    produced = []
+
+    def pieces():
+        for number in range(50):
+            produced.append(number)
+            yield number
+
+    seen = []
+    for piece in ahead(pieces(), depth=2):
+        time.sleep(0.002)
+        # what the reader has made beyond what was consumed: the queue (2) plus the one it is handing over
+        assert len(produced) - len(seen) <= 2 + 2
+        seen.append(piece)
+    assert seen == list(range(50))
+
+
+def test_a_reading_error_comes_out_where_its_piece_would_have_and_an_early_stop_ends_the_reader():
+    from components.predict.predict import ahead
+
+    def failing():
+        yield 1
+        yield 2
+        raise OSError("shard-00003: read failed")
+
+    seen = []
+    with pytest.raises(OSError, match="shard-00003"):
+        for piece in ahead(failing()):
+            seen.append(piece)
+    assert seen == [1, 2]
+
+    produced = []
+
+    def endless():
+        number = 0
+        while True:
+            produced.append(number)
+            yield number
+            number += 1
+
+    for piece in ahead(endless(), depth=2):
+        if piece == 3:
+            break
+    count = len(produced)
+    time.sleep(0.3)
+    assert len(produced) == count <= 3 + 4  # the reader stopped with the consumer
+    assert not [thread for thread in threading.enumerate() if thread.name == "predict-reader"]

@@ -25,6 +25,8 @@ import html
 import json
 import logging
 import os
+import queue
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -311,36 +313,84 @@ def predict(config: PredictConfig) -> dict:
     return summary
 
 
+def _pieces(config: PredictConfig, model: ServedModel, images: Images, pending: list[str]) -> Iterator[tuple]:
+    """The pending images in order, read and fitted to the model: ("batch", keys, stacked pixels) for each full
+    batch (and the last), ("skipped", key, why) for each image that cannot be scored, where it falls."""
+    batch_keys: list[str] = []
+    batch: list[np.ndarray] = []
+    for key, image, why in images.pixels(pending):
+        fitted, why = _fitted(image, model, config.image_size is not None) if image is not None else (None, why)
+        if fitted is None:
+            yield "skipped", key, why
+            continue
+        batch_keys.append(key)
+        batch.append(fitted)
+        if len(batch) == config.batch_size:
+            yield "batch", batch_keys, np.stack(batch)
+            batch_keys, batch = [], []
+    if batch:
+        yield "batch", batch_keys, np.stack(batch)
+
+
+def ahead(pieces: Iterator, depth: int = 2) -> Iterator:
+    """`pieces`, produced on a thread of their own at most `depth` ahead of the consumer: reading and decoding the
+    next batch overlap the model's call on this one (which releases the GIL), and memory holds `depth` + 1 batches
+    whatever the input's size. An error of the producer is raised here, where its piece would have come; a consumer
+    that stops early stops the producer."""
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def offer(item) -> bool:
+        """Hand `item` over, waiting while the queue is full; False once the consumer has stopped."""
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for piece in pieces:
+                if not offer((piece, None)):
+                    return
+            offer((end, None))
+        except BaseException as error:  # handed to the consumer, raised there
+            offer((end, error))
+
+    producer = threading.Thread(target=produce, name="predict-reader", daemon=True)
+    producer.start()
+    try:
+        while True:
+            piece, error = handoff.get()
+            if piece is end:
+                if error is not None:
+                    raise error
+                return
+            yield piece
+    finally:
+        stop.set()
+        producer.join()
+
+
 def _score(config: PredictConfig, model: ServedModel, images: Images) -> tuple[dict, int, float, int]:
     done = _continue(config.output)
     pending = [key for key in images.keys if key not in done]
     progress = Progress("predict", len(pending), unit="images", logger=logger)
     skipped, started = 0, time.monotonic()
     with storage.open_for_append(config.output, text=True) as output:
-        batch_keys: list[str] = []
-        batch: list[np.ndarray] = []
-
-        def flush() -> None:
-            if batch:
-                output.writelines(_lines(batch_keys, model.serve(np.stack(batch)), model.label_names, config.top_k))
-                output.flush()
-                progress.advance(len(batch))
-                batch_keys.clear()
-                batch.clear()
-
-        for key, image, why in images.pixels(pending):
-            fitted, why = _fitted(image, model, config.image_size is not None) if image is not None else (None, why)
-            if fitted is None:
-                logger.warning("skipping %s: %s", outputs.printable(key), why)
-                output.write(json.dumps({"image": key, "skipped": why}) + "\n")
+        for kind, keys, detail in ahead(_pieces(config, model, images, pending)):
+            if kind == "skipped":
+                logger.warning("skipping %s: %s", outputs.printable(keys), detail)
+                output.write(json.dumps({"image": keys, "skipped": detail}) + "\n")
                 progress.advance(1)
                 skipped += 1
                 continue
-            batch_keys.append(key)
-            batch.append(fitted)
-            if len(batch) == config.batch_size:
-                flush()
-        flush()
+            output.writelines(_lines(keys, model.serve(detail), model.label_names, config.top_k))
+            output.flush()
+            progress.advance(len(keys))
     return summarize(config, model, images), skipped, time.monotonic() - started, len(pending)
 
 
