@@ -18,7 +18,8 @@ endif
 PROGRAMS := local-run sweep clean-runs compile run schedule schedules tensorboard images push prepare-data predict \
 	serving-ops
 
-.PHONY: help install constraints test test-images lint format clean bench bench-sweep bench-accuracy
+.PHONY: help install constraints test test-images lint format clean bench bench-sweep bench-accuracy \
+	bench-reference-setup
 .PHONY: $(PROGRAMS)
 
 help:
@@ -63,6 +64,10 @@ bench:
 
 bench-accuracy:
 	$(BIN)/python $(ROOT)bench/accuracy.py
+
+bench-reference-setup:
+	$(PYTHON) -m venv $(ROOT)bench/work/reference-venv
+	$(ROOT)bench/work/reference-venv/bin/pip install --quiet torch==2.13.0 numpy
 
 clean:
 	rm -rf $(OUTPUT) $(ROOT).pytest_cache $(ROOT).ruff_cache $(ROOT)bench/work

@@ -9,13 +9,19 @@
    takes at that rate (the wall-time comparison that holds when the runs of 1. finished on different days), with
    its training FLOP/s against this CPU's float32 matrix-multiply peak, measured between the timed windows
    (bench/flops.py).
-3. Speed: images/s of a preset's training loop (`--speed-preset`, default fast; one worker, steady state: the
+3. The PyTorch reference (`--reference-runs N`): airbench94_muon.py as published, on the same images and this CPU
+   (bench/reference.py, in bench/work/reference-venv: `make bench-reference-setup`), its runs alternating with the
+   project's (seed 1 of each, then seed 2, ...). Prints each side's training seconds (the project's: its epochs at
+   the median rate of its progress windows after the first; the reference's: its own timer's training epochs, after
+   a warm-up that compiles) and the ratio of the project's time to the reference's, with both accuracies: the
+   project's time to the reference's accuracy when its accuracy is at least the reference's (goal: <= 0.7).
+4. Speed: images/s of a preset's training loop (`--speed-preset`, default fast; one worker, steady state: the
    median of its own progress windows after the first) against a bare `tf.function` step of the same network,
    batch and optimizer (Muon on the kernels for a Muon recipe) on a fixed batch, timed in windows of the same
    length (target ratio >= 0.95); rounds alternate which side goes first.
 
     .venv/bin/python bench/accuracy.py [--runs 2] [--epochs 10] [--presets airbench94 airbench94_muon]
-        [--speed-rounds 4]
+        [--speed-rounds 4] [--reference-runs 2 --reference-precision bfloat16]
         [--train-args "--width-multiplier 1.5"]
 
 `--runs 0` measures only the speed; `--speed-rounds 0` only the accuracy. Runs alternate between the presets
@@ -101,6 +107,49 @@ def train_and_evaluate(
     }
 
 
+REFERENCE_PYTHON = WORK / "reference-venv" / "bin" / "python"
+
+
+def reference_run(seed: int, precision: str) -> dict:
+    """One run of the published PyTorch airbench94_muon.py on this CPU (bench/reference.py), its JSON line."""
+    if not REFERENCE_PYTHON.exists():
+        sys.exit(f"{REFERENCE_PYTHON}: no Python with PyTorch for the reference; run make bench-reference-setup")
+    command = [str(REFERENCE_PYTHON), str(REPOSITORY / "bench" / "reference.py"), "--runs", "1",
+               "--first-seed", str(seed), "--precision", precision]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("|") and line.split("|")[2].strip().isdigit():  # the script's epoch lines
+            print("    reference: " + line.rstrip(), flush=True)
+    if process.wait() != 0:
+        sys.exit(f"bench/reference.py failed:\n{''.join(lines)[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def reference_key(seed: int, precision: str) -> dict:
+    return {"preset": f"reference airbench94_muon.py (PyTorch, {precision})", "epochs_asked": None, "seed": seed}
+
+
+def print_reference_ratio(results: list[dict], project: str) -> None:
+    """The project's training time against the reference's, and both accuracies."""
+    mine = [result for result in results if result["preset"] == project and result.get("images_per_second")]
+    theirs = [result for result in results if result["preset"].startswith("reference ")]
+    if not mine or not theirs:
+        return
+    my_seconds = statistics.mean(result["epochs"] * TRAIN_EXAMPLES / result["images_per_second"] for result in mine)
+    their_seconds = statistics.mean(result["reference_train_seconds"] for result in theirs)
+    my_accuracy = statistics.mean(result["accuracy"] for result in mine)
+    their_accuracy = statistics.mean(result["accuracy"] for result in theirs)
+    print(f"\nAgainst the PyTorch reference on this CPU ({theirs[0]['preset']}, {len(theirs)} run(s)):")
+    print(f"  {project}: {my_accuracy:.2%} in {mine[0]['epochs']:g} epochs, training {my_seconds / 60:.1f} min "
+          f"(its epochs at the median rate of its progress windows)")  # fmt: skip
+    print(f"  reference: {their_accuracy:.2%} in {theirs[0]['epochs']:g} epochs, training {their_seconds / 60:.1f} min "
+          f"(its own timer, after a compiling warm-up)")  # fmt: skip
+    reached = "to the reference's accuracy" if my_accuracy >= their_accuracy else "(NOT to the reference's accuracy)"
+    print(f"  ratio of training time {reached}: {my_seconds / their_seconds:.2f} (goal <= 0.7)")
+
+
 def run_key(preset: str, epochs: float | None, seed: int, train_arguments: list[str]) -> dict:
     """What identifies a run in a results file: the preset with its extra options, the length asked for, the seed."""
     return {"preset": " ".join([preset, *train_arguments]), "epochs_asked": epochs, "seed": seed}
@@ -166,9 +215,9 @@ def print_accuracy_table(results: list[dict]) -> None:
         seconds = statistics.mean(result["train_seconds"] for result in mine)
         rates = [result["images_per_second"] for result in mine if result["images_per_second"]]
         rate = statistics.median(rates) if rates else 0
-        achieved = 3 * mine[0]["forward_flops"] * rate
+        achieved = f"{3 * mine[0]['forward_flops'] * rate / 1e9:.0f}" if mine[0]["forward_flops"] else "-"
         print(f"| {preset} | {mine[0]['epochs']:g} | {len(mine)} | {100 * statistics.mean(accuracies):.2f}% "
-              f"+- {100 * spread:.2f} | {seconds / 60:.1f} min | {rate:.0f} | {achieved / 1e9:.0f} |")  # fmt: skip
+              f"+- {100 * spread:.2f} | {seconds / 60:.1f} min | {rate:.0f} | {achieved} |")  # fmt: skip
 
 
 def preset_config(data: str, preset: str, epochs: float | None, train_arguments: list[str]):
@@ -263,6 +312,8 @@ def main() -> None:
     parser.add_argument("--speed-rounds", type=int, default=4, help="0 skips the speed comparison")
     parser.add_argument("--speed-window-steps", type=int, default=5, help="steps per timed window")
     parser.add_argument("--speed-windows", type=int, default=4, help="timed windows per side and round")
+    parser.add_argument("--reference-runs", type=int, default=0, help="runs of the PyTorch reference (seeds 1..N)")
+    parser.add_argument("--reference-precision", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--speed-preset", default="fast", choices=list(PRESETS), help="whose loop the speed times")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -273,22 +324,35 @@ def main() -> None:
     earlier = finished_runs(results_file)
     train_arguments = shlex.split(arguments.train_args)
     results = []
-    for seed in range(1, arguments.runs + 1):
-        for preset in arguments.presets:
-            key = run_key(preset, arguments.epochs, seed, train_arguments)
+    for seed in range(1, max(arguments.runs, arguments.reference_runs) + 1):
+        sides = arguments.presets if seed <= arguments.runs else []
+        for preset in [*sides, *(["reference"] if seed <= arguments.reference_runs else [])]:
+            if preset == "reference":
+                key = reference_key(seed, arguments.reference_precision)
+            else:
+                key = run_key(preset, arguments.epochs, seed, train_arguments)
             done = [result for result in earlier if all(result.get(name) == key[name] for name in key)]
             if done:
                 results.append(done[-1])
                 print(f"read back: {json.dumps(done[-1])}", flush=True)
                 continue
-            with tempfile.TemporaryDirectory(dir=WORK) as model_dir:
-                result = train_and_evaluate(data, preset, arguments.epochs, seed, Path(model_dir), train_arguments)
+            if preset == "reference":
+                measured = reference_run(seed, arguments.reference_precision)
+                result = {"epochs": measured["epochs"], "accuracy": measured["accuracy"],
+                          "train_seconds": measured["timed_seconds"], "images_per_second":
+                          measured["images_per_second"], "reference_train_seconds": measured["train_seconds"],
+                          "forward_flops": None}  # fmt: skip
+            else:
+                with tempfile.TemporaryDirectory(dir=WORK) as model_dir:
+                    result = train_and_evaluate(data, preset, arguments.epochs, seed, Path(model_dir), train_arguments)
             results.append({**result, **key, "finished": time.strftime("%Y-%m-%d %H:%M")})
             with results_file.open("a") as stream:
                 stream.write(json.dumps(results[-1]) + "\n")
             print(json.dumps(results[-1]), flush=True)
     if results:
         print_accuracy_table(results)
+        for preset in arguments.presets:
+            print_reference_ratio(results, " ".join([preset, *train_arguments]))
     if arguments.side_by_side_rounds and len(arguments.presets) > 1:
         configs = {
             " ".join([preset, *train_arguments]): preset_config(data, preset, arguments.epochs, train_arguments)

@@ -323,6 +323,10 @@ TARGETS = {
         Target("bench", "every benchmark (needs ../shared/data; bench/predict.py a promoted model)"),
         Target("bench-sweep", "a sweep of 8 half-epoch trials around the fast recipe on real CIFAR-10"),
         Target("bench-accuracy", "airbench94 against airbench94_muon on real CIFAR-10 (hours on 2 cores)"),
+        Target(
+            "bench-reference-setup",
+            "a Python with PyTorch (CPU) in bench/work/reference-venv for the reference in bench/accuracy.py",
+        ),
         Target("clean", "remove OUTPUT (promoted models too) and caches (not VENV)", ("OUTPUT",)),
     )
 }  # fmt: skip
@@ -360,9 +364,9 @@ def describe() -> str:
     """make help: every target, what it does, and the variables it takes (with their defaults)."""
     lines = []
     for target in TARGETS.values():
-        lines.append(f"{target.name:<20}{target.help}")
+        lines.append(f"{target.name:<22}{target.help}")
         if target.variables:
-            lines.append(" " * 20 + "  " + " ".join(target.variables))
+            lines.append(" " * 22 + "  " + " ".join(target.variables))
     lines += ["", "variables (default):"]
     for variable in VARIABLES.values():
         default = f" ({variable.default})" if variable.default else ""
