@@ -1,0 +1,184 @@
+"""Where a training step's time goes: a preset's network at its batch, taken apart, with this CPU's matrix-multiply
+peak measured in the same run.
+
+For each precision (float32, and bfloat16 where asked), seconds per step of, in turns:
+- `convolutions`: forward and backward of the network with its batch norms and activations replaced by identities
+  (the convolutions, the poolings and the head: what the FLOPs are);
+- `forward`: the network's forward pass alone (training mode);
+- `gradients`: forward and backward (the loss's gradients, no update);
+- `sgd step`: gradients and a Nesterov SGD update of every variable;
+- `recipe step`: gradients and the recipe's optimizer (Muon on the kernels for a Muon recipe): bench/timing.py's
+  bare step;
+- `loop`: the training loop, one worker (input pipeline, augmentation, label smoothing, weight decay, multipliers,
+  finiteness checks, logging), from its progress windows;
+and what each part costs: batch norm and activations (gradients - convolutions), the optimizer (recipe step -
+gradients), the loop around the step (loop - recipe step). Training FLOP/s = 3 x forward FLOPs x images/s, against
+the matrix-multiply peak of the same precision.
+
+    .venv/bin/python bench/step_profile.py [--preset fast] [--precisions float32 mixed_bfloat16] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY))
+
+from bench import flops, timing  # noqa: E402
+from bench.accuracy import config_model_spec, full_training_set  # noqa: E402
+
+PARTS = ("convolutions", "forward", "gradients", "sgd step", "recipe step", "loop")
+
+
+def matmul_peak(precision: str, size: int = 2048, seconds: float = 3.0) -> float:
+    """FLOP/s of a `size` x `size` matrix product in the precision's compute type, the best of repeats."""
+    import tensorflow as tf
+
+    dtype = tf.bfloat16 if precision == "mixed_bfloat16" else tf.float16 if precision == "mixed_float16" else tf.float32
+    left = tf.cast(tf.random.normal([size, size]), dtype)
+    right = tf.cast(tf.random.normal([size, size]), dtype)
+    product = tf.function(lambda: tf.linalg.matmul(left, right))
+    product().numpy()
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        product().numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def without_normalization(model):
+    """The same network with every batch norm and activation an identity: its convolutions, poolings and head."""
+    import keras
+
+    class Through(keras.layers.Layer):
+        def call(self, inputs, training=None, mask=None):
+            return inputs
+
+    def clone(layer):
+        normalizes = isinstance(layer, keras.layers.BatchNormalization)
+        activates = isinstance(layer, keras.layers.Activation) and layer.get_config()["activation"] != "linear"
+        if normalizes or activates:
+            return Through(name=layer.name)
+        return layer.__class__.from_config(layer.get_config())
+
+    return keras.models.clone_model(model, clone_function=clone)
+
+
+def step_seconds(model, batch: int, window_steps: int, windows: int, update=None, backward: bool = True) -> float:
+    """Median seconds per step of forward (and backward, and `update`) on one fixed batch."""
+    import tensorflow as tf
+
+    images = tf.cast(tf.random.uniform([batch, 32, 32, 3], 0, 256, dtype=tf.int32), tf.uint8)
+    labels = tf.random.uniform([batch], 0, 10, dtype=tf.int64)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        if not backward:
+            return loss
+        gradients = tape.gradient(loss, model.trainable_variables)
+        if update is not None:
+            update.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return tf.add_n([tf.reduce_sum(tf.cast(gradient, tf.float32)) for gradient in gradients]) + loss
+
+    def timed(count: int) -> float:
+        start = time.perf_counter()
+        for _ in range(count):
+            result = step()
+        float(result)
+        return (time.perf_counter() - start) / count
+
+    timed(window_steps)  # trace and warm up
+    return statistics.median(timed(window_steps) for _ in range(windows))
+
+
+def measure(config, part: str, window_steps: int, windows: int) -> float:
+    """Seconds per step of one part (see the module docstring) for a TrainConfig."""
+    import keras
+
+    from components.common.model import build_model
+
+    keras.mixed_precision.set_global_policy(config.precision)
+    try:
+        if part == "loop":
+            return statistics.median(timing.loop_window_seconds(config, window_steps, windows))
+        model = build_model(config_model_spec(config))
+        batch = config.batch_size
+        if part == "convolutions":
+            return step_seconds(without_normalization(model), batch, window_steps, windows)
+        if part == "forward":
+            return step_seconds(model, batch, window_steps, windows, backward=False)
+        if part == "gradients":
+            return step_seconds(model, batch, window_steps, windows)
+        if part == "sgd step":
+            update = keras.optimizers.SGD(0.01, momentum=config.momentum, nesterov=True)
+            return step_seconds(model, batch, window_steps, windows, update)
+        if config.optimizer == "muon":
+            update = timing.BareMuon(model.trainable_variables, config, learning_rate=0.01)
+        else:
+            update = keras.optimizers.SGD(0.01, momentum=config.momentum, nesterov=config.nesterov)
+        return step_seconds(model, batch, window_steps, windows, update)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="fast")
+    parser.add_argument("--precisions", nargs="+", default=["float32", "mixed_bfloat16"])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--window-steps", type=int, default=3)
+    parser.add_argument("--windows", type=int, default=2)
+    arguments = parser.parse_args()
+
+    from components.common.config import config_from_mapping
+    from components.common.model import build_model
+    from components.train.config import TrainConfig
+
+    data = full_training_set()
+    base = config_from_mapping(TrainConfig, {"data": data, "model_dir": "unused", "preset": arguments.preset}, "bench")
+    forward_flops = flops.forward_flops(build_model(config_model_spec(base)), (32, 32, 3))
+    for precision in arguments.precisions:
+        config = dataclasses.replace(base, precision=precision)
+        seconds: dict[str, list[float]] = {part: [] for part in PARTS}
+        peaks = []
+        for round_number in range(1, arguments.rounds + 1):
+            order = PARTS if round_number % 2 else tuple(reversed(PARTS))
+            for part in order:
+                seconds[part].append(measure(config, part, arguments.window_steps, arguments.windows))
+                print(f"{precision} round {round_number}: {part} {config.batch_size / seconds[part][-1]:.0f} "
+                      f"images/s", flush=True)  # fmt: skip
+            peaks.append(matmul_peak(precision))
+        peak = max(peaks)
+        median = {part: statistics.median(values) for part, values in seconds.items()}
+        print(f"\n{arguments.preset} in {precision}, batch {config.batch_size}, {forward_flops / 1e6:.0f} MFLOP per "
+              f"image forward; matrix-multiply peak {peak / 1e9:.0f} GFLOP/s ({arguments.rounds} rounds)")  # fmt: skip
+        print("| part | ms per step | images/s | training GFLOP/s (of peak) |")
+        print("|---|---|---|---|")
+        for part in PARTS:
+            rate = config.batch_size / median[part]
+            work = (1 if part == "forward" else 3) * forward_flops * rate
+            print(f"| {part} | {1000 * median[part]:.0f} | {rate:.0f} | {work / 1e9:.0f} ({work / peak:.0%}) |")
+        costs = {
+            "batch norm and activations (gradients - convolutions)": median["gradients"] - median["convolutions"],
+            "the optimizer's update (recipe step - gradients)": median["recipe step"] - median["gradients"],
+            "the loop around the step (loop - recipe step)": median["loop"] - median["recipe step"],
+        }
+        for what, cost in costs.items():
+            print(f"  {what}: {1000 * cost:.0f} ms per step ({cost / median['loop']:.0%} of the loop's)")
+        print(f"  loop / bare recipe step: {median['recipe step'] / median['loop']:.2f}\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
