@@ -16,7 +16,7 @@ from components.train.presets import LENGTH_FIELDS, PRESETS
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "muon")
 SCHEDULES = ("piecewise", "cosine", "triangular", "linear", "constant")
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 LAUNCHERS = ("auto", "inprocess", "local", "trainjob", "tfjob", "worker")
 CLUSTER_LAUNCHERS = ("trainjob", "tfjob")  # start the workers as a Kubernetes job, each in its own pod
 MODELS = ("resnet", "airbench", "airbench_muon")
@@ -259,7 +259,14 @@ class TrainConfig:
             "help": "lookahead: the decay grows as (progress ** this), averaging harder at the end",
         },
     )
-    precision: str = field(default="float32", metadata={"help": "compute precision", "choices": PRECISIONS})
+    precision: str = field(
+        default="float32",
+        metadata={
+            "help": "compute precision; auto: mixed_bfloat16 where the GPUs (compute capability >= 8.0) or, with "
+            "no GPU, the CPU (AMX-BF16, AVX512-BF16) multiply bfloat16 natively, float32 elsewhere",
+            "choices": PRECISIONS,
+        },
+    )
     xla: bool = field(default=False, metadata={"help": "compile the training step with XLA"})
     # checkpoints, warm start
     checkpoint_every_steps: int | None = field(

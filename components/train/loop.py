@@ -43,6 +43,7 @@ from components.common.progress import format_duration
 from components.train import checkpoints, data, distribution
 from components.train.cadence import LOG_SECONDS, every, resolve
 from components.train.config import TrainConfig, parse_assignments
+from components.train.precision import resolve as resolve_precision
 from components.train.step import TrainStep
 from components.train.summaries import Summaries
 from components.train.supervisor import report_phase
@@ -113,6 +114,7 @@ class Trainer:
     """Builds everything once; `run()` trains to the planned step."""
 
     def __init__(self, config: TrainConfig):
+        config = dataclasses.replace(config, precision=resolve_precision(config.precision))  # auto: by the hardware
         self.config = config
         self.termination = Termination().install()  # from here on, a SIGTERM is never lost
         keras.utils.set_random_seed(config.seed)
