@@ -18,6 +18,7 @@ class EvaluateConfig:
         "fast": {"test_time_augmentation": "mirror_translate"},
         "airbench94": {"test_time_augmentation": "mirror_translate"},
         "airbench94_muon": {"test_time_augmentation": "mirror_translate"},
+        "cifar10_speedrun": {"test_time_augmentation": "mirror_translate"},
         "estimator": {"test_time_augmentation": "none"},
     }
 
@@ -26,9 +27,10 @@ class EvaluateConfig:
     preset: str | None = field(
         default=None,
         metadata={
-            "help": "fast, airbench94, airbench94_muon: airbench's 6-view test-time augmentation; estimator: none "
+            "help": "fast, airbench94, airbench94_muon, cifar10_speedrun: airbench's 6-view test-time augmentation; "
+            "estimator: none "
             "(default: what the model was trained with)",
-            "choices": ("fast", "airbench94", "airbench94_muon", "estimator"),
+            "choices": ("fast", "airbench94", "airbench94_muon", "cifar10_speedrun", "estimator"),
         },
     )
     mode: str = field(
