@@ -228,7 +228,10 @@ def test_a_preset_supplies_every_value_not_given_on_every_config_path(tmp_path):
         ].test_time_augmentation
         == "mirror_translate"
     )
-    with pytest.raises(ValueError, match=r"preset: 'quick' is not one of fast, airbench94, airbench94_muon, cifar10_speedrun, estimator"):
+    with pytest.raises(
+        ValueError,
+        match=r"preset: 'quick' is not one of fast, airbench94, airbench94_muon, cifar10_speedrun, estimator",
+    ):
         TrainConfig(data="d", model_dir="m", preset="quick")
     completed = subprocess.run(
         [sys.executable, "-m", "components.train", "--data", "d", "--model-dir", "m", "--preset", "quick"],
