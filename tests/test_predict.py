@@ -135,8 +135,18 @@ def test_a_stopped_job_continues_without_scoring_an_image_twice(promoted, synthe
     scored.clear()
     monkeypatch.setattr(predicting, "open_model", original)
     summary = predicting.predict(config)
-    images = [line["image"] for line in lines_of(output)]
+    lines = lines_of(output)
+    images = [line["image"] for line in lines]
     assert len(images) == len(set(images)) == 50 and summary["scored"] == 50
+    # The summary (counted as lines were read back and written, not from a second reading) is the whole file's.
+    best = [line["top"][0] for line in lines]
+    per_class = {name: sum(entry["class"] == name for entry in best) for name in summary["per_class"]}
+    assert summary["per_class"] == per_class and sum(per_class.values()) == 50
+    assert sum(summary["confidence_histogram"].values()) == 50
+    ranked = sorted((entry["probability"], line["image"]) for entry, line in zip(best, lines, strict=True))
+    least = [(entry["probability"], entry["image"]) for entry in summary["least_confident"]]
+    assert [probability for probability, _ in least] == [probability for probability, _ in ranked[: len(least)]]
+    assert least and {image for _, image in least} <= set(images)
 
 
 def test_the_component_scores_a_dataset_into_its_artifacts(promoted, synthetic_data, tmp_path):

@@ -30,7 +30,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -227,12 +227,16 @@ def read_predictions(output: str) -> Iterator[dict]:
         yield documents.parse(line, f"{output} line {number}", LINE_SCHEMA, "prediction")
 
 
-def _continue(output: str) -> set[str]:
-    """The images an earlier run of this job already wrote (the file is cut back to its last whole line)."""
+def _continue(output: str, tally: Tally) -> set[str]:
+    """The images an earlier run of this job already wrote (the file is cut back to its last whole line); each of
+    their lines is added to `tally`."""
     path = Path(output)
     if not path.exists():
         return set()
-    done = {prediction["image"] for prediction in read_predictions(output)}
+    done = set()
+    for prediction in read_predictions(output):
+        done.add(prediction["image"])
+        tally.add_line(prediction)
     dropped = storage.cut_to_whole_lines(path)
     if dropped:
         logger.warning("%s: dropped a last line cut short (%d bytes)", output, dropped)
@@ -258,21 +262,16 @@ def _fitted(image: np.ndarray, model: ServedModel, resize: bool) -> tuple[np.nda
     return resize_images(image[None], model.height, model.width).numpy()[0], ""
 
 
-def _lines(keys: list[str], probabilities: np.ndarray, names: list[str], top_k: int) -> list[str]:
+def _lines(keys: list[str], probabilities: np.ndarray, names: list[str], top_k: int, tally: Tally) -> list[str]:
+    """One JSON line per image, its top `top_k` classes; each added to `tally` as its line says it."""
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
-    return [
-        json.dumps(
-            {
-                "image": key,
-                "top": [
-                    {"class": names[index], "index": int(index), "probability": round(float(row[index]), 6)}
-                    for index in chosen
-                ],
-            }
-        )
-        + "\n"
-        for key, row, chosen in zip(keys, probabilities, order, strict=True)
-    ]
+    lines = []
+    for key, row, chosen in zip(keys, probabilities, order, strict=True):
+        top = [{"class": names[index], "index": int(index), "probability": round(float(row[index]), 6)}
+               for index in chosen]  # fmt: skip
+        tally.add(key, top[0]["class"], top[0]["probability"])
+        lines.append(json.dumps({"image": key, "top": top}) + "\n")
+    return lines
 
 
 def job_of(config: PredictConfig, model: ServedModel) -> dict:
@@ -376,7 +375,8 @@ def ahead(pieces: Iterator, depth: int = 2) -> Iterator:
 
 
 def _score(config: PredictConfig, model: ServedModel, images: Images) -> tuple[dict, int, float, int]:
-    done = _continue(config.output)
+    tally = Tally(config.least_confident)
+    done = _continue(config.output, tally)
     pending = [key for key in images.keys if key not in done]
     progress = Progress("predict", len(pending), unit="images", logger=logger)
     skipped, started = 0, time.monotonic()
@@ -385,50 +385,66 @@ def _score(config: PredictConfig, model: ServedModel, images: Images) -> tuple[d
             if kind == "skipped":
                 logger.warning("skipping %s: %s", outputs.printable(keys), detail)
                 output.write(json.dumps({"image": keys, "skipped": detail}) + "\n")
+                tally.skipped += 1
                 progress.advance(1)
                 skipped += 1
                 continue
-            output.writelines(_lines(keys, model.serve(detail), model.label_names, config.top_k))
+            output.writelines(_lines(keys, model.serve(detail), model.label_names, config.top_k, tally))
             output.flush()
             progress.advance(len(keys))
-    return summarize(config, model, images), skipped, time.monotonic() - started, len(pending)
+    seconds = time.monotonic() - started
+    return summarize(config, model, images, tally), skipped, seconds, len(pending)
 
 
 # -- the summary and the report -------------------------------------------------------------------------------------
 
 
-def summarize(config: PredictConfig, model: ServedModel, images: Images) -> dict:
-    """Counts per predicted class, the confidence histogram and the least confident images, from the whole output."""
-    classes: Counter = Counter()
-    histogram = [0] * CONFIDENCE_BINS
-    least: list[tuple[float, str, str]] = []  # a max-heap of (-confidence) keeping the least confident
-    scored = skipped = 0
-    for prediction in read_predictions(config.output):
+@dataclass
+class Tally:
+    """What the summary counts, line by line as the output holds them: the earlier runs' lines as they are read
+    back, this run's as they are written (the output is not read again)."""
+
+    least_kept: int  # how many of the least confident images to keep
+    classes: Counter = field(default_factory=Counter)
+    histogram: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
+    least: list[tuple[float, str, str]] = field(default_factory=list)  # a heap of (-confidence, image, class)
+    scored: int = 0
+    skipped: int = 0
+
+    def add(self, image: str, best_class: str, probability: float) -> None:
+        self.scored += 1
+        self.classes[best_class] += 1
+        self.histogram[min(int(probability * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)] += 1
+        entry = (-probability, image, best_class)
+        if len(self.least) < self.least_kept:
+            heapq.heappush(self.least, entry)
+        elif self.least_kept and entry > self.least[0]:
+            heapq.heapreplace(self.least, entry)
+
+    def add_line(self, prediction: dict) -> None:
         if "skipped" in prediction:
-            skipped += 1
-            continue
-        scored += 1
-        best = prediction["top"][0]
-        classes[best["class"]] += 1
-        histogram[min(int(best["probability"] * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)] += 1
-        entry = (-best["probability"], prediction["image"], best["class"])
-        if len(least) < config.least_confident:
-            heapq.heappush(least, entry)
-        elif config.least_confident and entry > least[0]:
-            heapq.heapreplace(least, entry)
+            self.skipped += 1
+        else:
+            best = prediction["top"][0]
+            self.add(prediction["image"], best["class"], best["probability"])
+
+
+def summarize(config: PredictConfig, model: ServedModel, images: Images, tally: Tally) -> dict:
+    """Counts per predicted class, the confidence histogram and the least confident images of the whole output."""
     least_confident = [
-        {"image": key, "class": name, "probability": -negative} for negative, key, name in sorted(least, reverse=True)
+        {"image": key, "class": name, "probability": -negative}
+        for negative, key, name in sorted(tally.least, reverse=True)
     ]
     summary = {
         "model": model.location,
         "model_version": model.version,
         "images": config.images,
-        "scored": scored,
-        "skipped": skipped,
-        "per_class": {name: classes.get(name, 0) for name in model.label_names},
+        "scored": tally.scored,
+        "skipped": tally.skipped,
+        "per_class": {name: tally.classes.get(name, 0) for name in model.label_names},
         "confidence_histogram": {
             f"{index / CONFIDENCE_BINS:.1f}-{(index + 1) / CONFIDENCE_BINS:.1f}": count
-            for index, count in enumerate(histogram)
+            for index, count in enumerate(tally.histogram)
         },
         "least_confident": least_confident,
     }
