@@ -55,7 +55,10 @@ VARIABLES = {
         Variable("EPOCHS", "training length in epochs"),
         Variable("THRESHOLD", "the gate: the lowest test accuracy that may be promoted", "0.5"),
         Variable("TRAIN_OPTIONS", "any other train setting, as JSON: '{\"ema_decay\": 0.999}'"),
-        Variable("PRESET", "a training recipe: fast (airbench94_muon), airbench94, airbench94_muon or estimator"),
+        Variable(
+            "PRESET",
+            "a training recipe: fast (cifar10_speedrun), airbench94, airbench94_muon, cifar10_speedrun or estimator",
+        ),
         Variable("DATA_CHECK", "what a data-check error does: warn, block or fail (a schedule: block)"),
         Variable("LEAKAGE", "test images with a near-duplicate in training: keep, drop_from_train or drop_from_eval"),
         Variable("MODEL_REGISTRY", "Kubeflow's Model Registry (http(s)://HOST[:PORT]) to register promoted versions"),

@@ -197,7 +197,7 @@ def test_kfp_parameters_read_not_given_as_the_configs_default():
 
 
 def test_a_preset_supplies_every_value_not_given_on_every_config_path(tmp_path):
-    """--preset fast is airbench94_muon's recipe: the values given (command line, file, KFP parameters) win, a length
+    """--preset fast is the fastest recipe's values: the values given (command line, file, KFP parameters) win, a length
     given by hand replaces the preset's, and the KFP parameters left at their defaults take the preset's."""
     from components.common.config import parse_config
     from components.common.kfp_parameters import config_from_parameters
@@ -207,7 +207,9 @@ def test_a_preset_supplies_every_value_not_given_on_every_config_path(tmp_path):
 
     config, _ = parse_config(TrainConfig, ["--data", "d", "--model-dir", "m", "--preset", "fast"], "train")
     assert {name: getattr(config, name) for name in FAST} == FAST
-    assert (config.model, config.batch_size, config.epochs, config.train_steps) == ("airbench_muon", 2000, 8.0, None)
+    assert (config.model, config.batch_size, config.epochs, config.train_steps) == (
+        FAST["model"], FAST["batch_size"], FAST["epochs"], None
+    )  # fmt: skip
 
     argv = ["--data", "d", "--model-dir", "m", "--preset", "fast", "--batch-size", "512", "--train-steps", "100"]
     config, _ = parse_config(TrainConfig, argv, "train")
@@ -220,7 +222,7 @@ def test_a_preset_supplies_every_value_not_given_on_every_config_path(tmp_path):
     parameters = {"data": "d", "model_dir": "m", "preset": "fast", "batch_size": 128, "depth": 20, "epochs": -1.0,
                   "learning_rate": 0.05, "train_steps": -1}  # fmt: skip
     config = config_from_parameters(TrainConfig, parameters, "train component parameters")
-    assert (config.batch_size, config.learning_rate, config.epochs) == (2000, 0.05, 8.0)
+    assert (config.batch_size, config.learning_rate, config.epochs) == (FAST["batch_size"], 0.05, FAST["epochs"])
 
     assert (
         parse_config(EvaluateConfig, ["--data", "d", "--model-dir", "m", "--preset", "fast"], "evaluate")[

@@ -306,7 +306,7 @@ def test_the_logged_learning_rate_says_what_it_is_per():
     from components.common.config import config_from_mapping
     from components.train.loop import describe_learning_rate
 
-    fast = config_from_mapping(TrainConfig, {"data": "d", "model_dir": "m", "preset": "fast"}, "test")
-    said = describe_learning_rate(fast)
+    muon = config_from_mapping(TrainConfig, {"data": "d", "model_dir": "m", "preset": "airbench94_muon"}, "test")
+    said = describe_learning_rate(muon)
     assert "batch-mean loss" in said and "base rate 106 at batch 2000" in said and "would write 0.053" in said
     assert "Muon's convolution kernels follow the same schedule from 0.24" in said

@@ -144,6 +144,9 @@ def _label_names(local: Path, folder: str) -> tuple[list[str], str]:
 class Images:
     keys: list[str]  # in the order they are scored
     pixels: Callable[[list[str]], Iterator[tuple[str, np.ndarray | None, str]]]  # (key, image or None, why skipped)
+    # A prepared dataset's images of one size, all of them in whole batches: (batch size) -> (keys, pixels) in order.
+    batches: Callable[[int], Iterator[tuple[list[str], np.ndarray]]] | None = None
+    shape: tuple[int, ...] | None = None  # every image's [height, width, channels], where all have one
 
 
 def find_images(config: PredictConfig) -> Images:
@@ -200,7 +203,11 @@ def _dataset_images(dataset: str, split: str) -> Images:
                 if example_id.decode() in wanted_set:
                     yield example_id.decode(), image, ""
 
-    return Images(keys, records)
+    def batches(batch_size: int) -> Iterator[tuple[list[str], np.ndarray]]:
+        for images, _labels, ids in opened.tf_dataset(split, batch_size, with_ids=True):
+            yield [example_id.decode() for example_id in ids.numpy()], images.numpy()
+
+    return Images(keys, records, batches, tuple(opened.manifest.image_shape))
 
 
 # -- the output, continued ------------------------------------------------------------------------------------------
@@ -314,7 +321,12 @@ def predict(config: PredictConfig) -> dict:
 
 def _pieces(config: PredictConfig, model: ServedModel, images: Images, pending: list[str]) -> Iterator[tuple]:
     """The pending images in order, read and fitted to the model: ("batch", keys, stacked pixels) for each full
-    batch (and the last), ("skipped", key, why) for each image that cannot be scored, where it falls."""
+    batch (and the last), ("skipped", key, why) for each image that cannot be scored, where it falls. A dataset
+    whose images are all pending and all of the model's size is read in whole batches, with no work per image."""
+    if images.batches and len(pending) == len(images.keys) and images.shape[:2] == (model.height, model.width):
+        for keys, pixels in images.batches(config.batch_size):
+            yield "batch", keys, pixels
+        return
     batch_keys: list[str] = []
     batch: list[np.ndarray] = []
     for key, image, why in images.pixels(pending):

@@ -39,11 +39,11 @@ def train_component(
     run_id: str = "",
 ):
     """Train on `dataset` in this pod (`workers` local processes); `model` records where the checkpoints are, the
-    final step and metrics. `preset` ("fast", "airbench94", "airbench94_muon", "estimator") supplies every value
-    left at its default (see TrainConfig.preset); train_steps -1 and epochs -1 mean the stage's (or the preset's)
-    length; `options` sets any other field of TrainConfig (e.g. {"optimizer": "adamw", "ema_decay": 0.999}).
-    `run_id` (the pipeline run's ID) keeps the model directory the same for every attempt of the step, so a retry
-    resumes from its checkpoints."""
+    final step and metrics. `preset` ("fast", "airbench94", "airbench94_muon", "cifar10_speedrun", "estimator")
+    supplies every value left at its default (see TrainConfig.preset); train_steps -1 and epochs -1 mean the stage's
+    (or the preset's) length; `options` sets any other field of TrainConfig (e.g. {"optimizer": "adamw",
+    "ema_decay": 0.999}). `run_id` (the pipeline run's ID) keeps the model directory the same for every attempt of
+    the step, so a retry resumes from its checkpoints."""
     parameters = dict(locals())  # every parameter above, passed on by name
     from components.common.cli import component_errors
     from components.train.kfp_run import EXPECTED_ERRORS, run_train
