@@ -61,6 +61,7 @@ bench:
 	$(BIN)/python $(ROOT)bench/train.py
 	$(BIN)/python $(ROOT)bench/evaluate.py
 	$(BIN)/python $(ROOT)bench/predict.py
+	$(BIN)/python $(ROOT)bench/step_profile.py
 
 bench-accuracy:
 	$(BIN)/python $(ROOT)bench/accuracy.py

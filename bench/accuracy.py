@@ -1,6 +1,6 @@
 """Benchmark: what each training preset buys on real CIFAR-10, accuracy against time, in one process run.
 
-1. Accuracy: for each preset (default: airbench94, then airbench94_muon, side by side), `--runs` trainings of its
+1. Accuracy: for each preset (default: cifar10_speedrun, then airbench94_muon, side by side), `--runs` trainings of its
    own length (or `--epochs`) on all 50,000 training images (prepared once with no validation hold-out), each
    evaluated on the 10,000 test images by the evaluate stage (with the test-time augmentation the model was trained
    for). Reports every run, the mean and spread of the accuracy, the training minutes and images/s, and the training
@@ -303,7 +303,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--epochs", type=float, default=None, help="default: each preset's own length")
-    parser.add_argument("--presets", nargs="+", default=["airbench94", "airbench94_muon"], choices=list(PRESETS))
+    parser.add_argument("--presets", nargs="+", default=["cifar10_speedrun", "airbench94_muon"], choices=list(PRESETS))
     parser.add_argument("--train-args", default="", help='more train options for every run: "--width-multiplier 1.5"')
     parser.add_argument("--results", type=Path, help="a results file of an interrupted benchmark to continue")
     parser.add_argument("--side-by-side-rounds", type=int, default=2, help="0 skips timing the presets' loops in turns")

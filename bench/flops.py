@@ -22,12 +22,12 @@ def forward_flops(model, image_shape: tuple[int, int, int]) -> int:
     return int(tf.compat.v1.profiler.profile(graph=graph, options=options).total_float_ops)
 
 
-def matmul_peak_flops(size: int = 2048, seconds: float = 3.0) -> float:
-    """FLOP/s of a float32 `size` x `size` matrix product on every core, the best of repeats for `seconds`."""
+def matmul_peak_flops(size: int = 2048, seconds: float = 3.0, dtype: str = "float32") -> float:
+    """FLOP/s of a `size` x `size` matrix product of `dtype` on every core, the best of repeats for `seconds`."""
     import tensorflow as tf
 
-    left = tf.random.normal([size, size])
-    right = tf.random.normal([size, size])
+    left = tf.cast(tf.random.normal([size, size]), dtype)
+    right = tf.cast(tf.random.normal([size, size]), dtype)
     product = tf.function(lambda: tf.linalg.matmul(left, right))
     product().numpy()  # trace and warm up
     best, deadline = float("inf"), time.perf_counter() + seconds

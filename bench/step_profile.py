@@ -25,7 +25,6 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -38,21 +37,10 @@ from bench.accuracy import config_model_spec, full_training_set  # noqa: E402
 PARTS = ("convolutions", "forward", "gradients", "sgd step", "recipe step", "loop")
 
 
-def matmul_peak(precision: str, size: int = 2048, seconds: float = 3.0) -> float:
-    """FLOP/s of a `size` x `size` matrix product in the precision's compute type, the best of repeats."""
-    import tensorflow as tf
-
-    dtype = tf.bfloat16 if precision == "mixed_bfloat16" else tf.float16 if precision == "mixed_float16" else tf.float32
-    left = tf.cast(tf.random.normal([size, size]), dtype)
-    right = tf.cast(tf.random.normal([size, size]), dtype)
-    product = tf.function(lambda: tf.linalg.matmul(left, right))
-    product().numpy()
-    best, deadline = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        product().numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+def matmul_peak(precision: str) -> float:
+    """The matrix-multiply peak in the precision's compute type (bench/flops.py)."""
+    compute = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(precision, "float32")
+    return flops.matmul_peak_flops(dtype=compute)
 
 
 def without_normalization(model):
@@ -74,33 +62,8 @@ def without_normalization(model):
 
 
 def step_seconds(model, batch: int, window_steps: int, windows: int, update=None, backward: bool = True) -> float:
-    """Median seconds per step of forward (and backward, and `update`) on one fixed batch."""
-    import tensorflow as tf
-
-    images = tf.cast(tf.random.uniform([batch, 32, 32, 3], 0, 256, dtype=tf.int32), tf.uint8)
-    labels = tf.random.uniform([batch], 0, 10, dtype=tf.int64)
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-        if not backward:
-            return loss
-        gradients = tape.gradient(loss, model.trainable_variables)
-        if update is not None:
-            update.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return tf.add_n([tf.reduce_sum(tf.cast(gradient, tf.float32)) for gradient in gradients]) + loss
-
-    def timed(count: int) -> float:
-        start = time.perf_counter()
-        for _ in range(count):
-            result = step()
-        float(result)
-        return (time.perf_counter() - start) / count
-
-    timed(window_steps)  # trace and warm up
-    return statistics.median(timed(window_steps) for _ in range(windows))
+    """Median seconds per step of forward (and backward, and `update`) on one fixed batch (bench/timing.py)."""
+    return statistics.median(timing.bare_window_seconds(model, update, batch, window_steps, windows, backward))
 
 
 def measure(config, part: str, window_steps: int, windows: int) -> float:

@@ -15,8 +15,12 @@ from collections.abc import Callable
 RATE = re.compile(r"step \d+/\d+ .* ([\d.]+) examples/s")
 
 
-def bare_window_seconds(model, optimizer, batch: int, window_steps: int, windows: int) -> list[float]:
-    """Seconds per step of the bare step in each of `windows` consecutive windows of `window_steps` steps."""
+def bare_window_seconds(
+    model, optimizer, batch: int, window_steps: int, windows: int, backward: bool = True
+) -> list[float]:
+    """Seconds per step of the bare step in each of `windows` consecutive windows of `window_steps` steps. With no
+    `optimizer` the step ends at the gradients (their sum is returned, so that none is pruned); with no `backward`,
+    at the loss."""
     import tensorflow as tf
 
     images = tf.cast(tf.random.uniform([batch, 32, 32, 3], 0, 256, dtype=tf.int32), tf.uint8)
@@ -27,7 +31,11 @@ def bare_window_seconds(model, optimizer, batch: int, window_steps: int, windows
         with tf.GradientTape() as tape:
             logits = model(images, training=True)
             loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        if not backward:
+            return loss
         gradients = tape.gradient(loss, model.trainable_variables)
+        if optimizer is None:
+            return tf.add_n([tf.reduce_sum(tf.cast(gradient, tf.float32)) for gradient in gradients]) + loss
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
 

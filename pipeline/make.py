@@ -325,7 +325,7 @@ TARGETS = {
                serving_ops),
         Target("bench", "every benchmark (needs ../shared/data; bench/predict.py a promoted model)"),
         Target("bench-sweep", "a sweep of 8 half-epoch trials around the fast recipe on real CIFAR-10"),
-        Target("bench-accuracy", "airbench94 against airbench94_muon on real CIFAR-10 (hours on 2 cores)"),
+        Target("bench-accuracy", "cifar10_speedrun (fast) against airbench94_muon on real CIFAR-10 (an hour or more)"),
         Target(
             "bench-reference-setup",
             "a Python with PyTorch (CPU) in bench/work/reference-venv for the reference in bench/accuracy.py",
