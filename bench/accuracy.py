@@ -69,14 +69,22 @@ def full_training_set() -> str:
     return str(target)
 
 
-def run(command: list[str]) -> str:
-    """Run a stage, echoing its progress lines (step, examples/s, ETA; accuracy); returns its whole log."""
+def stage_progress(line: str) -> str | None:
+    """A stage's progress line (step, examples/s, ETA; accuracy) as it is echoed, or None."""
+    if timing.RATE.search(line) or ("accuracy" in line and "evaluate" in line):
+        return line.rstrip().split(" INFO ", 1)[-1]
+    return None
+
+
+def run(command: list[str], progress=stage_progress) -> str:
+    """Run a command, echoing the lines `progress` picks (as it gives them); returns its whole log."""
     process = subprocess.Popen(command, cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in process.stdout:
         lines.append(line)
-        if timing.RATE.search(line) or ("accuracy" in line and "evaluate" in line):
-            print("    " + line.rstrip().split(" INFO ", 1)[-1], flush=True)
+        shown = progress(line)
+        if shown is not None:
+            print("    " + shown, flush=True)
     if process.wait() != 0:
         sys.exit(f"{' '.join(command[:4])} failed:\n{''.join(lines)[-3000:]}")
     return "".join(lines)
@@ -116,15 +124,11 @@ def reference_run(seed: int, precision: str) -> dict:
         sys.exit(f"{REFERENCE_PYTHON}: no Python with PyTorch for the reference; run make bench-reference-setup")
     command = [str(REFERENCE_PYTHON), str(REPOSITORY / "bench" / "reference.py"), "--runs", "1",
                "--first-seed", str(seed), "--precision", precision]  # fmt: skip
-    process = subprocess.Popen(command, cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if line.startswith("|") and line.split("|")[2].strip().isdigit():  # the script's epoch lines
-            print("    reference: " + line.rstrip(), flush=True)
-    if process.wait() != 0:
-        sys.exit(f"bench/reference.py failed:\n{''.join(lines)[-3000:]}")
-    return json.loads(lines[-1])
+
+    def epoch_line(line: str) -> str | None:  # the script's table rows of an epoch
+        return "reference: " + line.rstrip() if line.startswith("|") and line.split("|")[2].strip().isdigit() else None
+
+    return json.loads(run(command, epoch_line).splitlines()[-1])
 
 
 def reference_key(seed: int, precision: str) -> dict:
