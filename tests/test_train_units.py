@@ -310,3 +310,78 @@ def test_the_logged_learning_rate_says_what_it_is_per():
     said = describe_learning_rate(muon)
     assert "batch-mean loss" in said and "base rate 106 at batch 2000" in said and "would write 0.053" in said
     assert "Muon's convolution kernels follow the same schedule from 0.24" in said
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("scale", [False, True])
+def test_the_fused_batch_norm_trains_as_keras_own(precision, scale):
+    """Same outputs, gradients and moving statistics as keras.layers.BatchNormalization (whose weights it keeps),
+    in training; Keras's own code in inference."""
+    import keras
+
+    from components.common.model import FusedBatchNormalization
+
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        inputs = tf.cast(
+            tf.random.stateless_normal((8, 6, 6, 5), seed=(1, 2)) * 3 + 1,
+            keras.mixed_precision.global_policy().compute_dtype,
+        )
+        fused = FusedBatchNormalization(momentum=0.6, epsilon=1e-12, scale=scale)
+        plain = keras.layers.BatchNormalization(momentum=0.6, epsilon=1e-12, scale=scale)
+        for layer in (fused, plain):
+            layer.build(inputs.shape)
+        plain.set_weights([weight + 0.1 * number for number, weight in enumerate(fused.get_weights())])
+        fused.set_weights(plain.get_weights())
+        results = []
+        for layer in (fused, plain):
+            with tf.GradientTape() as tape:
+                tape.watch(inputs)
+                outputs = layer(inputs, training=True)
+                loss = tf.reduce_sum(tf.cast(outputs, tf.float32) * tf.range(5, dtype=tf.float32))
+            gradients = tape.gradient(loss, [inputs, *layer.trainable_weights])
+            results.append((outputs, gradients, layer.get_weights(), layer(inputs, training=False)))
+        tolerance = 1e-5 if precision == "float32" else 1e-2
+
+        def close(first, second, scale=1.0):
+            first, second = (np.asarray(tf.cast(value, tf.float32)) for value in (first, second))
+            np.testing.assert_allclose(first, second, rtol=tolerance, atol=tolerance * scale)
+
+        (outputs, gradients, weights, inferred), (outputs_k, gradients_k, weights_k, inferred_k) = results
+        assert outputs.dtype == outputs_k.dtype
+        close(outputs, outputs_k)
+        for gradient, gradient_k in zip(gradients, gradients_k, strict=True):
+            close(gradient, gradient_k, scale=10)  # a sum over the batch: the scale's is 0 up to round-off
+        for weight, weight_k in zip(weights, weights_k, strict=True):  # moving mean and (biased) variance
+            np.testing.assert_allclose(weight, weight_k, rtol=1e-5, atol=1e-6)
+        close(inferred, inferred_k)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_the_compiled_gelu_is_the_exact_gelu_and_inference_needs_no_xla(tmp_path):
+    import keras
+
+    from components.common.model import Gelu
+
+    inputs = tf.linspace(-6.0, 6.0, 97)
+    layer = Gelu(name="gelu")
+    np.testing.assert_allclose(
+        layer(inputs, training=True), keras.activations.gelu(inputs, approximate=False), atol=1e-6
+    )
+    np.testing.assert_allclose(layer(inputs), keras.activations.gelu(inputs, approximate=False), atol=1e-6)
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        trained = layer(inputs, training=True)
+    with tf.GradientTape() as tape_plain:
+        tape_plain.watch(inputs)
+        plain = keras.activations.gelu(inputs, approximate=False)
+    np.testing.assert_allclose(tape.gradient(trained, inputs), tape_plain.gradient(plain, inputs), atol=1e-6)
+    assert Gelu.from_config(layer.get_config()).get_config() == layer.get_config()
+
+    model = keras.Sequential([keras.Input((4,)), Gelu(name="gelu")])
+    serving = tf.function(lambda batch: model(batch, training=False)).get_concrete_function(tf.TensorSpec([None, 4]))
+    operations = {node.op for node in serving.graph.as_graph_def().node}
+    for function in serving.graph.as_graph_def().library.function:
+        operations |= {node.op for node in function.node_def}
+    assert not any("Xla" in operation for operation in operations), operations
