@@ -10,7 +10,8 @@ For each precision (float32, and bfloat16 where asked), seconds per step of, in 
 - `recipe step`: gradients and the recipe's optimizer (Muon on the kernels for a Muon recipe): bench/timing.py's
   bare step;
 - `loop`: the training loop, one worker (input pipeline, augmentation, label smoothing, weight decay, multipliers,
-  finiteness checks, logging), from its progress windows;
+  finiteness checks, logging; summaries, checkpoints and validation at the cadence of the preset's whole run), from
+  its progress windows;
 and what each part costs: batch norm and activations (gradients - convolutions), the optimizer (recipe step -
 gradients), the loop around the step (loop - recipe step). Training FLOP/s = 3 x forward FLOPs x images/s, against
 the matrix-multiply peak of the same precision.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import statistics
 import sys
@@ -32,7 +34,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 
 from bench import flops, timing  # noqa: E402
-from bench.accuracy import config_model_spec, full_training_set  # noqa: E402
+from bench.accuracy import TRAIN_EXAMPLES, config_model_spec, full_training_set, run_epochs  # noqa: E402
 
 PARTS = ("convolutions", "forward", "gradients", "sgd step", "recipe step", "loop")
 
@@ -74,8 +76,9 @@ def measure(config, part: str, window_steps: int, windows: int) -> float:
 
     keras.mixed_precision.set_global_policy(config.precision)
     try:
-        if part == "loop":
-            return statistics.median(timing.loop_window_seconds(config, window_steps, windows))
+        if part == "loop":  # at the cadence (summaries, checkpoints, validation) of the preset's whole run
+            run_steps = math.ceil(run_epochs(config) * TRAIN_EXAMPLES / config.batch_size)
+            return statistics.median(timing.loop_window_seconds(config, window_steps, windows, run_steps))
         model = build_model(config_model_spec(config))
         batch = config.batch_size
         if part == "convolutions":
