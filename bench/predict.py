@@ -3,10 +3,11 @@
 Scores a prepared synthetic dataset of `--images` images (made once in bench/work/) with the promoted model under
 `--model` (default outputs/models: run `make local-run` first), twice per round in turns: the predict stage (reading
 the shards, batching, writing JSON Lines) and a bare loop calling the SavedModel's serving signature on the same
-images already in memory, same batch size. Prints the medians, their ratio, and the predict stage's peak memory
-(it runs in a process of its own) for two input sizes: memory that stays flat as the input grows is bounded.
+images already in memory, same batch size (with `--in-turn`, also the stage reading in turn with the model's calls
+instead of on a thread ahead of them). Prints the medians, their ratio, and the predict stage's peak memory (it runs
+in a process of its own) for two input sizes: memory that stays flat as the input grows is bounded.
 
-    .venv/bin/python bench/predict.py [--model outputs/models] [--images 20000] [--rounds 3]
+    .venv/bin/python bench/predict.py [--model outputs/models] [--images 20000] [--rounds 3] [--in-turn]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import json, resource, sys, time
 sys.path.insert(0, {repository!r})
 from components.predict.config import PredictConfig
 from components.predict.predict import predict
+{prelude}
 started = time.perf_counter()
 summary = predict(PredictConfig(model={model!r}, images={images!r}, output={output!r}, batch_size={batch}))
 print(json.dumps({{"seconds": time.perf_counter() - started, "scored": summary["scored"],
@@ -50,10 +52,15 @@ def dataset(count: int) -> str:
     return str(output)
 
 
-def staged(model: str, images: str, batch: int) -> dict:
+# The stage with its reading done in turn with the model's calls, not on a thread of its own ahead of them.
+IN_TURN = "import components.predict.predict as stage; stage.ahead = lambda pieces, depth=2: iter(pieces)"
+
+
+def staged(model: str, images: str, batch: int, read_ahead: bool = True) -> dict:
     with tempfile.TemporaryDirectory() as folder:
-        program = MEASURE.format(repository=str(REPOSITORY), model=model, images=images,
-                                 output=f"{folder}/predictions.jsonl", batch=batch)  # fmt: skip
+        prelude = "" if read_ahead else IN_TURN
+        program = MEASURE.format(repository=str(REPOSITORY), model=model, images=images, batch=batch,
+                                 output=f"{folder}/predictions.jsonl", prelude=prelude)  # fmt: skip
         completed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
@@ -80,18 +87,22 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=20000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--in-turn", action="store_true", help="also time the stage reading in turn, not ahead")
     arguments = parser.parse_args()
     if not Path(arguments.model, "current.json").exists():
         sys.exit(f"{arguments.model}: no promoted model; run make local-run first, or give --model")
     small, large = dataset(arguments.images // 4), dataset(arguments.images)
-    staged_times, scoring_times, bare_times = [], [], []
+    staged_times, scoring_times, bare_times, in_turn_times = [], [], [], []
     for number in range(arguments.rounds):
         measured = staged(arguments.model, large, arguments.batch_size)
         staged_times.append(measured["seconds"])
         scoring_times.append(measured["scoring_seconds"])
         bare_times.append(bare(arguments.model, large, arguments.batch_size))
+        if arguments.in_turn:
+            in_turn_times.append(staged(arguments.model, large, arguments.batch_size, False)["scoring_seconds"])
+        in_turn = f", scoring in turn {in_turn_times[-1]:.2f} s" if in_turn_times else ""
         print(f"round {number + 1}: predict {staged_times[-1]:.2f} s (scoring {scoring_times[-1]:.2f} s), "
-              f"bare {bare_times[-1]:.2f} s", flush=True)  # fmt: skip
+              f"bare {bare_times[-1]:.2f} s{in_turn}", flush=True)  # fmt: skip
     peaks = {count: staged(arguments.model, path, arguments.batch_size)["peak_mb"]
              for count, path in ((arguments.images // 4, small), (arguments.images, large))}  # fmt: skip
     stage, baseline = statistics.median(staged_times), statistics.median(bare_times)
@@ -100,6 +111,10 @@ def main() -> None:
     print(f"predict stage, whole job: {stage:.2f} s (with loading the model, listing the images, the report)")
     print(f"bare batched call: {arguments.images / baseline:,.0f} images/s (images already in memory)")
     print(f"ratio predict scoring / bare (speed): {baseline / scoring:.2f}; whole job / bare: {baseline / stage:.2f}")
+    if in_turn_times:
+        in_turn = statistics.median(in_turn_times)
+        print(f"reading ahead on a thread: {arguments.images / scoring:,.0f} images/s; in turn with the calls: "
+              f"{arguments.images / in_turn:,.0f} images/s ({in_turn / scoring:.2f}x the time)")  # fmt: skip
     print(
         "peak memory of the predict stage: "
         + ", ".join(f"{count:,} images {mb:,.0f} MB" for count, mb in peaks.items())
