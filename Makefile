@@ -62,6 +62,7 @@ bench:
 	$(BIN)/python $(ROOT)bench/evaluate.py
 	$(BIN)/python $(ROOT)bench/predict.py
 	$(BIN)/python $(ROOT)bench/step_profile.py
+	$(BIN)/python $(ROOT)bench/fused_layers.py
 
 bench-accuracy:
 	$(BIN)/python $(ROOT)bench/accuracy.py

@@ -126,8 +126,8 @@ def model_spec_of(train_config: Mapping[str, Any], origin: str = "config.json") 
 class FusedBatchNormalization(keras.layers.BatchNormalization):
     """Keras's batch norm, the same weights and the same arithmetic, trained through one fused kernel
     (FusedBatchNormV3 forward and backward: oneDNN's on a CPU, cuDNN's on a GPU) instead of Keras's separate
-    float32 passes (cast, mean, variance, normalize, cast back, and their gradients): 4-6x less time on this
-    project's shapes in bfloat16 (bench/step_profile.py). Statistics are taken in float32 either way; the moving
+    float32 passes (cast, mean, variance, normalize, cast back, and their gradients), memory-bound passes that
+    bfloat16 does not shorten (bench/fused_layers.py). Statistics are taken in float32 either way; the moving
     variance keeps Keras's biased batch variance. Inference, and any case the kernel does not cover (another axis,
     a mask, renorm, synchronized statistics, float16), is Keras's own code."""
 
@@ -179,7 +179,7 @@ def _compiled_gelu(inputs):
 @keras.saving.register_keras_serializable(package="cifar10_pipeline")
 class Gelu(keras.layers.Activation):
     """The exact (erf) GELU. In training it runs as one compiled kernel for the forward pass and one for the
-    gradient (XLA), where TensorFlow's own is a chain of elementwise passes: 2.6x less time in bfloat16 on a CPU.
+    gradient (XLA), where TensorFlow's own is a chain of elementwise passes over memory (bench/fused_layers.py).
     Inference (evaluation, the exported SavedModel, serving) is TensorFlow's op, so nothing downstream needs XLA."""
 
     def __init__(self, **kwargs):
