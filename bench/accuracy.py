@@ -259,6 +259,13 @@ def run_epochs(config) -> float:
     return config.epochs if config.epochs else config.train_steps * config.batch_size / TRAIN_EXAMPLES
 
 
+def whole_run_loop_seconds(config, window_steps: int, windows: int) -> float:
+    """Median seconds per step of the training loop (bench/timing.py) at the cadence of summaries, checkpoints
+    and validation of the config's whole run, not that of the short run that times it."""
+    run_steps = math.ceil(run_epochs(config) * TRAIN_EXAMPLES / config.batch_size)
+    return statistics.median(timing.loop_window_seconds(config, window_steps, windows, run_steps))
+
+
 def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_steps: int, windows: int) -> None:
     """Each preset's training loop timed in the same process, in turns (the order alternates by round), and the
     minutes its whole length takes at that rate: the wall-time comparison that holds even when the accuracy runs
@@ -270,8 +277,7 @@ def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_s
         order = list(configs) if round_number % 2 else list(reversed(configs))
         for preset in order:
             config = configs[preset]
-            run_steps = math.ceil(run_epochs(config) * TRAIN_EXAMPLES / config.batch_size)
-            seconds = statistics.median(timing.loop_window_seconds(config, window_steps, windows, run_steps))
+            seconds = whole_run_loop_seconds(config, window_steps, windows)
             rates[preset].append(config.batch_size / seconds)
             peaks.append(flops.matmul_peak_flops())
             print(f"round {round_number}: {preset} loop {rates[preset][-1]:.0f} images/s, matrix-multiply peak "

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import statistics
 import sys
@@ -34,7 +33,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 
 from bench import flops, timing  # noqa: E402
-from bench.accuracy import TRAIN_EXAMPLES, config_model_spec, full_training_set, run_epochs  # noqa: E402
+from bench.accuracy import config_model_spec, full_training_set, whole_run_loop_seconds  # noqa: E402
 
 PARTS = ("convolutions", "forward", "gradients", "sgd step", "recipe step", "loop")
 
@@ -76,9 +75,8 @@ def measure(config, part: str, window_steps: int, windows: int) -> float:
 
     keras.mixed_precision.set_global_policy(config.precision)
     try:
-        if part == "loop":  # at the cadence (summaries, checkpoints, validation) of the preset's whole run
-            run_steps = math.ceil(run_epochs(config) * TRAIN_EXAMPLES / config.batch_size)
-            return statistics.median(timing.loop_window_seconds(config, window_steps, windows, run_steps))
+        if part == "loop":
+            return whole_run_loop_seconds(config, window_steps, windows)
         model = build_model(config_model_spec(config))
         batch = config.batch_size
         if part == "convolutions":
