@@ -377,6 +377,23 @@ def test_the_compiled_gelu_is_the_exact_gelu_and_inference_needs_no_xla(tmp_path
         tape_plain.watch(inputs)
         plain = keras.activations.gelu(inputs, approximate=False)
     np.testing.assert_allclose(tape.gradient(trained, inputs), tape_plain.gradient(plain, inputs), atol=1e-6)
+    # In bfloat16 both directions are the float32 result rounded once (within a bfloat16 step of it).
+    upstream = tf.cos(inputs)
+    with tf.GradientTape() as tape:
+        low = tf.cast(inputs, tf.bfloat16)
+        tape.watch(low)
+        trained = Gelu(dtype="mixed_bfloat16")(low, training=True)
+    gradient = tape.gradient(trained, low, output_gradients=tf.cast(upstream, tf.bfloat16))
+    assert trained.dtype == gradient.dtype == tf.bfloat16
+    with tf.GradientTape() as tape_plain:
+        exact = tf.cast(low, tf.float32)
+        tape_plain.watch(exact)
+        plain = keras.activations.gelu(exact, approximate=False)
+    exact_gradient = tape_plain.gradient(
+        plain, exact, output_gradients=tf.cast(tf.cast(upstream, tf.bfloat16), tf.float32)
+    )
+    np.testing.assert_allclose(tf.cast(trained, tf.float32), plain, rtol=2**-8, atol=1e-6)
+    np.testing.assert_allclose(tf.cast(gradient, tf.float32), exact_gradient, rtol=2**-8, atol=1e-6)
     assert Gelu.from_config(layer.get_config()).get_config() == layer.get_config()
 
     # The airbench network, trained a step (so the compiled kernels exist in this process), then exported the way
