@@ -13,8 +13,8 @@ For each precision (float32, and bfloat16 where asked), seconds per step of, in 
   finiteness checks, logging; summaries, checkpoints and validation at the cadence of the preset's whole run), from
   its progress windows;
 and what each part costs: batch norm and activations (gradients - convolutions), the optimizer (recipe step -
-gradients), the loop around the step (loop - recipe step). Training FLOP/s = 3 x forward FLOPs x images/s, against
-the matrix-multiply peak of the same precision.
+gradients; and its update alone, timed on fixed gradients), the loop around the step (loop - recipe step).
+Training FLOP/s = 3 x forward FLOPs x images/s, against the matrix-multiply peak of the same precision.
 
     .venv/bin/python bench/step_profile.py [--preset fast] [--precisions float32 mixed_bfloat16] [--rounds 2]
 """
@@ -26,6 +26,7 @@ import dataclasses
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -88,11 +89,48 @@ def measure(config, part: str, window_steps: int, windows: int) -> float:
         if part == "sgd step":
             update = keras.optimizers.SGD(0.01, momentum=config.momentum, nesterov=True)
             return step_seconds(model, batch, window_steps, windows, update)
-        if config.optimizer == "muon":
-            update = timing.BareMuon(model.trainable_variables, config, learning_rate=0.01)
-        else:
-            update = keras.optimizers.SGD(0.01, momentum=config.momentum, nesterov=config.nesterov)
-        return step_seconds(model, batch, window_steps, windows, update)
+        return step_seconds(model, batch, window_steps, windows, recipe_update(config, model))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def recipe_update(config, model):
+    """The recipe's optimizer in the bare step: Muon on the kernels (and SGD on the rest) for a Muon recipe."""
+    import keras
+
+    if config.optimizer == "muon":
+        return timing.BareMuon(model.trainable_variables, config, learning_rate=0.01)
+    return keras.optimizers.SGD(0.01, momentum=config.momentum, nesterov=config.nesterov)
+
+
+def update_alone_seconds(config, steps: int, repeats: int = 3) -> float:
+    """Median seconds per call of the recipe's update by itself: `apply_gradients` on fixed gradients, no forward
+    or backward, so what it costs apart from how it sits in the step around it."""
+    import keras
+    import tensorflow as tf
+
+    from components.common.model import build_model
+
+    keras.mixed_precision.set_global_policy(config.precision)
+    try:
+        model = build_model(config_model_spec(config))
+        update = recipe_update(config, model)
+        gradients = [tf.random.normal(variable.shape, stddev=1e-3) for variable in model.trainable_variables]
+
+        @tf.function
+        def apply():
+            update.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+            return tf.reduce_sum(model.trainable_variables[0])
+
+        def timed() -> float:
+            start = time.perf_counter()
+            for _ in range(steps):
+                total = apply()
+            float(total)
+            return (time.perf_counter() - start) / steps
+
+        timed()  # trace and warm up
+        return statistics.median(timed() for _ in range(repeats))
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
@@ -116,7 +154,7 @@ def main() -> None:
     for precision in arguments.precisions:
         config = dataclasses.replace(base, precision=precision)
         seconds: dict[str, list[float]] = {part: [] for part in PARTS}
-        peaks = []
+        peaks, updates = [], []
         for round_number in range(1, arguments.rounds + 1):
             order = PARTS if round_number % 2 else tuple(reversed(PARTS))
             for part in order:
@@ -124,6 +162,7 @@ def main() -> None:
                 print(f"{precision} round {round_number}: {part} {config.batch_size / seconds[part][-1]:.0f} "
                       f"images/s", flush=True)  # fmt: skip
             peaks.append(matmul_peak(precision))
+            updates.append(update_alone_seconds(config, 10))
         peak = max(peaks)
         median = {part: statistics.median(values) for part, values in seconds.items()}
         print(f"\n{arguments.preset} in {precision}, batch {config.batch_size}, {forward_flops / 1e6:.0f} MFLOP per "
@@ -137,6 +176,7 @@ def main() -> None:
         costs = {
             "batch norm and activations (gradients - convolutions)": median["gradients"] - median["convolutions"],
             "the optimizer's update (recipe step - gradients)": median["recipe step"] - median["gradients"],
+            "  of it, the update by itself (on fixed gradients)": statistics.median(updates),
             "the loop around the step (loop - recipe step)": median["loop"] - median["recipe step"],
         }
         for what, cost in costs.items():
