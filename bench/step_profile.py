@@ -22,11 +22,11 @@ Training FLOP/s = 3 x forward FLOPs x images/s, against the matrix-multiply peak
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -74,8 +74,7 @@ def measure(config, part: str, window_steps: int, windows: int) -> float:
 
     from components.common.model import build_model
 
-    keras.mixed_precision.set_global_policy(config.precision)
-    try:
+    with precision_policy(config.precision):
         if part == "loop":
             return whole_run_loop_seconds(config, window_steps, windows)
         model = build_model(config_model_spec(config))
@@ -90,6 +89,16 @@ def measure(config, part: str, window_steps: int, windows: int) -> float:
             update = keras.optimizers.SGD(0.01, momentum=config.momentum, nesterov=True)
             return step_seconds(model, batch, window_steps, windows, update)
         return step_seconds(model, batch, window_steps, windows, recipe_update(config, model))
+
+
+@contextlib.contextmanager
+def precision_policy(precision: str):
+    """Keras's global precision policy set to `precision` for the block, float32 again after it."""
+    import keras
+
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        yield
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
@@ -103,16 +112,14 @@ def recipe_update(config, model):
     return keras.optimizers.SGD(0.01, momentum=config.momentum, nesterov=config.nesterov)
 
 
-def update_alone_seconds(config, steps: int, repeats: int = 3) -> float:
+def update_alone_seconds(config, window_steps: int, windows: int = 3) -> float:
     """Median seconds per call of the recipe's update by itself: `apply_gradients` on fixed gradients, no forward
     or backward, so what it costs apart from how it sits in the step around it."""
-    import keras
     import tensorflow as tf
 
     from components.common.model import build_model
 
-    keras.mixed_precision.set_global_policy(config.precision)
-    try:
+    with precision_policy(config.precision):
         model = build_model(config_model_spec(config))
         update = recipe_update(config, model)
         gradients = [tf.random.normal(variable.shape, stddev=1e-3) for variable in model.trainable_variables]
@@ -122,17 +129,7 @@ def update_alone_seconds(config, steps: int, repeats: int = 3) -> float:
             update.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             return tf.reduce_sum(model.trainable_variables[0])
 
-        def timed() -> float:
-            start = time.perf_counter()
-            for _ in range(steps):
-                total = apply()
-            float(total)
-            return (time.perf_counter() - start) / steps
-
-        timed()  # trace and warm up
-        return statistics.median(timed() for _ in range(repeats))
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
+        return statistics.median(timing.call_window_seconds(apply, window_steps, windows))
 
 
 def main() -> None:

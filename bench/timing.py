@@ -39,15 +39,23 @@ def bare_window_seconds(
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
 
-    def timed(count: int) -> float:
-        start = time.perf_counter()
-        for _ in range(count):
-            loss = step()
-        float(loss)
-        return time.perf_counter() - start
+    return call_window_seconds(step, window_steps, windows)
 
-    timed(window_steps)  # trace and warm up
-    return [timed(window_steps) / window_steps for _ in range(windows)]
+
+def call_window_seconds(function, window_steps: int, windows: int) -> list[float]:
+    """Seconds per call of `function` (a tf.function returning a tensor) in each of `windows` consecutive windows
+    of `window_steps` calls, after one window that traces and warms up; each window ends by reading the last
+    result, so the calls it timed have run."""
+
+    def timed() -> float:
+        start = time.perf_counter()
+        for _ in range(window_steps):
+            result = function()
+        float(result)
+        return (time.perf_counter() - start) / window_steps
+
+    timed()  # trace and warm up
+    return [timed() for _ in range(windows)]
 
 
 class BareMuon:

@@ -175,11 +175,16 @@ _SQRT_HALF = 0.5**0.5
 _INVERSE_SQRT_TWO_PI = (2 * np.pi) ** -0.5
 
 
+def _normal_cdf(x):
+    """Phi(x), the standard normal's cumulative distribution."""
+    return 0.5 + 0.5 * tf.math.erf(x * _SQRT_HALF)
+
+
 @tf.function(jit_compile=True)
 def _gelu_forward(inputs):
     """x Phi(x), in float32 inside one compiled kernel whatever the dtype in memory."""
     x = tf.cast(inputs, tf.float32)
-    return tf.cast(x * (0.5 + 0.5 * tf.math.erf(x * _SQRT_HALF)), inputs.dtype)
+    return tf.cast(x * _normal_cdf(x), inputs.dtype)
 
 
 @tf.function(jit_compile=True)
@@ -187,7 +192,7 @@ def _gelu_backward(inputs, upstream):
     """d/dx x Phi(x) = Phi(x) + x phi(x), times the upstream gradient: one kernel where the derivative of the
     forward's graph (what autodiff gives) is several."""
     x = tf.cast(inputs, tf.float32)
-    derivative = 0.5 + 0.5 * tf.math.erf(x * _SQRT_HALF) + x * tf.exp(-0.5 * x * x) * _INVERSE_SQRT_TWO_PI
+    derivative = _normal_cdf(x) + x * tf.exp(-0.5 * x * x) * _INVERSE_SQRT_TWO_PI
     return tf.cast(tf.cast(upstream, tf.float32) * derivative, inputs.dtype)
 
 
