@@ -359,6 +359,51 @@ def test_the_fused_batch_norm_trains_as_keras_own(precision, scale):
         keras.mixed_precision.set_global_policy("float32")
 
 
+def test_the_gelus_bfloat16_conversions_on_the_bits_are_tensorflows_casts():
+    """The compiled GELU converts bfloat16 by shifting bits; every bfloat16 widens, and float32s of every kind
+    (ties either way, subnormals, overflow, infinities, NaNs) narrow, as tf.cast converts them."""
+    from components.common.model import _narrowed, _widened
+
+    every_bfloat16 = tf.bitcast(tf.cast(tf.range(2**16), tf.uint16), tf.bfloat16)
+    widened = tf.function(_widened, jit_compile=True)(every_bfloat16)
+    expected = tf.cast(every_bfloat16, tf.float32)
+    is_nan = tf.math.is_nan(expected)
+    np.testing.assert_array_equal(tf.math.is_nan(widened), is_nan)
+    np.testing.assert_array_equal(tf.bitcast(widened, tf.uint32)[~is_nan], tf.bitcast(expected, tf.uint32)[~is_nan])
+
+    generator = np.random.default_rng(0)
+    bits = np.concatenate(
+        [
+            generator.integers(0, 2**32, 200_000, dtype=np.uint64),
+            (np.arange(2**16, dtype=np.uint64) << 16) | 0x8000,  # exact ties: to even
+            (np.arange(2**16, dtype=np.uint64) << 16) | 0x7FFF,
+            (np.arange(2**16, dtype=np.uint64) << 16) | 0x8001,
+            np.array(
+                [
+                    0x7F7FFFFF,
+                    0xFF7FFFFF,
+                    0x7F7F8000,
+                    0x7F800000,
+                    0xFF800000,
+                    0x7FFFFFFF,
+                    0xFFFFFFFF,
+                    0x7F800001,
+                    0x00000001,
+                    0x807FFFFF,
+                    0,
+                ],
+                dtype=np.uint64,
+            ),
+        ]
+    ).astype(np.uint32)
+    values = tf.bitcast(tf.constant(bits), tf.float32)
+    narrowed = tf.function(lambda values: _narrowed(values, tf.bfloat16), jit_compile=True)(values)
+    expected = tf.cast(values, tf.bfloat16)
+    is_nan = tf.math.is_nan(tf.cast(expected, tf.float32))
+    np.testing.assert_array_equal(tf.math.is_nan(tf.cast(narrowed, tf.float32)), is_nan)
+    np.testing.assert_array_equal(tf.bitcast(narrowed, tf.uint16)[~is_nan], tf.bitcast(expected, tf.uint16)[~is_nan])
+
+
 def test_the_compiled_gelu_is_the_exact_gelu_and_inference_needs_no_xla(tmp_path):
     import keras
 
