@@ -359,6 +359,68 @@ def test_the_fused_batch_norm_trains_as_keras_own(precision, scale):
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.parametrize(
+    ("precision", "image", "kernel", "channels"),
+    [("float32", 3, 3, (5, 7)), ("float32", 7, 3, (4, 6)), ("float32", 5, 5, (3, 2)), ("float32", 4, 1, (6, 3)),
+     ("mixed_bfloat16", 7, 3, (8, 16))],
+)  # fmt: skip
+def test_the_small_image_convolution_trains_as_keras_own(precision, image, kernel, channels):
+    """Its kernel gradient by one matrix product per tap, and its input gradient, are Keras's Conv2D's (float32:
+    to float rounding; bfloat16: each a bfloat16 rounding of the same sums), and it saves and loads as itself."""
+    import keras
+
+    from components.common.model import SmallImageConv2D
+
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        in_channels, out_channels = channels
+        inputs = tf.random.stateless_normal([6, image, image, in_channels], seed=[1, 2])
+        upstream = tf.random.stateless_normal([6, image, image, out_channels], seed=[3, 4])
+        layers = []
+        for cls in (SmallImageConv2D, keras.layers.Conv2D):
+            layer = cls(out_channels, kernel, padding="same", use_bias=False, kernel_initializer="he_normal")
+            layer.build(inputs.shape)
+            layers.append(layer)
+        layers[1].set_weights(layers[0].get_weights())
+        results = []
+        for layer in layers:
+            with tf.GradientTape() as tape:
+                cast = tf.cast(inputs, layer.compute_dtype)
+                tape.watch(cast)
+                outputs = layer(cast, training=True)
+            gradients = tape.gradient(outputs, [cast, layer.kernel], output_gradients=tf.cast(upstream, outputs.dtype))
+            results.append([tf.cast(value, tf.float32).numpy() for value in (outputs, *gradients)])
+        tolerance = {"float32": 1e-5, "mixed_bfloat16": 2**-7}[precision]
+        for ours, theirs in zip(*results, strict=True):
+            np.testing.assert_allclose(ours, theirs, rtol=tolerance, atol=tolerance * np.abs(theirs).max())
+        restored = keras.layers.deserialize(keras.layers.serialize(layers[0]))
+        assert type(restored) is SmallImageConv2D and restored.get_config() == layers[0].get_config()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_the_small_image_convolution_takes_its_own_gradient_only_where_it_pays():
+    """Training on images of at most 7x7 pixels, stride 1, 'same': the per-tap kernel gradient; larger images,
+    another stride or padding, and inference: Keras's own convolution."""
+    import keras
+
+    from components.common.model import SmallImageConv2D
+
+    def by_taps(image, training=True, **options):
+        layer = SmallImageConv2D(4, 3, use_bias=False, **{"padding": "same", **options})
+        return layer._by_taps(tf.zeros([2, image, image, 3]), training)
+
+    assert by_taps(7) and by_taps(3)
+    assert not by_taps(8)
+    assert not by_taps(7, training=False)
+    assert not by_taps(7, strides=2)
+    assert not by_taps(7, padding="valid")
+    assert not by_taps(7, dilation_rate=2)
+    assert not SmallImageConv2D(4, 2, padding="same", use_bias=False)._by_taps(tf.zeros([2, 7, 7, 3]), True)
+    assert not SmallImageConv2D(4, 3, padding="same")._by_taps(tf.zeros([2, 7, 7, 3]), True)  # a bias
+    assert isinstance(SmallImageConv2D(4, 3), keras.layers.Conv2D)
+
+
 def test_the_gelus_bfloat16_conversions_on_the_bits_are_tensorflows_casts():
     """The compiled GELU converts bfloat16 by shifting bits; every bfloat16 widens, and float32s of every kind
     (ties either way, subnormals, overflow, infinities, NaNs) narrow, as tf.cast converts them."""

@@ -238,6 +238,80 @@ class Gelu(keras.layers.Activation):
         return super().call(inputs)
 
 
+SMALL_IMAGE_PIXELS = 49  # up to 7x7: where oneDNN's filter gradient is slower than the per-tap matrix products
+
+
+def _filter_gradient_by_taps(inputs, upstream, kernel_shape):
+    """The kernel's gradient of a stride-1 'same' convolution as one matrix product per kernel tap: the input
+    shifted by the tap (of the zero-padded input), as a (pixels x in-channels) matrix, transposed, times the
+    upstream gradient as (pixels x out-channels)."""
+    rows, columns, in_channels, out_channels = kernel_shape
+    height, width = inputs.shape[1], inputs.shape[2]
+    padded = tf.pad(inputs, [[0, 0], [rows // 2, rows // 2], [columns // 2, columns // 2], [0, 0]])
+    upstream = tf.reshape(upstream, [-1, out_channels])
+    taps = [
+        tf.linalg.matmul(
+            tf.reshape(padded[:, row : row + height, column : column + width, :], [-1, in_channels]),
+            upstream,
+            transpose_a=True,
+        )
+        for row in range(rows)
+        for column in range(columns)
+    ]
+    return tf.reshape(tf.stack(taps), kernel_shape)
+
+
+def _tap_convolution(inputs, kernel):
+    """A stride-1 'same' convolution whose kernel gradient is `_filter_gradient_by_taps`."""
+
+    @tf.custom_gradient
+    def convolve(inputs, kernel):
+        def gradient(upstream):
+            input_gradient = tf.raw_ops.Conv2DBackpropInput(
+                input_sizes=tf.shape(inputs), filter=kernel, out_backprop=upstream, strides=[1, 1, 1, 1],
+                padding="SAME",
+            )  # fmt: skip
+            return input_gradient, _filter_gradient_by_taps(inputs, upstream, kernel.shape)
+
+        return tf.nn.conv2d(inputs, kernel, 1, "SAME"), gradient
+
+    return convolve(inputs, kernel)
+
+
+@keras.saving.register_keras_serializable(package="cifar10_pipeline")
+class SmallImageConv2D(keras.layers.Conv2D):
+    """Keras's Conv2D, the same weights and arithmetic, whose kernel gradient in training on a CPU, for images of
+    at most SMALL_IMAGE_PIXELS pixels (a stride-1 'same' convolution of odd kernel, channels last, no bias), is one
+    matrix product per kernel tap: oneDNN's own filter gradient reaches a fraction of its forward pass's rate on
+    such images (7x7: 540 against 2,100 GFLOP/s in bfloat16; 3x3: 210 against 1,470; bench/step_profile.py).
+    Everything else (inference, a GPU, larger images) is Keras's own call."""
+
+    def _by_taps(self, inputs, training) -> bool:
+        rows, columns = self.kernel_size
+        return bool(
+            training
+            and keras.backend.backend() == "tensorflow"
+            and self.data_format == "channels_last"
+            and self.padding == "same"
+            and tuple(self.strides) == (1, 1)
+            and tuple(self.dilation_rate) == (1, 1)
+            and self.groups == 1
+            and not self.use_bias
+            and self.activation in (None, keras.activations.linear)
+            and rows % 2 == 1
+            and columns % 2 == 1
+            and inputs.shape[1] is not None
+            and inputs.shape[2] is not None
+            and inputs.shape[1] * inputs.shape[2] <= SMALL_IMAGE_PIXELS
+            and not tf.config.list_logical_devices("GPU")
+        )
+
+    def call(self, inputs, training=None):
+        if self._by_taps(inputs, training):
+            return _tap_convolution(inputs, tf.cast(self.kernel, inputs.dtype))
+        return super().call(inputs)
+
+
 def _batch_norm(spec: ModelSpec, name: str):
     axis = -1 if spec.data_format == "channels_last" else 1
     return FusedBatchNormalization(
@@ -393,7 +467,7 @@ class DiracUniform(keras.initializers.Initializer):
 
 def _airbench_group(x, filters: int, spec: ModelSpec, name: str):
     def conv(suffix):
-        return keras.layers.Conv2D(
+        return SmallImageConv2D(
             filters, 3, padding="same", use_bias=False, kernel_initializer=DiracUniform(), name=f"{name}_{suffix}"
         )
 
