@@ -360,39 +360,59 @@ def test_the_fused_batch_norm_trains_as_keras_own(precision, scale):
 
 
 @pytest.mark.parametrize(
-    ("precision", "image", "kernel", "channels"),
+    ("dtype", "image", "kernel", "channels"),
     [("float32", 3, 3, (5, 7)), ("float32", 7, 3, (4, 6)), ("float32", 5, 5, (3, 2)), ("float32", 4, 1, (6, 3)),
-     ("mixed_bfloat16", 7, 3, (8, 16))],
+     ("bfloat16", 7, 3, (8, 16)), ("bfloat16", 3, 3, (16, 8))],
 )  # fmt: skip
-def test_the_small_image_convolution_trains_as_keras_own(precision, image, kernel, channels):
-    """Its kernel gradient by one matrix product per tap, and its input gradient, are Keras's Conv2D's (float32:
-    to float rounding; bfloat16: each a bfloat16 rounding of the same sums), and it saves and loads as itself."""
+def test_the_per_tap_kernel_gradient_is_the_convolutions(dtype, image, kernel, channels):
+    """The convolution whose kernel gradient is one matrix product per tap: its output and both gradients are
+    TensorFlow's convolution's (float32: to float rounding; bfloat16: each a bfloat16 rounding of the same sums)."""
+    from components.common.model import _tap_convolution
+
+    in_channels, out_channels = channels
+    inputs = tf.cast(tf.random.stateless_normal([6, image, image, in_channels], seed=[1, 2]), dtype)
+    weights = tf.cast(tf.random.stateless_normal([kernel, kernel, in_channels, out_channels], seed=[5, 6]), dtype)
+    upstream = tf.cast(tf.random.stateless_normal([6, image, image, out_channels], seed=[3, 4]), dtype)
+    results = []
+    for convolution in (_tap_convolution, lambda inputs, weights: tf.nn.conv2d(inputs, weights, 1, "SAME")):
+        with tf.GradientTape() as tape:
+            tape.watch([inputs, weights])
+            outputs = convolution(inputs, weights)
+        gradients = tape.gradient(outputs, [inputs, weights], output_gradients=upstream)
+        results.append([tf.cast(value, tf.float32).numpy() for value in (outputs, *gradients)])
+    tolerance = {"float32": 1e-5, "bfloat16": 2**-7}[dtype]
+    for ours, theirs in zip(*results, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=tolerance, atol=tolerance * np.abs(theirs).max())
+
+
+def test_the_small_image_convolution_trains_as_keras_own_in_bfloat16():
+    """The layer in mixed bfloat16 (where it takes the per-tap gradient): Keras's Conv2D's output and gradients,
+    its kernel's gradient reaching the float32 variable; it saves and loads as itself."""
     import keras
 
     from components.common.model import SmallImageConv2D
 
-    keras.mixed_precision.set_global_policy(precision)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
-        in_channels, out_channels = channels
-        inputs = tf.random.stateless_normal([6, image, image, in_channels], seed=[1, 2])
-        upstream = tf.random.stateless_normal([6, image, image, out_channels], seed=[3, 4])
+        inputs = tf.cast(tf.random.stateless_normal([6, 7, 7, 8], seed=[1, 2]), tf.bfloat16)
+        upstream = tf.cast(tf.random.stateless_normal([6, 7, 7, 16], seed=[3, 4]), tf.bfloat16)
         layers = []
         for cls in (SmallImageConv2D, keras.layers.Conv2D):
-            layer = cls(out_channels, kernel, padding="same", use_bias=False, kernel_initializer="he_normal")
+            layer = cls(16, 3, padding="same", use_bias=False, kernel_initializer="he_normal")
             layer.build(inputs.shape)
             layers.append(layer)
         layers[1].set_weights(layers[0].get_weights())
+        assert layers[0]._by_taps(inputs, True)
         results = []
         for layer in layers:
             with tf.GradientTape() as tape:
-                cast = tf.cast(inputs, layer.compute_dtype)
-                tape.watch(cast)
-                outputs = layer(cast, training=True)
-            gradients = tape.gradient(outputs, [cast, layer.kernel], output_gradients=tf.cast(upstream, outputs.dtype))
+                tape.watch(inputs)
+                outputs = layer(inputs, training=True)
+            gradients = tape.gradient(outputs, [inputs, layer.kernel], output_gradients=upstream)
+            assert gradients[1].dtype == tf.float32
             results.append([tf.cast(value, tf.float32).numpy() for value in (outputs, *gradients)])
-        tolerance = {"float32": 1e-5, "mixed_bfloat16": 2**-7}[precision]
         for ours, theirs in zip(*results, strict=True):
-            np.testing.assert_allclose(ours, theirs, rtol=tolerance, atol=tolerance * np.abs(theirs).max())
+            np.testing.assert_allclose(ours, theirs, rtol=2**-7, atol=2**-7 * np.abs(theirs).max())
         restored = keras.layers.deserialize(keras.layers.serialize(layers[0]))
         assert type(restored) is SmallImageConv2D and restored.get_config() == layers[0].get_config()
     finally:
@@ -400,24 +420,28 @@ def test_the_small_image_convolution_trains_as_keras_own(precision, image, kerne
 
 
 def test_the_small_image_convolution_takes_its_own_gradient_only_where_it_pays():
-    """Training on images of at most 7x7 pixels, stride 1, 'same': the per-tap kernel gradient; larger images,
-    another stride or padding, and inference: Keras's own convolution."""
+    """Training in bfloat16 on images of at most 7x7 pixels, stride 1, 'same': the per-tap kernel gradient; float32,
+    larger images, another stride or padding, and inference: Keras's own convolution."""
     import keras
 
     from components.common.model import SmallImageConv2D
 
-    def by_taps(image, training=True, **options):
-        layer = SmallImageConv2D(4, 3, use_bias=False, **{"padding": "same", **options})
-        return layer._by_taps(tf.zeros([2, image, image, 3]), training)
+    def by_taps(image, training=True, dtype="mixed_bfloat16", **options):
+        layer = SmallImageConv2D(4, 3, use_bias=False, dtype=dtype, **{"padding": "same", **options})
+        return layer._by_taps(tf.zeros([2, image, image, 3], layer.compute_dtype), training)
 
     assert by_taps(7) and by_taps(3)
     assert not by_taps(8)
+    assert not by_taps(7, dtype="float32")
     assert not by_taps(7, training=False)
     assert not by_taps(7, strides=2)
     assert not by_taps(7, padding="valid")
     assert not by_taps(7, dilation_rate=2)
-    assert not SmallImageConv2D(4, 2, padding="same", use_bias=False)._by_taps(tf.zeros([2, 7, 7, 3]), True)
-    assert not SmallImageConv2D(4, 3, padding="same")._by_taps(tf.zeros([2, 7, 7, 3]), True)  # a bias
+    for layer in (  # an even kernel; a bias
+        SmallImageConv2D(4, 2, padding="same", use_bias=False, dtype="mixed_bfloat16"),
+        SmallImageConv2D(4, 3, padding="same", dtype="mixed_bfloat16"),
+    ):
+        assert not layer._by_taps(tf.zeros([2, 7, 7, 3], tf.bfloat16), True)
     assert isinstance(SmallImageConv2D(4, 3), keras.layers.Conv2D)
 
 
