@@ -7,7 +7,7 @@
    FLOP/s (3 x the network's forward FLOPs per image x images/s).
 2. Side by side: each preset's training loop timed in turns in this process, and the minutes its whole length
    takes at that rate (the wall-time comparison that holds when the runs of 1. finished on different days), with
-   its training FLOP/s against this CPU's float32 matrix-multiply peak, measured between the timed windows
+   its training FLOP/s against this CPU's peak in the preset's precision, measured between the timed windows
    (bench/flops.py).
 3. The PyTorch reference (`--reference-runs N`): airbench94_muon.py as published, on the same images and this CPU
    (bench/reference.py, in bench/work/reference-venv: `make bench-reference-setup`), its runs alternating with the
@@ -269,23 +269,22 @@ def whole_run_loop_seconds(config, window_steps: int, windows: int) -> float:
 def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_steps: int, windows: int) -> None:
     """Each preset's training loop timed in the same process, in turns (the order alternates by round), and the
     minutes its whole length takes at that rate: the wall-time comparison that holds even when the accuracy runs
-    finished on different days. The matrix-multiply peak is measured after every preset's windows, so the
-    fraction of it the loop reaches compares two measurements minutes apart on a machine whose speed drifts."""
+    finished on different days. The peak of the preset's precision is measured after every preset's windows, so
+    the fraction of it the loop reaches compares two measurements minutes apart on a machine whose speed drifts."""
     rates: dict[str, list[float]] = {preset: [] for preset in configs}
-    peaks: list[float] = []
+    peaks: dict[str, list[float]] = {preset: [] for preset in configs}
     for round_number in range(1, rounds + 1):
         order = list(configs) if round_number % 2 else list(reversed(configs))
         for preset in order:
             config = configs[preset]
             seconds = whole_run_loop_seconds(config, window_steps, windows)
             rates[preset].append(config.batch_size / seconds)
-            peaks.append(flops.matmul_peak_flops())
-            print(f"round {round_number}: {preset} loop {rates[preset][-1]:.0f} images/s, matrix-multiply peak "
-                  f"{peaks[-1] / 1e9:.0f} GFLOP/s", flush=True)  # fmt: skip
-    peak = max(peaks)
+            peaks[preset].append(flops.peak_flops(flops.compute_dtype(config.precision)))
+            print(f"round {round_number}: {preset} loop {rates[preset][-1]:.0f} images/s, {config.precision} peak "
+                  f"{peaks[preset][-1] / 1e9:.0f} GFLOP/s", flush=True)  # fmt: skip
     print(f"\nSide by side in this run ({rounds} rounds, each the median of {windows} windows of {window_steps} "
-          f"steps; float32 matrix-multiply peak {peak / 1e9:.0f} GFLOP/s, the best of its {len(peaks)} "
-          f"measurements between the windows):")  # fmt: skip
+          f"steps; each preset against the peak of its precision (bench/flops.py), the best of the measurements "
+          f"after its windows):")  # fmt: skip
     print("| preset | batch | epochs | training images/s | minutes for its length at that rate "
           "| training GFLOP/s (of peak) |")  # fmt: skip
     print("|---|---|---|---|---|---|")
@@ -294,8 +293,9 @@ def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_s
         epochs = run_epochs(config)
         minutes = epochs * TRAIN_EXAMPLES / rate / 60
         achieved = 3 * config_forward_flops(config) * rate
+        peak = max(peaks[preset])
         print(f"| {preset} | {config.batch_size} | {epochs:g} | {rate:.0f} | {minutes:.1f} | {achieved / 1e9:.0f} "
-              f"({achieved / peak:.0%}) |")  # fmt: skip
+              f"({achieved / peak:.0%} of {peak / 1e9:.0f}) |")  # fmt: skip
 
 
 def print_speed_ratio(data: str, preset: str, rounds: int, window_steps: int, windows: int) -> None:

@@ -1,5 +1,5 @@
-"""Where a training step's time goes: a preset's network at its batch, taken apart, with this CPU's matrix-multiply
-peak measured in the same run.
+"""Where a training step's time goes: a preset's network at its batch, taken apart, with this CPU's peak measured in
+the same run.
 
 For each precision (float32, and bfloat16 where asked), seconds per step of, in turns:
 - `convolutions`: forward and backward of the network with its batch norms and activations replaced by identities
@@ -14,7 +14,8 @@ For each precision (float32, and bfloat16 where asked), seconds per step of, in 
   its progress windows;
 and what each part costs: batch norm and activations (gradients - convolutions), the optimizer (recipe step -
 gradients; and its update alone, timed on fixed gradients), the loop around the step (loop - recipe step).
-Training FLOP/s = 3 x forward FLOPs x images/s, against the matrix-multiply peak of the same precision.
+Training FLOP/s = 3 x forward FLOPs x images/s, against the peak of the same precision (bench/flops.py: the best
+of a matrix product and two convolutions), measured in each round.
 
     .venv/bin/python bench/step_profile.py [--preset fast] [--precisions float32 mixed_bfloat16] [--rounds 2]
 """
@@ -37,12 +38,6 @@ from bench import flops, timing  # noqa: E402
 from bench.accuracy import config_model_spec, full_training_set, whole_run_loop_seconds  # noqa: E402
 
 PARTS = ("convolutions", "forward", "gradients", "sgd step", "recipe step", "loop")
-
-
-def matmul_peak(precision: str) -> float:
-    """The matrix-multiply peak in the precision's compute type (bench/flops.py)."""
-    compute = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(precision, "float32")
-    return flops.matmul_peak_flops(dtype=compute)
 
 
 def without_normalization(model):
@@ -158,12 +153,12 @@ def main() -> None:
                 seconds[part].append(measure(config, part, arguments.window_steps, arguments.windows))
                 print(f"{precision} round {round_number}: {part} {config.batch_size / seconds[part][-1]:.0f} "
                       f"images/s", flush=True)  # fmt: skip
-            peaks.append(matmul_peak(precision))
+            peaks.append(flops.peak_flops(flops.compute_dtype(precision)))
             updates.append(update_alone_seconds(config, 10))
         peak = max(peaks)
         median = {part: statistics.median(values) for part, values in seconds.items()}
         print(f"\n{arguments.preset} in {precision}, batch {config.batch_size}, {forward_flops / 1e6:.0f} MFLOP per "
-              f"image forward; matrix-multiply peak {peak / 1e9:.0f} GFLOP/s ({arguments.rounds} rounds)")  # fmt: skip
+              f"image forward; peak {peak / 1e9:.0f} GFLOP/s ({arguments.rounds} rounds)")  # fmt: skip
         print("| part | ms per step | images/s | training GFLOP/s (of peak) |")
         print("|---|---|---|---|")
         for part in PARTS:
