@@ -220,6 +220,44 @@ def test_the_step_alone_fits_a_batch_and_reports_the_workers_flags():
     assert bool(outputs["state_finite"]) and not outputs["stop_agreed"] and outputs["save_agreed"]
 
 
+def test_the_step_stops_computing_the_whitening_bias_gradient_when_the_bias_stops(monkeypatch):
+    """Once the whitening bias has had its steps, the step takes its gradient as zero instead of computing it (the
+    backward pass through the first convolution's input, the whitening's GELU and the whitening): every weight moves
+    as when it is computed, and the bias stays where it stopped."""
+    from components.common.config import config_from_mapping
+    from components.common.model import ModelSpec, build_model, variable_name
+    from components.train.step import TrainStep
+
+    config = config_from_mapping(TrainConfig, {"data": "unused", "model_dir": "unused", "preset": "airbench94_muon",
+                                 "width_multiplier": 0.125, "batch_size": 16, "learning_rate_batch_size": 16,
+                                 "whitening_bias_epochs": 2.0, "train_steps": 5}, "test")  # fmt: skip
+    images = tf.constant(correlated_images(16), tf.uint8)
+    labels = tf.constant(np.arange(16) % 10, tf.int64)
+    strategy = tf.distribute.get_strategy()
+    runs = {}
+    for skip in (True, False):
+        tf.keras.utils.set_random_seed(0)
+        model = build_model(ModelSpec("airbench", width_multiplier=0.125))
+        step = TrainStep(config, strategy, model, num_classes=10, steps_per_epoch=1.0, total_steps=5)
+        if not skip:
+            monkeypatch.setattr(step, "whitening_bias_stopped", lambda: False)
+        batches = iter(
+            strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors((images, labels)).repeat())
+        )
+        stopped, biases = [], []
+        for _ in range(5):
+            stopped.append(step.whitening_bias_stopped())
+            step(batches)
+            biases.append(model.get_layer("whitening").bias.numpy().copy())
+        runs[skip] = ({variable_name(v): v.numpy() for v in model.variables}, stopped, biases)
+    weights, stopped, biases = runs[True]
+    assert stopped == [False, False, True, True, True]
+    assert not np.array_equal(biases[0], biases[1])  # it trains, then stops
+    np.testing.assert_array_equal(biases[1], biases[4])
+    for name, value in runs[False][0].items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def correlated_images(count: int, seed: int = 0) -> np.ndarray:
     """uint8 images whose neighbouring pixels and channels are strongly correlated, as in photographs."""
     rng = np.random.default_rng(seed)

@@ -96,25 +96,41 @@ class TrainStep:
     def __call__(self, iterator, stop_requested: bool = False, save_due: bool = False):
         """One step on the next batch: (metrics, batch). This worker's wishes to stop (a signal) and to save (its
         clock) are shared with every worker: `stop_agreed` and `save_agreed` are true on all when any wished it."""
-        return self._function(iterator, tf.constant([int(stop_requested), int(save_due)]))  # cast on each replica
+        flags = tf.constant([int(stop_requested), int(save_due)])  # cast on each replica
+        return self._function(iterator, flags, self.whitening_bias_stopped())
 
-    def _forward_backward(self, images, labels):
-        """Loss, cross-entropy sum, correct count and gradients of this replica (XLA-compiled on request)."""
+    def whitening_bias_stopped(self) -> bool:
+        """Whether the whitening bias has had its `whitening_bias_epochs` (so the step need not compute its gradient:
+        that gradient is the backward pass through the first convolution's input, the whitening's GELU and the
+        whitening itself). Read from the step counter, the same on every worker, so all take the same step."""
+        if not self.whitening_bias_steps or not any(variable_name(v) == WHITENING_BIAS for v in self.trained):
+            return False
+        return int(self.step.numpy()) >= self.whitening_bias_steps
+
+    def _forward_backward(self, images, labels, whitening_bias_stopped: bool = False):
+        """Loss, cross-entropy sum, correct count and gradients of this replica (XLA-compiled on request); once the
+        whitening bias has stopped, its gradient is zero, not computed."""
         config = self.config
         with tf.GradientTape() as tape:
             logits = self.model(images, training=True)
             per_example = cross_entropy(labels, logits, self.num_classes, config.label_smoothing)
             loss = tf.reduce_sum(per_example) / config.batch_size
             scaled = loss * self.loss_scale
-        gradients = tape.gradient(scaled, self.trained)
+
+        def computed(variable) -> bool:
+            return not (whitening_bias_stopped and variable_name(variable) == WHITENING_BIAS)
+
+        sources = [variable for variable in self.trained if computed(variable)]
+        found = iter(tape.gradient(scaled, sources))
+        gradients = [next(found) if computed(variable) else tf.zeros_like(variable.value) for variable in self.trained]
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
         return loss, tf.reduce_sum(per_example), correct, gradients
 
-    def _replica_step(self, batch, local_flags):
+    def _replica_step(self, batch, local_flags, whitening_bias_stopped: bool = False):
         config = self.config
         images, labels = batch
         context = tf.distribute.get_replica_context()
-        loss, cross_entropy_total, correct, gradients = self._compute(images, labels)
+        loss, cross_entropy_total, correct, gradients = self._compute(images, labels, whitening_bias_stopped)
         # Batch-norm moving statistics were just updated from this replica's batch; averaging them across
         # replicas makes every worker hold the update of the averaged batch statistics, as shared variables did.
         statistics = [tf.cast(tf.identity(variable.value), tf.float32) for variable in self.moving_statistics]
@@ -303,7 +319,7 @@ class TrainStep:
         self.optimizer.update_step(gradient, variable, tf.cast(rate, variable.dtype))
         return tf.constant(True)
 
-    def _step_function(self, iterator, local_flags):
+    def _step_function(self, iterator, local_flags, whitening_bias_stopped: bool = False):
         batch = next(iterator)
-        outputs = self.strategy.run(self._replica_step, args=(batch, local_flags))
+        outputs = self.strategy.run(self._replica_step, args=(batch, local_flags, whitening_bias_stopped))
         return {key: self.strategy.experimental_local_results(value)[0] for key, value in outputs.items()}, batch
