@@ -63,6 +63,7 @@ bench:
 	$(BIN)/python $(ROOT)bench/predict.py
 	$(BIN)/python $(ROOT)bench/step_profile.py
 	$(BIN)/python $(ROOT)bench/fused_layers.py
+	$(BIN)/python $(ROOT)bench/convolutions.py
 
 bench-accuracy:
 	$(BIN)/python $(ROOT)bench/accuracy.py

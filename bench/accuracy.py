@@ -195,10 +195,12 @@ def speed_round(data: str, preset: str, round_number: int, window_steps: int, wi
             optimizer = timing.BareMuon(model.trainable_variables, config, learning_rate=0.1)
         else:
             optimizer = keras.optimizers.SGD(0.1, momentum=config.momentum, nesterov=config.nesterov)
-        return timing.bare_window_seconds(model, optimizer, config.batch_size, window_steps, windows)
+        variables = timing.steady_variables(model, config)
+        return timing.bare_window_seconds(model, optimizer, config.batch_size, window_steps, windows, True, variables)
 
+    warm_up = math.ceil((config.whitening_bias_epochs or 0) * TRAIN_EXAMPLES / config.batch_size)
     bare_seconds, loop_seconds = timing.paired_round(
-        round_number, bare, lambda: timing.loop_window_seconds(config, window_steps, windows)
+        round_number, bare, lambda: timing.loop_window_seconds(config, window_steps, windows, warm_up_steps=warm_up)
     )
     return config.batch_size / bare_seconds, config.batch_size / loop_seconds
 
@@ -263,7 +265,8 @@ def whole_run_loop_seconds(config, window_steps: int, windows: int) -> float:
     """Median seconds per step of the training loop (bench/timing.py) at the cadence of summaries, checkpoints
     and validation of the config's whole run, not that of the short run that times it."""
     run_steps = math.ceil(run_epochs(config) * TRAIN_EXAMPLES / config.batch_size)
-    return statistics.median(timing.loop_window_seconds(config, window_steps, windows, run_steps))
+    warm_up = math.ceil((config.whitening_bias_epochs or 0) * TRAIN_EXAMPLES / config.batch_size)
+    return statistics.median(timing.loop_window_seconds(config, window_steps, windows, run_steps, warm_up))
 
 
 def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_steps: int, windows: int) -> None:

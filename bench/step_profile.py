@@ -13,7 +13,9 @@ For each precision (float32, and bfloat16 where asked), seconds per step of, in 
   finiteness checks, logging; summaries, checkpoints and validation at the cadence of the preset's whole run), from
   its progress windows;
 and what each part costs: batch norm and activations (gradients - convolutions), the optimizer (recipe step -
-gradients; and its update alone, timed on fixed gradients), the loop around the step (loop - recipe step).
+gradients; and its update alone, timed on fixed gradients), the loop around the step (loop - recipe step). Every
+part is the loop's steady state: a recipe whose whitening bias stops after `whitening_bias_epochs` has its loop timed
+after that, and the bare parts take no gradient of it either.
 Training FLOP/s = 3 x forward FLOPs x images/s, against the peak of the same precision (bench/flops.py: the best
 of a matrix product and two convolutions), measured in each round.
 
@@ -58,9 +60,12 @@ def without_normalization(model):
     return keras.models.clone_model(model, clone_function=clone)
 
 
-def step_seconds(model, batch: int, window_steps: int, windows: int, update=None, backward: bool = True) -> float:
-    """Median seconds per step of forward (and backward, and `update`) on one fixed batch (bench/timing.py)."""
-    return statistics.median(timing.bare_window_seconds(model, update, batch, window_steps, windows, backward))
+def step_seconds(config, model, window_steps: int, windows: int, update=None, backward: bool = True) -> float:
+    """Median seconds per step of forward (and backward, of the variables the loop's steady state computes
+    gradients for, and `update`) on one fixed batch of the config's size (bench/timing.py)."""
+    variables = timing.steady_variables(model, config)
+    seconds = timing.bare_window_seconds(model, update, config.batch_size, window_steps, windows, backward, variables)
+    return statistics.median(seconds)
 
 
 def measure(config, part: str, window_steps: int, windows: int) -> float:
@@ -73,17 +78,16 @@ def measure(config, part: str, window_steps: int, windows: int) -> float:
         if part == "loop":
             return whole_run_loop_seconds(config, window_steps, windows)
         model = build_model(config_model_spec(config))
-        batch = config.batch_size
         if part == "convolutions":
-            return step_seconds(without_normalization(model), batch, window_steps, windows)
+            return step_seconds(config, without_normalization(model), window_steps, windows)
         if part == "forward":
-            return step_seconds(model, batch, window_steps, windows, backward=False)
+            return step_seconds(config, model, window_steps, windows, backward=False)
         if part == "gradients":
-            return step_seconds(model, batch, window_steps, windows)
+            return step_seconds(config, model, window_steps, windows)
         if part == "sgd step":
             update = keras.optimizers.SGD(0.01, momentum=config.momentum, nesterov=True)
-            return step_seconds(model, batch, window_steps, windows, update)
-        return step_seconds(model, batch, window_steps, windows, recipe_update(config, model))
+            return step_seconds(config, model, window_steps, windows, update)
+        return step_seconds(config, model, window_steps, windows, recipe_update(config, model))
 
 
 @contextlib.contextmanager

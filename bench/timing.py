@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 import statistics
 import tempfile
@@ -15,13 +16,25 @@ from collections.abc import Callable
 RATE = re.compile(r"step \d+/\d+ .* ([\d.]+) examples/s")
 
 
+def steady_variables(model, config) -> list:
+    """The variables whose gradients the training loop computes in its steady state: the model's trainable ones, but
+    the whitening bias when the recipe stops it after `whitening_bias_epochs` (components/train/step.py)."""
+    from components.common.model import variable_name
+    from components.train.step import WHITENING_BIAS
+
+    stops = bool(getattr(config, "whitening_bias_epochs", None))
+    return [v for v in model.trainable_variables if not (stops and variable_name(v) == WHITENING_BIAS)]
+
+
 def bare_window_seconds(
-    model, optimizer, batch: int, window_steps: int, windows: int, backward: bool = True
+    model, optimizer, batch: int, window_steps: int, windows: int, backward: bool = True, variables=None
 ) -> list[float]:
-    """Seconds per step of the bare step in each of `windows` consecutive windows of `window_steps` steps. With no
-    `optimizer` the step ends at the gradients (their sum is returned, so that none is pruned); with no `backward`,
-    at the loss."""
+    """Seconds per step of the bare step in each of `windows` consecutive windows of `window_steps` steps, its
+    gradients those of `variables` (default: the model's trainable ones). With no `optimizer` the step ends at the
+    gradients (their sum is returned, so that none is pruned); with no `backward`, at the loss."""
     import tensorflow as tf
+
+    variables = model.trainable_variables if variables is None else variables
 
     images = tf.cast(tf.random.uniform([batch, 32, 32, 3], 0, 256, dtype=tf.int32), tf.uint8)
     labels = tf.random.uniform([batch], 0, 10, dtype=tf.int64)
@@ -33,10 +46,10 @@ def bare_window_seconds(
             loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
         if not backward:
             return loss
-        gradients = tape.gradient(loss, model.trainable_variables)
+        gradients = tape.gradient(loss, variables)
         if optimizer is None:
             return tf.add_n([tf.reduce_sum(tf.cast(gradient, tf.float32)) for gradient in gradients]) + loss
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        optimizer.apply_gradients(zip(gradients, variables, strict=True))
         return loss
 
     return call_window_seconds(step, window_steps, windows)
@@ -88,15 +101,20 @@ class BareMuon:
         self.sgd.apply_gradients(others)
 
 
-def loop_window_seconds(config, window_steps: int, windows: int, run_steps: int | None = None) -> list[float]:
+def loop_window_seconds(
+    config, window_steps: int, windows: int, run_steps: int | None = None, warm_up_steps: int = 0
+) -> list[float]:
     """Seconds per step of the whole training loop, in-process, for `config` (a TrainConfig; its model directory
-    and length are replaced) in each of `windows` progress windows after the first, from its progress lines.
+    and length are replaced) in each of `windows` progress windows after the first (which traces) and after
+    `warm_up_steps` more (rounded up to whole windows: the steps before the loop's steady state, such as the
+    whitening bias's, after which the step is traced again), from its progress lines.
     `run_steps`: the length of the run the windows stand for, whose cadence of summaries, histograms, checkpoints
     and validation they keep (default: the cadence of the windows' own short run)."""
     from components.train import cadence
     from components.train.loop import Trainer
 
     kept = cadence.resolve(config, run_steps) if run_steps else None
+    skipped = 1 + math.ceil(warm_up_steps / window_steps)  # windows before the timed ones
 
     rates: list[float] = []
 
@@ -115,7 +133,7 @@ def loop_window_seconds(config, window_steps: int, windows: int, run_steps: int 
             config,
             model_dir=model_dir,
             epochs=None,
-            train_steps=window_steps * (windows + 1),
+            train_steps=window_steps * (windows + skipped),
             log_every_steps=window_steps,
             checkpoint_every_seconds=3600,
         )
@@ -134,7 +152,7 @@ def loop_window_seconds(config, window_steps: int, windows: int, run_steps: int 
             trainer.close()
             loop_logger.removeHandler(handler)
             loop_logger.setLevel(level)
-    return [config.batch_size / rate for rate in rates[1:]]  # the first window includes tracing
+    return [config.batch_size / rate for rate in rates[skipped:]]
 
 
 def paired_round(

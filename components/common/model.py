@@ -283,8 +283,9 @@ class SmallImageConv2D(keras.layers.Conv2D):
     """Keras's Conv2D, the same weights and arithmetic, whose kernel gradient in bfloat16 training on a CPU, for
     images of at most SMALL_IMAGE_PIXELS pixels (a stride-1 'same' convolution of odd kernel, channels last, no
     bias), is one matrix product per kernel tap: oneDNN's own bfloat16 filter gradient reaches a fraction of its
-    forward pass's rate on such images (7x7: 540 against 2,100 GFLOP/s; 3x3: 210 against 1,470). In float32 the
-    per-tap products are no faster, so, as everything else (inference, a GPU, larger images), it is Keras's call."""
+    forward pass's rate on such images (7x7: 540 against 2,100 GFLOP/s; 3x3: 210 against 1,470; each layer's
+    passes in bench/convolutions.py). In float32 the per-tap products are no faster, so, as everything else
+    (inference, a GPU, larger images), it is Keras's call."""
 
     def _by_taps(self, inputs, training) -> bool:
         rows, columns = self.kernel_size

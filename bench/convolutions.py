@@ -1,0 +1,105 @@
+"""A preset's convolutions one by one, at its batch: forward, input gradient and kernel gradient (oneDNN's, and
+one matrix product per kernel tap, components/common/model.py's `_filter_gradient_by_taps`), timed in the same
+process run in alternating order, with the peak of the precision (bench/flops.py); prints each one's GFLOP/s, the
+taps' speed-up over oneDNN's kernel gradient, and which of the two the network's layer takes in training.
+
+    .venv/bin/python bench/convolutions.py [--preset cifar10_speedrun] [--precisions mixed_bfloat16 float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY))
+
+from bench import flops, timing  # noqa: E402
+from bench.accuracy import config_model_spec, full_training_set  # noqa: E402
+from bench.step_profile import precision_policy  # noqa: E402
+
+PASSES = ("forward", "input gradient", "kernel gradient", "kernel gradient by taps")
+
+
+def convolution_passes(inputs, kernel, upstream) -> dict:
+    """The passes of a stride-1 'same' convolution as tf.functions returning a tensor."""
+    import tensorflow as tf
+
+    from components.common.model import _filter_gradient_by_taps
+
+    strides = [1, 1, 1, 1]
+    return {
+        "forward": tf.function(lambda: tf.nn.conv2d(inputs, kernel, 1, "SAME")),
+        "input gradient": tf.function(
+            lambda: tf.raw_ops.Conv2DBackpropInput(
+                input_sizes=tf.shape(inputs), filter=kernel, out_backprop=upstream, strides=strides, padding="SAME"
+            )
+        ),
+        "kernel gradient": tf.function(
+            lambda: tf.raw_ops.Conv2DBackpropFilter(
+                input=inputs, filter_sizes=tf.shape(kernel), out_backprop=upstream, strides=strides, padding="SAME"
+            )
+        ),
+        "kernel gradient by taps": tf.function(lambda: _filter_gradient_by_taps(inputs, upstream, kernel.shape)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="cifar10_speedrun")
+    parser.add_argument("--precisions", nargs="+", default=["mixed_bfloat16", "float32"])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--window-steps", type=int, default=3)
+    arguments = parser.parse_args()
+
+    import keras
+    import tensorflow as tf
+
+    from components.common.config import config_from_mapping
+    from components.common.model import build_model
+    from components.train.config import TrainConfig
+
+    base = config_from_mapping(
+        TrainConfig, {"data": full_training_set(), "model_dir": "unused", "preset": arguments.preset}, "bench"
+    )
+    batch = base.batch_size
+    for precision in arguments.precisions:
+        dtype = flops.compute_dtype(precision)
+        with precision_policy(precision):
+            model = build_model(config_model_spec(base))
+        layers = [  # the stride-1 ones (the per-tap kernel gradient is for those)
+            layer
+            for layer in model.layers
+            if isinstance(layer, keras.layers.Conv2D) and tuple(layer.strides) == (1, 1) and layer.padding == "same"
+        ]
+        print(f"\n{arguments.preset} in {precision}, batch {batch}; peak {flops.peak_flops(dtype) / 1e9:.0f} GFLOP/s")
+        print("| convolution | image, channels | " + " | ".join(f"{name} ms (GFLOP/s)" for name in PASSES)
+              + " | taps' speed-up | the layer takes |")  # fmt: skip
+        print("|---|---|" + "---|" * len(PASSES) + "---|---|")
+        for layer in layers:
+            _, height, width, in_channels = layer.input.shape
+            rows, columns, _, out_channels = layer.kernel.shape
+            inputs = tf.cast(tf.random.normal([batch, height, width, in_channels]), dtype)
+            kernel = tf.cast(tf.random.normal([rows, columns, in_channels, out_channels]) * 0.05, dtype)
+            upstream = tf.cast(tf.random.normal([batch, height, width, out_channels]), dtype)
+            passes = convolution_passes(inputs, kernel, upstream)
+            seconds: dict[str, list[float]] = {name: [] for name in PASSES}
+            for round_number in range(1, arguments.rounds + 1):
+                for name in PASSES if round_number % 2 else reversed(PASSES):
+                    seconds[name] += timing.call_window_seconds(passes[name], arguments.window_steps, 2)
+            median = {name: statistics.median(values) for name, values in seconds.items()}
+            work = 2 * batch * height * width * in_channels * out_channels * rows * columns
+            cells = " | ".join(f"{1000 * median[name]:.1f} ({work / median[name] / 1e9:.0f})" for name in PASSES)
+            by_taps = getattr(layer, "_by_taps", None)  # a SmallImageConv2D's choice
+            taken = "taps" if by_taps and by_taps(inputs, training=True) else "oneDNN's"
+            speed_up = median["kernel gradient"] / median["kernel gradient by taps"]
+            print(f"| {layer.name} | {height}x{width}, {in_channels}->{out_channels} | {cells} | {speed_up:.2f}x "
+                  f"| {taken} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
