@@ -4,10 +4,11 @@ profiler on the traced forward pass, and this CPU's peak for the precision, meas
 A training step costs about three forward passes per image (forward, and the backward pass's two products: the
 gradients of the activations and of the weights), so achieved FLOP/s = 3 x forward FLOPs x images/s.
 
-The peak is the best that TensorFlow's matrix kernels reach here: a square matrix product, and two well-shaped
-convolutions (a 1x1 one, which is a matrix product through the convolution's kernels, and a 3x3 one). On a CPU
+The peak is the best that TensorFlow's matrix kernels reach here: a square matrix product, and well-shaped
+convolutions (PEAK_CONVOLUTIONS: a 1x1 one, which is a matrix product through the convolution's kernels, and 3x3
+ones). On a CPU
 with AMX the bfloat16 convolutions reach more than twice TensorFlow's bfloat16 matrix product (3.0-3.7 against
-1.3 TFLOP/s), so a matrix product alone would understate how much of the machine a step leaves idle.
+1.3-1.5 TFLOP/s), so a matrix product alone would understate how much of the machine a step leaves idle.
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ def matmul_peak_flops(size: int = 2048, seconds: float = 3.0, dtype: str = "floa
     return 2 * size**3 / _best_seconds(tf.function(lambda: tf.linalg.matmul(left, right)), seconds)
 
 
-# (batch, image side, in channels, out channels, kernel side): shapes at which oneDNN's convolutions run fastest
-# on the AMX machine among those tried (bfloat16 3.7 and 2.1 TFLOP/s; float32 0.38 and 0.41).
-PEAK_CONVOLUTIONS = ((512, 16, 256, 256, 3), (256, 32, 512, 512, 1))
+# (batch, image side, in channels, out channels, kernel side): shapes at which oneDNN's convolutions ran fastest on
+# the AMX machine among those tried, which is fastest varying with the hour (bfloat16 2.3-3.7, 2.8-3.1 and 2.1
+# TFLOP/s; float32 0.38, 0.33 and 0.41).
+PEAK_CONVOLUTIONS = ((512, 16, 256, 256, 3), (1536, 15, 64, 256, 3), (256, 32, 512, 512, 1))
 
 
 def convolution_peak_flops(seconds: float = 3.0, dtype: str = "float32") -> float:

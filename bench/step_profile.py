@@ -17,7 +17,7 @@ gradients; and its update alone, timed on fixed gradients), the loop around the 
 part is the loop's steady state: a recipe whose whitening bias stops after `whitening_bias_epochs` has its loop timed
 after that, and the bare parts take no gradient of it either.
 Training FLOP/s = 3 x forward FLOPs x images/s, against the peak of the same precision (bench/flops.py: the best
-of a matrix product and two convolutions), measured in each round.
+of a matrix product and well-shaped convolutions), measured in each round.
 
     .venv/bin/python bench/step_profile.py [--preset fast] [--precisions float32 mixed_bfloat16] [--rounds 2]
 """
