@@ -198,7 +198,7 @@ def speed_round(data: str, preset: str, round_number: int, window_steps: int, wi
         variables = timing.steady_variables(model, config)
         return timing.bare_window_seconds(model, optimizer, config.batch_size, window_steps, windows, True, variables)
 
-    warm_up = math.ceil((config.whitening_bias_epochs or 0) * TRAIN_EXAMPLES / config.batch_size)
+    warm_up = steady_state_steps(config)
     bare_seconds, loop_seconds = timing.paired_round(
         round_number, bare, lambda: timing.loop_window_seconds(config, window_steps, windows, warm_up_steps=warm_up)
     )
@@ -265,8 +265,13 @@ def whole_run_loop_seconds(config, window_steps: int, windows: int) -> float:
     """Median seconds per step of the training loop (bench/timing.py) at the cadence of summaries, checkpoints
     and validation of the config's whole run, not that of the short run that times it."""
     run_steps = math.ceil(run_epochs(config) * TRAIN_EXAMPLES / config.batch_size)
-    warm_up = math.ceil((config.whitening_bias_epochs or 0) * TRAIN_EXAMPLES / config.batch_size)
-    return statistics.median(timing.loop_window_seconds(config, window_steps, windows, run_steps, warm_up))
+    seconds = timing.loop_window_seconds(config, window_steps, windows, run_steps, steady_state_steps(config))
+    return statistics.median(seconds)
+
+
+def steady_state_steps(config) -> int:
+    """The steps before the loop's steady state: the whitening bias's, after which the step is traced again."""
+    return math.ceil((config.whitening_bias_epochs or 0) * TRAIN_EXAMPLES / config.batch_size)
 
 
 def print_presets_side_by_side(configs: dict[str, object], rounds: int, window_steps: int, windows: int) -> None:

@@ -85,6 +85,9 @@ class TrainStep:
             if variable_name(variable) not in self.muon and (is_kernel(variable) or config.weight_decay_biases)
         }
         self.whitening_bias_steps = (config.whitening_bias_epochs or 0.0) * steps_per_epoch
+        self.whitening_bias_stops = bool(self.whitening_bias_steps) and any(
+            variable_name(variable) == WHITENING_BIAS for variable in self.trained
+        )
         self.moving_statistics = list(model.non_trainable_variables)
         self.processing = optimization.GradientProcessing.for_variables(config, self.trained)
         self.schedule = optimization.make_schedule(config, steps_per_epoch, total_steps)
@@ -103,9 +106,7 @@ class TrainStep:
         """Whether the whitening bias has had its `whitening_bias_epochs` (so the step need not compute its gradient:
         that gradient is the backward pass through the first convolution's input, the whitening's GELU and the
         whitening itself). Read from the step counter, the same on every worker, so all take the same step."""
-        if not self.whitening_bias_steps or not any(variable_name(v) == WHITENING_BIAS for v in self.trained):
-            return False
-        return int(self.step.numpy()) >= self.whitening_bias_steps
+        return self.whitening_bias_stops and int(self.step.numpy()) >= self.whitening_bias_steps
 
     def _forward_backward(self, images, labels, whitening_bias_stopped: bool = False):
         """Loss, cross-entropy sum, correct count and gradients of this replica (XLA-compiled on request); once the
