@@ -75,6 +75,18 @@ def convolution_peak_flops(seconds: float = 3.0, dtype: str = "float32") -> floa
     return max(rates)
 
 
+def memory_bandwidth(seconds: float = 2.0, elements: int = 1 << 25) -> float:
+    """Bytes per second that one compiled elementwise pass (read a float32 tensor of `elements`, 128 MB by default,
+    beyond the caches; write its double) moves on every core, the best of repeats for `seconds`: the rate at which
+    memory-bound work (batch norm, activations, their gradients) can at best stream activations."""
+    import tensorflow as tf
+
+    values = tf.random.uniform([elements])
+    doubled = tf.function(lambda: values * 2.0, jit_compile=True)
+    first_of_doubled = tf.function(lambda: doubled()[:1])  # the whole pass runs; only one number is read back
+    return 2 * 4 * elements / _best_seconds(first_of_doubled, seconds)
+
+
 def peak_flops(dtype: str = "float32", seconds: float = 3.0) -> float:
     """This machine's peak in `dtype` as TensorFlow's kernels reach it: the better of the matrix product and the
     convolutions (the module docstring), measured now."""

@@ -17,7 +17,10 @@ gradients; and its update alone, timed on fixed gradients), the loop around the 
 part is the loop's steady state: a recipe whose whitening bias stops after `whitening_bias_epochs` has its loop timed
 after that, and the bare parts take no gradient of it either.
 Training FLOP/s = 3 x forward FLOPs x images/s, against the peak of the same precision (bench/flops.py: the best
-of a matrix product and well-shaped convolutions), measured in each round.
+of a matrix product and well-shaped convolutions), measured in each round. The memory-bound side is put the same
+way: batch norm and activations' time as passes over the activations (every activation layer's output at the batch,
+in the compute dtype: what each batch norm + GELU pair reads and writes) at the memory bandwidth measured in each
+round (bench/flops.py); and the step's time at 0.8 of the peak beside its convolutions'.
 
     .venv/bin/python bench/step_profile.py [--preset fast] [--precisions float32 mixed_bfloat16] [--rounds 2]
 """
@@ -58,6 +61,21 @@ def without_normalization(model):
         return layer.__class__.from_config(layer.get_config())
 
     return keras.models.clone_model(model, clone_function=clone)
+
+
+def activation_bytes(model, batch: int, dtype: str) -> int:
+    """Bytes of every activation layer's output (not the linear one of the logits) at `batch` in `dtype`: one pass
+    over the tensors that the batch norm + activation pairs read and write."""
+    import math
+
+    import keras
+    import tensorflow as tf
+
+    def activates(layer) -> bool:
+        return isinstance(layer, keras.layers.Activation) and layer.get_config()["activation"] != "linear"
+
+    size = tf.dtypes.as_dtype(dtype).size
+    return sum(batch * math.prod(layer.output.shape[1:]) * size for layer in model.layers if activates(layer))
 
 
 def step_seconds(config, model, window_steps: int, windows: int, update=None, backward: bool = True) -> float:
@@ -146,11 +164,13 @@ def main() -> None:
 
     data = full_training_set()
     base = config_from_mapping(TrainConfig, {"data": data, "model_dir": "unused", "preset": arguments.preset}, "bench")
-    forward_flops = flops.forward_flops(build_model(config_model_spec(base)), (32, 32, 3))
+    model = build_model(config_model_spec(base))
+    forward_flops = flops.forward_flops(model, (32, 32, 3))
     for precision in arguments.precisions:
         config = dataclasses.replace(base, precision=precision)
+        pass_bytes = activation_bytes(model, config.batch_size, flops.compute_dtype(precision))
         seconds: dict[str, list[float]] = {part: [] for part in PARTS}
-        peaks, updates = [], []
+        peaks, updates, bandwidths = [], [], []
         for round_number in range(1, arguments.rounds + 1):
             order = PARTS if round_number % 2 else tuple(reversed(PARTS))
             for part in order:
@@ -159,7 +179,8 @@ def main() -> None:
                       f"images/s", flush=True)  # fmt: skip
             peaks.append(flops.peak_flops(flops.compute_dtype(precision)))
             updates.append(update_alone_seconds(config, 10))
-        peak = max(peaks)
+            bandwidths.append(flops.memory_bandwidth())
+        peak, bandwidth = max(peaks), max(bandwidths)
         median = {part: statistics.median(values) for part, values in seconds.items()}
         print(f"\n{arguments.preset} in {precision}, batch {config.batch_size}, {forward_flops / 1e6:.0f} MFLOP per "
               f"image forward; peak {peak / 1e9:.0f} GFLOP/s ({arguments.rounds} rounds)")  # fmt: skip
@@ -169,15 +190,30 @@ def main() -> None:
             rate = config.batch_size / median[part]
             work = (1 if part == "forward" else 3) * forward_flops * rate
             print(f"| {part} | {1000 * median[part]:.0f} | {rate:.0f} | {work / 1e9:.0f} ({work / peak:.0%}) |")
+        normalization = median["gradients"] - median["convolutions"]
         costs = {
-            "batch norm and activations (gradients - convolutions)": median["gradients"] - median["convolutions"],
+            "batch norm and activations (gradients - convolutions)": normalization,
             "the optimizer's update (recipe step - gradients)": median["recipe step"] - median["gradients"],
             "  of it, the update by itself (on fixed gradients)": statistics.median(updates),
             "the loop around the step (loop - recipe step)": median["loop"] - median["recipe step"],
         }
         for what, cost in costs.items():
             print(f"  {what}: {1000 * cost:.0f} ms per step ({cost / median['loop']:.0%} of the loop's)")
-        print(f"  loop / bare recipe step: {median['recipe step'] / median['loop']:.2f}\n", flush=True)
+        print(f"  loop / bare recipe step: {median['recipe step'] / median['loop']:.2f}")
+        print(memory_bound_summary(normalization, pass_bytes, bandwidth))
+        at_peak = 3 * forward_flops * config.batch_size / peak
+        print(f"  a step's FLOPs at the peak: {1000 * at_peak:.0f} ms; at 0.8 of it: {1000 * at_peak / 0.8:.0f} ms, "
+              f"where the convolutions alone take {1000 * median['convolutions']:.0f}\n", flush=True)  # fmt: skip
+
+
+def memory_bound_summary(seconds: float, pass_bytes: int, bandwidth: float) -> str:
+    """Batch norm and activations' `seconds` as passes of `pass_bytes` at `bandwidth` bytes/s."""
+    one_pass = pass_bytes / bandwidth
+    return (
+        f"  memory bandwidth {bandwidth / 1e9:.1f} GB/s; one pass over the activations ({pass_bytes / 1e6:.0f} MB) "
+        f"takes {1000 * one_pass:.1f} ms, so batch norm and activations' {1000 * seconds:.0f} ms are "
+        f"{seconds / one_pass:.0f} passes"
+    )
 
 
 if __name__ == "__main__":
