@@ -85,6 +85,25 @@ def _shortened(text: str, limit: int = 40) -> str:
     return repr(flat if len(flat) <= limit else flat[: limit - 3] + "...")
 
 
+def number_in(kind: type, low: float, high: float, what: str):
+    """An argparse type: a `kind` (int or float) number in [low, high], finite; else "'TEXT' is not WHAT"."""
+    import math
+
+    def converted(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return converted
+
+
+SECONDS = number_in(float, 1e-3, 1e9, "a number of seconds (more than 0)")
+
+
 def _converter(kfp_type: str):
     if kfp_type == "Boolean":
         from components.common.config import parse_bool
@@ -455,7 +474,12 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
         "clean-runs", help="remove the run folders of local runs; promoted models stay", allow_abbrev=False
     )
     cleaner.add_argument("--output-root", type=Path, default=Path("outputs"), help="(default: outputs)")
-    cleaner.add_argument("--keep", type=int, default=0, help="keep the newest KEEP runs (default: 0)")
+    cleaner.add_argument(
+        "--keep",
+        type=number_in(int, 0, 1e9, "a number of runs (0 or more)"),
+        default=0,
+        help="keep the newest KEEP runs (default: 0)",
+    )
     cleaner.add_argument(
         "--all", action="store_true", help="remove interrupted runs too (kept by default: they can be resumed)"
     )
@@ -466,15 +490,17 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
         "--wait", action="store_true", help="follow the run to its end; the exit code says how it ended (0: succeeded)"
     )
     run.add_argument(
-        "--wait-timeout", type=float, default=7 * 24 * 3600.0, metavar="SECONDS", help="(default: 604800, 7 days)"
+        "--wait-timeout", type=SECONDS, default=7 * 24 * 3600.0, metavar="SECONDS", help="(default: 604800, 7 days)"
     )
-    run.add_argument("--poll-seconds", type=float, default=10.0, help="how often --wait reads the run (default: 10)")
+    run.add_argument("--poll-seconds", type=SECONDS, default=10.0, help="how often --wait reads the run (default: 10)")
     add_parameter_options(run, pipeline)
     recurring = commands.add_parser("schedule", help="create a recurring retraining run", allow_abbrev=False)
     add_endpoint_options(recurring)
     recurring.add_argument("--cron", required=True, help="six fields, seconds first: '0 0 3 * * *'")
     recurring.add_argument("--name", default=f"{pipeline.name}-{'retraining' if trains(pipeline) else 'scheduled'}")
-    recurring.add_argument("--max-concurrency", type=int, default=1)
+    recurring.add_argument(  # the KFP API takes 1 to 10
+        "--max-concurrency", type=number_in(int, 1, 10, "a number of runs from 1 to 10"), default=1
+    )
     recurring.add_argument(
         "--replace", action="store_true", help="replace a schedule of the same name (without it, one is refused)"
     )
@@ -491,8 +517,8 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
         "tensorboard", help="TensorBoard on a model directory (local, gs:// or s3://)", allow_abbrev=False
     )
     board.add_argument("--logdir", required=True)
-    board.add_argument("--port", type=int, default=6006)
-    board.add_argument("--refresh-seconds", type=float, default=30.0, help="how often a remote logdir is mirrored")
+    board.add_argument("--port", type=number_in(int, 1, 65535, "a port (1 to 65535)"), default=6006)
+    board.add_argument("--refresh-seconds", type=SECONDS, default=30.0, help="how often a remote logdir is mirrored")
     board.add_argument("--bind-all", action="store_true", help="listen on every interface, not only localhost")
     return parser
 

@@ -4,6 +4,7 @@ is refused in seconds, by the stages' own config checks. Shared by the commands 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 LOCAL_RUN_SOURCE = "synthetic"  # local-run is a demo unless told otherwise (make local-run SOURCE=...)
@@ -33,10 +34,13 @@ LAUNCH_PARAMETERS += ("object_store_secret",)
 
 
 def check_parameters(pipeline, parameters: dict[str, Any]):
-    """Refuse, in seconds and before any step runs, run parameters that the train step would refuse after the
-    data was prepared: an unknown launcher, both epochs and train_steps, an option the train stage does not know
-    or a value it refuses, a train option that repeats a named parameter, a bad worker setting. (Only the training
-    pipeline's: another pipeline's parameters are checked by its step.)"""
+    """Refuse, in seconds and before any step runs, run parameters that a step would refuse after the data was
+    prepared or the model trained: for every pipeline, a value its parameter's type cannot carry; for the training
+    pipelines, what each stage's own config checks refuse (the data's preparation and check, training and its
+    launch, the training pod's resources, the evaluation's gate, the promotion's serving release and registry),
+    both epochs and train_steps, and a train option that repeats a named parameter. (Another pipeline's values
+    are checked by its step, its first.)"""
+    check_parameter_types(pipeline, parameters)
     if not trains(pipeline):
         return None
     for name in ("epochs", "train_steps"):
@@ -55,6 +59,50 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
     return _check_values({name: as_delivered(value) for name, value in given.items()})
 
 
+# What a value of each KFP parameter type must be. KFP carries numbers as protobuf doubles through JSON, which has
+# no infinity or NaN, and a Dict parameter as a protobuf Struct (a JSON object).
+PARAMETER_KINDS = {
+    "Float": ("a finite number", lambda value: _is_number(value) and math.isfinite(value)),
+    "Integer": ("a whole number", lambda value: isinstance(value, int) and not isinstance(value, bool)),
+    "Boolean": ("true or false", lambda value: isinstance(value, bool)),
+    "String": ("text", lambda value: isinstance(value, str)),
+    "Dict": ("a JSON object ({...})", lambda value: isinstance(value, dict)),
+    "List": ("a JSON list ([...])", lambda value: isinstance(value, list)),
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _not_carried(value: Any) -> Any:
+    """The first number inside a JSON value that JSON cannot carry (infinity, NaN), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        found = _not_carried(child)
+        if found is not None:
+            return found
+    return None
+
+
+def check_parameter_types(pipeline, parameters: dict[str, Any]) -> None:
+    """Each given parameter's value is one its KFP type carries (PARAMETER_KINDS), else one line naming it."""
+    kinds = parameter_types(pipeline)
+    for name, value in parameters.items():
+        if name not in kinds or kinds[name][0] not in PARAMETER_KINDS:
+            continue
+        description, fits = PARAMETER_KINDS[kinds[name][0]]
+        if not fits(value):
+            raise CommandError(f"{name}: {value!r} is not {description}")
+        found = _not_carried(value)
+        if found is not None:
+            raise CommandError(
+                f"{name}: {value!r} holds {found!r}, which a run cannot carry (JSON has no infinity or NaN)"
+            )
+
+
 def _check_values(values: dict[str, Any]):
     from components.common.kfp_parameters import config_from_parameters
     from components.train.config import TrainConfig
@@ -65,7 +113,9 @@ def _check_values(values: dict[str, Any]):
         raise CommandError(f"launcher: {values['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
     check_data_parameters(values)
     check_registry_parameters(values)
+    check_gate_parameters(values)
     check_sweep_parameters(values)
+    check_training_pod_parameters(values)
     options = dict(values.get("train_options") or {})
     named = {*TRAIN_PARAMETERS, *LAUNCH_PARAMETERS, "warm_start", "model_dir", "data", "launcher"}
     repeated = sorted(set(options) & named)
@@ -88,13 +138,20 @@ def _check_values(values: dict[str, Any]):
     return config
 
 
+PREPARE_PARAMETERS = ("source", "source_sha256", "validation_fraction", "synthetic_train_per_class", "resize")
+
+
 def check_data_parameters(values: dict[str, Any]) -> None:
-    """The data check's and the leakage's parameters, as their steps would refuse them after the data was prepared."""
+    """The data's preparation (leakage, and the source's digest, hold-out, size...) and the data check's parameters,
+    as their steps would refuse them."""
+    from components.common.kfp_parameters import config_from_parameters
     from components.evaluate.data_check import CheckDataConfig
     from components.prepare_data.config import PrepareDataConfig
 
     try:
         PrepareDataConfig(output="/check", leakage=values["leakage"])
+        preparation = {name: values[name] for name in PREPARE_PARAMETERS if name in values}
+        config_from_parameters(PrepareDataConfig, {"output": "/check", **preparation}, "pipeline parameters")
     except ValueError as error:
         raise CommandError(str(error)) from error
     try:
@@ -133,6 +190,33 @@ def check_registry_parameters(values: dict[str, Any]) -> None:
         check_model_name(values.get("registered_model_name", "cifar10"))
     except ValueError as error:
         raise CommandError(str(error)) from error
+
+
+def check_gate_parameters(values: dict[str, Any]) -> None:
+    """The evaluation's gate and the promotion's TF Serving release, as the evaluate step would refuse the one after
+    training and the promote step the other after evaluation."""
+    from components.common.kfp_parameters import config_from_parameters
+    from components.evaluate.config import EvaluateConfig
+    from components.evaluate.serving_ops import op_definitions
+
+    gate = {name: values[name] for name in ("accuracy_threshold", "baseline_tolerance") if name in values}
+    try:
+        config_from_parameters(EvaluateConfig, {"data": "/check", "model_dir": "/check", **gate}, "pipeline parameters")
+        if values.get("serving_version"):
+            op_definitions(values["serving_version"])  # a release whose op definitions this project lacks
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+
+
+def check_training_pod_parameters(values: dict[str, Any]) -> None:
+    """launcher=pod: the training step's own pod's resources, which the cluster would refuse when the step starts."""
+    from components.train.launch_config import QUANTITY
+
+    for name in ("train_step_cpus", "train_step_memory"):
+        if name in values and not QUANTITY.match(values[name]):
+            raise CommandError(f"{name}: {values[name]!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
+    if values.get("train_step_gpus", 0) < 0:
+        raise CommandError(f"train_step_gpus: {values['train_step_gpus']} is not a number of GPUs (0: none)")
 
 
 def describe_length(config) -> str:

@@ -65,6 +65,33 @@ def test_option_mistakes_are_one_line_with_the_nearest_name_or_the_position(caps
     assert len(error.strip().splitlines()) == 1 and expected in error, error
 
 
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        (["clean-runs", "--keep", "-1"], "argument --keep: '-1' is not a number of runs (0 or more)"),
+        (["tensorboard", "--logdir", "outputs", "--port", "70000"], "'70000' is not a port (1 to 65535)"),
+        (
+            ["schedule", "--host", "http://127.0.0.1:1", "--cron", "0 0 3 * * *", "--max-concurrency", "0"],
+            "'0' is not a number of runs from 1 to 10",
+        ),
+        (
+            ["run", "--host", "http://127.0.0.1:1", "--wait", "--poll-seconds", "0"],
+            "'0' is not a number of seconds (more than 0)",
+        ),
+        (
+            ["run", "--host", "http://127.0.0.1:1", "--wait", "--wait-timeout", "nan"],
+            "'nan' is not a number of seconds",
+        ),
+    ],
+)
+def test_a_command_option_out_of_its_range_is_one_line_before_anything_runs(capsys, arguments, expected):
+    with pytest.raises(SystemExit) as ended:
+        commands.main(cifar10_pipeline, arguments)
+    assert ended.value.code == 2
+    error = capsys.readouterr().err
+    assert len(error.strip().splitlines()) == 1 and expected in error, error
+
+
 @pytest.mark.parametrize("length", [["--epochs", "-1"], ["--epochs", "0"], ["--train-steps", "-1"]])
 def test_a_length_that_is_not_one_is_refused_before_anything_runs(capsys, tmp_path, length):
     assert commands.main(cifar10_pipeline, ["local-run", "--output-root", str(tmp_path / "out"), *length]) == 2

@@ -173,6 +173,18 @@ def test_make_run_and_make_schedule_pass_every_train_option_the_user_set(kfp_api
         (["--train-options", '{"depth": 56}'], "are pipeline parameters"),
         (["--depth", "21"], "depth: 21 is not of the form 6n+2"),
         (["--workers", "3", "--batch-size", "128"], "does not split evenly over 3 workers"),
+        # what KFP cannot carry (JSON has no infinity), and what a later step (evaluate, promote, the training pod,
+        # prepare_data) would refuse only after the data was prepared or the model trained
+        (["--accuracy-threshold", "inf"], "accuracy_threshold: inf is not a finite number"),
+        (["--train-options", "[1]"], "train_options: [1] is not a JSON object"),
+        (["--accuracy-threshold", "1.5"], "accuracy_threshold: 1.5 is not in [0, 1]"),
+        (["--baseline-tolerance", "-0.1"], "baseline_tolerance: -0.1 is not in [0, 1]"),
+        (["--serving-version", "9.9"], "serving_version: no op definitions of TensorFlow 9.9"),
+        (["--train-step-memory", "16 GB"], "train_step_memory: '16 GB' is not a Kubernetes quantity"),
+        (["--train-step-gpus", "-1"], "train_step_gpus: -1 is not a number of GPUs"),
+        (["--validation-fraction", "1.5"], "validation_fraction: 1.5 is not in [0, 1)"),
+        (["--source-sha256", "z" * 64], "is not a 64-digit hex SHA-256"),
+        (["--resize", "32y32"], "resize: '32y32' is not HEIGHTxWIDTH"),
     ],
 )
 def test_bad_run_parameters_fail_in_seconds_before_anything_runs(kfp_api, capsys, arguments, message):
@@ -181,6 +193,32 @@ def test_bad_run_parameters_fail_in_seconds_before_anything_runs(kfp_api, capsys
         assert commands.main(cifar10_pipeline, [*command, *arguments]) == 2
         assert message in capsys.readouterr().err and time.monotonic() - started < 30
     assert not kfp_api.bodies("POST", f"{API}/runs")
+
+
+@pytest.mark.parametrize(
+    ("pipeline_name", "parameters", "message"),
+    [
+        ("sweep", {"max_minutes": float("inf")}, "max_minutes: inf is not a finite number"),
+        ("training", {"data_thresholds": {"channel_mean_shift": float("nan")}}, "holds nan, which a run cannot carry"),
+        ("training", {"train_options": {"ema": [0.9, float("-inf")]}}, "holds -inf"),
+        ("training", {"warm_start_from_promoted": "yes"}, "warm_start_from_promoted: 'yes' is not true or false"),
+        ("predict", {"top_k": True}, "top_k: True is not a whole number"),
+        ("predict", {"model": 7}, "model: 7 is not text"),
+    ],
+)
+def test_every_pipeline_refuses_a_value_its_parameter_cannot_carry(pipeline_name, parameters, message):
+    """Whichever way the values came (a config file, a schedule's defaults, the Python API), a value the KFP type
+    cannot carry is one line before any run is made, not a protobuf traceback from the client."""
+    from pipeline.parameters import CommandError, check_parameters
+    from pipeline.predict_pipeline import predict_pipeline
+    from pipeline.sweep_pipeline import cifar10_sweep
+
+    pipeline = {"training": cifar10_pipeline, "sweep": cifar10_sweep, "predict": predict_pipeline}[pipeline_name]
+    with pytest.raises(CommandError) as refused:
+        check_parameters(pipeline, parameters)
+    (name,) = parameters
+    line = str(refused.value)
+    assert line.startswith(f"{name}: ") and message in line and "\n" not in line
 
 
 def test_make_local_run_takes_epochs_or_train_steps_alone():

@@ -108,7 +108,7 @@ class PrepareDataConfig:
             raise ValueError(f"source_format: {self.source_format!r} is not one of {SOURCE_FORMATS}")
         if self.compression not in (records.COMPRESSION_NONE, records.COMPRESSION_GZIP):
             raise ValueError(f"compression: {self.compression!r} is not NONE or GZIP")
-        if self.source_sha256 is not None and len(self.source_sha256) != 64:
+        if self.source_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", self.source_sha256):
             raise ValueError(f"source_sha256: {self.source_sha256!r} is not a 64-digit hex SHA-256")
 
     @property
