@@ -112,6 +112,23 @@ def test_the_cli_refuses_it_with_one_line_and_exit_code_2(store, tmp_path):
     assert "Traceback" not in completed.stderr
 
 
+@pytest.mark.parametrize("store", ["ignored"], indirect=True)
+def test_a_misspelt_single_writer_variable_is_named_not_read_as_no(store, monkeypatch, tmp_path):
+    _proxy, root = store
+    monkeypatch.setenv(storage.ASSUME_SINGLE_WRITER, "ture")
+    completed = subprocess.run(
+        [sys.executable, "-m", "components.prepare_data", "--source", "synthetic", "--output", f"{root}/data"],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    errors = [line for line in completed.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER: 'ture' is neither true" in errors[0]
+    assert "Traceback" not in completed.stderr and stored_keys(root) == []
+    for text, assumed in (("on", True), (" 0 ", False), ("", False)):
+        monkeypatch.setenv(storage.ASSUME_SINGLE_WRITER, text)
+        assert storage.assume_single_writer() is assumed
+
+
 def test_the_check_costs_little(s3_bucket):
     """Cheap enough to run once per process and bucket: well under a second against a local server."""
     publisher = storage.publisher_for(f"s3://{s3_bucket}/x")

@@ -77,8 +77,22 @@ ASSUME_SINGLE_WRITER = "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER"
 
 def assume_single_writer() -> bool:
     """Whether the user guarantees one writer at a time per location (so a store without conditional writes may be
-    used): the environment says so (every stage's --assume-single-writer sets it, for its worker processes too)."""
-    return os.environ.get(ASSUME_SINGLE_WRITER, "").strip().lower() in ("1", "true", "yes", "on")
+    used): the environment says so (every stage's --assume-single-writer sets it, for its worker processes too).
+    A value that is neither true nor false is an error, not "no": a misspelt yes would otherwise fail later, at the
+    store's check, with advice to set what was set."""
+    import argparse
+
+    from components.common.config import parse_bool
+
+    text = os.environ.get(ASSUME_SINGLE_WRITER, "")
+    if not text.strip():
+        return False
+    try:
+        return parse_bool(text)
+    except argparse.ArgumentTypeError:
+        raise StorageError(
+            f"{ASSUME_SINGLE_WRITER}: {text!r} is neither true (1, true, yes, on) nor false (0, false, no, off)"
+        ) from None
 
 
 def apply_single_writer_option(enabled: bool) -> None:
