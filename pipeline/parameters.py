@@ -53,6 +53,7 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
 
     defaults = {name: default for name, (_kind, default) in parameter_types(pipeline).items()}
     given = {**defaults, **parameters}
+    check_locations(parameters)
     _check_values(given)  # as given: its messages quote what the user wrote
     # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails
     # there
@@ -101,6 +102,20 @@ def check_parameter_types(pipeline, parameters: dict[str, Any]) -> None:
             raise CommandError(
                 f"{name}: {value!r} holds {found!r}, which a run cannot carry (JSON has no infinity or NaN)"
             )
+
+
+# Parameters that name a folder or an object-store prefix (a source may also be a download: the configs check it).
+LOCATION_PARAMETERS = ("promotion_root", "model_dir", "warm_start", "sweep_dir", "data_reference")
+
+
+def check_locations(parameters: dict[str, Any]) -> None:
+    """A location parameter is a folder, gs:// or s3://: an http(s):// or ftp:// one would be taken for a folder."""
+    from components.common.config import STORE_SCHEMES, scheme_problem
+
+    for name in LOCATION_PARAMETERS:
+        problem = scheme_problem(name, str(parameters.get(name) or ""), STORE_SCHEMES)
+        if problem:
+            raise CommandError(problem)
 
 
 def _check_values(values: dict[str, Any]):

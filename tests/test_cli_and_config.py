@@ -107,6 +107,10 @@ def test_cli_runs_the_stage(tmp_path):
         ("train", {"boundary_epochs": (1.0, -2.0)}, r"boundary_epochs: -2.0 is not in \[0, inf\)"),
         ("evaluate", {"mode": "everything"}, "mode: 'everything' is not one of"),
         ("prepare_data", {"examples_per_shard": True}, "examples_per_shard: True is not an integer"),
+        # a location of a scheme no reader serves would be taken for a local folder named "ftp:", "S3:"...
+        ("train", {"warm_start": "ftp://host/model"}, "warm_start: 'ftp://host/model': ftp:// is not a scheme"),
+        ("evaluate", {"promote_to": "S3://bucket/models"}, "promote_to: 'S3://bucket/models': S3:// is not a scheme"),
+        ("prepare_data", {"source": "file:///data/cifar"}, "source: 'file:///data/cifar': file:// is not a scheme"),
     ],
 )
 def test_every_config_path_refuses_wrong_types_and_values(tmp_path, stage, values, message):
@@ -344,3 +348,12 @@ def test_progress_says_nothing_of_work_too_short_to_need_it(caplog):
         slow.advance()
     assert [message.split(":")[0] for message in caplog.messages] == ["slow", "slow"]  # at 5 s and at the end
     assert caplog.messages[-1].startswith("slow: 10/10 items (100%)")
+
+
+def test_a_publisher_refuses_a_uri_it_would_take_for_a_folder(tmp_path):
+    """What a config lets through as a download (http://) is no place to publish: not a folder named "http:"."""
+    from components.common import storage
+
+    with pytest.raises(storage.StorageError, match=r"^http://host/models: not a folder, gs:// or s3:// location"):
+        storage.publisher_for("http://host/models")
+    assert storage.publisher_for(str(tmp_path)).root == str(tmp_path)

@@ -185,6 +185,8 @@ def test_make_run_and_make_schedule_pass_every_train_option_the_user_set(kfp_api
         (["--validation-fraction", "1.5"], "validation_fraction: 1.5 is not in [0, 1)"),
         (["--source-sha256", "z" * 64], "is not a 64-digit hex SHA-256"),
         (["--resize", "32y32"], "resize: '32y32' is not HEIGHTxWIDTH"),
+        (["--promotion-root", "https://host/models"], "promotion_root: 'https://host/models': https:// is not a"),
+        (["--source", "ftp://host/cifar.tar.gz"], "source: 'ftp://host/cifar.tar.gz': ftp:// is not a scheme"),
     ],
 )
 def test_bad_run_parameters_fail_in_seconds_before_anything_runs(kfp_api, capsys, arguments, message):

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -79,6 +80,25 @@ def check_fields(config: Any) -> None:
                     raise ValueError(f"{field.name}: {shown(item)} is not in {interval}")
 
 
+# The schemes a location may have: object stores (minio:// is how KFP names its own store's artifacts) and, for a
+# source, a download. Any other scheme:// (ftp://, file://, S3://) would otherwise be taken for a local folder whose
+# name begins "ftp:" and be read or written there.
+STORE_SCHEMES = ("gs", "s3", "minio")
+URL_SCHEMES = ("http", "https")
+SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def scheme_problem(name: str, value: str, schemes: Sequence[str] = STORE_SCHEMES + URL_SCHEMES) -> str | None:
+    """Why `value` (field or parameter `name`) names a location of a scheme it cannot have, or None."""
+    match = SCHEME.match(value)
+    if match is None or match.group(1) in schemes:
+        return None
+    return (
+        f"{name}: {shown(value)}: {match.group(1)}:// is not a scheme this project reads or writes (a folder, "
+        f"{', '.join(scheme + '://' for scheme in schemes)})"
+    )
+
+
 def _check_value(name: str, value: Any, annotation: Any) -> None:
     if annotation is float:
         valid = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -89,6 +109,9 @@ def _check_value(name: str, value: Any, annotation: Any) -> None:
         valid, expected = isinstance(value, bool), "true or false"
     elif annotation is str:
         valid, expected = isinstance(value, str), "a string"
+        problem = scheme_problem(name, value) if valid else None
+        if problem:
+            raise ValueError(problem)
     elif annotation is dict:
         valid, expected = isinstance(value, dict), "a JSON object"
     else:

@@ -480,6 +480,10 @@ class LocalPublisher:
     """A local folder. Compare-and-swap publishing holds an exclusive lock on `<root>/.publish.lock`."""
 
     def __init__(self, root: str | Path):
+        from components.common.config import SCHEME
+
+        if SCHEME.match(str(root)):  # a URI of a scheme no publisher serves, not a folder named "http:"
+            raise StorageError(f"{root}: not a folder, gs:// or s3:// location")
         self.root = str(root)
 
     def uri(self, name: str) -> str:
