@@ -109,6 +109,11 @@ ENDPOINT_VARIABLES = ("KFP_HOST", "NAMESPACE", "EXPERIMENT")
 IMAGE_VARIABLES = ("ENGINE", "BASE_IMAGE", "CA_BUNDLE", "REGISTRY", "TAG")
 
 
+# Variables that switch an option on; as the programs read a boolean (components/common/config.py parse_bool).
+FLAG_VARIABLES = ("VERBOSE", "WAIT", "REPLACE", "ALL", "STAND_IN_BASE")
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 class Values:
     """The variables given (on the command line, or exported in the environment) and their defaults."""
 
@@ -123,7 +128,15 @@ class Values:
         return bool(self.given.get(name, ""))
 
     def flag(self, name: str) -> bool:
-        return self.given.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+        return self.given.get(name, "").strip().lower() in TRUE
+
+    def flag_problem(self) -> str | None:
+        """A flag variable given a value that is neither true nor false (VERBOSE=maybe, WAIT=yess): not read as no."""
+        for name in FLAG_VARIABLES:
+            value = self.given.get(name, "")
+            if value.strip() and value.strip().lower() not in (*TRUE, *FALSE):
+                return f"{name}: {value!r} is neither true ({', '.join(TRUE)}) nor false ({', '.join(FALSE)})"
+        return None
 
     def extra(self) -> list[str]:
         return shlex.split(self.given.get("EXTRA", ""))
@@ -432,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     values = Values({name: value for name, value in given.items() if name in VARIABLES})
     if target in REQUIRED and not values.has(REQUIRED[target][0]):
         found.append(f"{REQUIRED[target][0]}: {REQUIRED[target][1]}")
+    found += [problem for problem in [values.flag_problem()] if problem]
     if found:
         print(f"make {target}: {found[0]}", file=sys.stderr)
         return 2

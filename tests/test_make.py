@@ -140,6 +140,20 @@ def test_make_refuses_a_variable_before_anything_runs(tmp_path, arguments, expec
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [["local-run", "VERBOSE=maybe"], ["run", "KFP_HOST=http://127.0.0.1:1", "WAIT=yess"], ["clean-runs", "ALL=2"]],
+)
+def test_a_flag_neither_true_nor_false_is_refused_not_read_as_no(tmp_path, arguments):
+    ran = run_make(*arguments, folder=tmp_path)
+    name, value = arguments[-1].split("=")
+    assert ran.returncode == 2 and ran.stdout == ""
+    assert ran.stderr.splitlines()[0] == (
+        f"make {arguments[0]}: {name}: {value!r} is neither true (1, true, yes, on) nor false (0, false, no, off)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_makefile_and_the_table_name_the_same_targets_and_variables():
     makefile = (REPOSITORY / "Makefile").read_text()
     rules = set(re.findall(r"^([a-z][a-z-]*):", makefile, re.MULTILINE))
