@@ -60,6 +60,7 @@ VARIABLES = {
             "a training recipe: fast (cifar10_speedrun), airbench94, airbench94_muon, cifar10_speedrun or estimator",
         ),
         Variable("DATA_CHECK", "what a data-check error does: warn, block or fail (a schedule: block)"),
+        Variable("DATA_THRESHOLDS", "the data check's thresholds by name, as JSON: '{\"channel_mean_shift\": 0.5}'"),
         Variable("LEAKAGE", "test images with a near-duplicate in training: keep, drop_from_train or drop_from_eval"),
         Variable("MODEL_REGISTRY", "Kubeflow's Model Registry (http(s)://HOST[:PORT]) to register promoted versions"),
         Variable("PROMOTION_ROOT", "where blessed models are promoted (local runs: OUTPUT/models)"),
@@ -100,7 +101,8 @@ VARIABLES = {
 PIPELINE_OPTIONS = {
     "SOURCE": "--source", "WORKERS": "--workers", "DEPTH": "--depth", "BATCH_SIZE": "--batch-size",
     "TRAIN_STEPS": "--train-steps", "EPOCHS": "--epochs", "THRESHOLD": "--accuracy-threshold",
-    "TRAIN_OPTIONS": "--train-options", "PRESET": "--preset", "DATA_CHECK": "--data-check", "LEAKAGE": "--leakage",
+    "TRAIN_OPTIONS": "--train-options", "PRESET": "--preset", "DATA_CHECK": "--data-check",
+    "DATA_THRESHOLDS": "--data-thresholds", "LEAKAGE": "--leakage",
     "MODEL_REGISTRY": "--model-registry", "PROMOTION_ROOT": "--promotion-root",
 }  # fmt: skip
 RUN_VARIABLES = (*PIPELINE_OPTIONS, "EXTRA")
@@ -140,6 +142,22 @@ class Values:
 
     def extra(self) -> list[str]:
         return shlex.split(self.given.get("EXTRA", ""))
+
+    def extra_problem(self) -> str | None:
+        """EXTRA that cannot be split into words as a shell would, or whose JSON lost its double quotes in the
+        splitting (EXTRA='--data-thresholds {"a": 1}' gives {a: and 1}): the program would refuse a mangled value."""
+        text = self.given.get("EXTRA", "")
+        try:
+            words = shlex.split(text)
+        except ValueError as error:  # an unclosed quote
+            return f"EXTRA: {text!r} cannot be split into words as a shell would ({str(error).lower()})"
+        mangled = [word for word in words if word.startswith(("{", "[")) and word not in text]
+        if mangled:
+            return (
+                f"EXTRA: the JSON in it loses its double quotes when EXTRA is split into words ({mangled[0]!r}); "
+                "give it its own variable (TRAIN_OPTIONS, DATA_THRESHOLDS, SPACE), or single quotes inside EXTRA"
+            )
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     values = Values({name: value for name, value in given.items() if name in VARIABLES})
     if target in REQUIRED and not values.has(REQUIRED[target][0]):
         found.append(f"{REQUIRED[target][0]}: {REQUIRED[target][1]}")
-    found += [problem for problem in [values.flag_problem()] if problem]
+    found += [problem for problem in [values.flag_problem(), values.extra_problem()] if problem]
     if found:
         print(f"make {target}: {found[0]}", file=sys.stderr)
         return 2

@@ -19,7 +19,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 SAMPLES = {
     "OUTPUT": "/tmp/sample-output", "SOURCE": "/tmp/sample-source.tar.gz", "RUNNER": "docker", "WORKERS": "4",
     "DEPTH": "14", "BATCH_SIZE": "96", "TRAIN_STEPS": "77", "EPOCHS": "7", "THRESHOLD": "0.61",
-    "TRAIN_OPTIONS": '{"ema_decay": 0.99}', "PRESET": "airbench94", "DATA_CHECK": "block", "LEAKAGE": "drop_from_eval",
+    "TRAIN_OPTIONS": '{"ema_decay": 0.99}', "PRESET": "airbench94", "DATA_CHECK": "block",
+    "DATA_THRESHOLDS": '{"channel_mean_shift": 0.7}', "LEAKAGE": "drop_from_eval",
     "MODEL_REGISTRY": "http://127.0.0.1:9", "PROMOTION_ROOT": "/tmp/sample-models", "RESUME": "sample-run",
     "VERBOSE": "1", "EXTRA": "--source-sha256 abc", "SPACE": '{"depth": {"low": 8, "high": 20}}', "TRIALS": "9",
     "KFP_HOST": "http://127.0.0.1:8", "NAMESPACE": "sample-ns", "EXPERIMENT": "sample-experiment", "WAIT": "1",
@@ -152,6 +153,22 @@ def test_a_flag_neither_true_nor_false_is_refused_not_read_as_no(tmp_path, argum
         f"make {arguments[0]}: {name}: {value!r} is neither true (1, true, yes, on) nor false (0, false, no, off)"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ('--data-thresholds {"channel_mean_shift": 0.5}', "the JSON in it loses its double quotes"),
+        ('--run-name "nightly', "cannot be split into words as a shell would (no closing quotation)"),
+    ],
+)
+def test_extra_that_the_splitting_would_mangle_is_refused_naming_the_way_that_works(tmp_path, extra, expected):
+    ran = run_make("local-run", f"EXTRA={extra}", folder=tmp_path)
+    assert ran.returncode == 2 and ran.stdout == ""
+    assert ran.stderr.splitlines()[0].startswith("make local-run: EXTRA: ") and expected in ran.stderr
+    assert list(tmp_path.iterdir()) == []
+    quoted = run_make("-n", "local-run", """EXTRA=--data-thresholds '{"channel_mean_shift": 0.5}'""", folder=tmp_path)
+    assert quoted.returncode == 0 and "--data-thresholds '{\"channel_mean_shift\": 0.5}'" in quoted.stdout
 
 
 def test_the_makefile_and_the_table_name_the_same_targets_and_variables():
