@@ -322,7 +322,7 @@ def test_the_command_line_exits_2_with_one_line_on_a_damaged_statistics_file(tmp
     assert data_check_main(["--data", dataset, "--reference", str(tmp_path / "nothing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
     assert data_check_main(["--data", dataset, "--thresholds", '{"channel_mean_shift": -1}']) == 2
-    assert "channel_mean_shift: -1 is not in (0, 100]" in capsys.readouterr().err
+    assert "thresholds: channel_mean_shift: -1 is not in (0, 100]" in capsys.readouterr().err
 
 
 # -- a scheduled retraining run: the promoted model's data is the reference ------------------------------------------
@@ -411,7 +411,7 @@ def test_the_report_shows_the_accuracy_without_the_leaking_images_and_the_pairs(
     [
         ("--data-check", "stop", "data_check: 'stop' is not one of warn, block, fail"),
         ("--data-thresholds", '{"brightness": 1}', "data_thresholds: 'brightness' is not a threshold"),
-        ("--data-thresholds", '{"leakage_rate_change": 2}', "leakage_rate_change: 2 is not in (0, 1]"),
+        ("--data-thresholds", '{"leakage_rate_change": 2}', "data_thresholds: leakage_rate_change: 2 is not in (0, 1]"),
         ("--leakage", "drop", "leakage: 'drop' is not one of keep, drop_from_train, drop_from_eval"),
     ],
 )

@@ -60,7 +60,10 @@ class CheckDataConfig:
         if unknown:
             known = ", ".join(DataCheckConfig.__dataclass_fields__)
             raise ValueError(f"thresholds: {unknown[0]!r} is not a threshold (they are {known})")
-        DataCheckConfig(**self.thresholds)  # each value in its interval
+        try:
+            DataCheckConfig(**self.thresholds)  # each value in its interval
+        except ValueError as error:
+            raise ValueError(f"thresholds: {error}") from None
 
 
 @dataclass(frozen=True)
