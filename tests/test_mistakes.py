@@ -120,3 +120,19 @@ def test_a_json_option_names_a_missing_file_as_missing_and_yaml_mistakes_by_line
     deep.write_text("a:\n" + "".join("  " * depth + "- \n" for depth in range(1, 200)))
     assert "nested more than the 32 levels" in refusal(str(deep))
     assert not (tmp_path / "out").exists()
+
+
+def test_tensorboard_on_a_port_in_use_or_a_folder_that_cannot_be_is_one_line_exit_2(capsys, tmp_path):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code = commands.main(cifar10_pipeline, ["tensorboard", "--logdir", str(tmp_path), "--port", str(port)])
+    assert code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"port {port} is in use (another TensorBoard?); choose another" in line
+    missing = tmp_path / "no-such-folder" / "model"
+    assert commands.main(cifar10_pipeline, ["tensorboard", "--logdir", str(missing)]) == 2
+    assert f"{missing}: no such folder" in capsys.readouterr().err

@@ -53,10 +53,31 @@ def local_copy(logdir: str, cache_dir: Path | None = None) -> Path:
     return Path(cache_dir or default_cache_dir()) / "tensorboard" / key
 
 
+def check_port_free(port: int, bind_all: bool = False) -> None:
+    """TensorBoard's port can be listened on (else TensorBoard fails with its own two lines and exit 255)."""
+    import errno
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port: {port} is not a port (1 to 65535)")
+    with socket.socket() as probe:
+        try:
+            probe.bind(("" if bind_all else "127.0.0.1", port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            raise ValueError(f"port {port} is in use (another TensorBoard?); choose another: PORT=... (make)") from None
+
+
 def serve(logdir: str, port: int, refresh_seconds: float, bind_all: bool = False) -> int:
     """Run TensorBoard on `logdir`; for a remote one, on a local mirror refreshed every `refresh_seconds`. It listens
     on localhost only, unless `bind_all` (in a pod, behind a Service)."""
     folder = Path(logdir)
+    if not storage.is_remote(logdir) and not folder.is_dir():
+        if not folder.absolute().parent.is_dir():  # a typo, not a run's folder still to come
+            raise ValueError(f"{logdir}: no such folder (give a model directory, a parent of one, gs:// or s3://)")
+        logger.warning("%s does not exist yet: TensorBoard shows its logs once a run writes them", logdir)
+    check_port_free(port, bind_all)
     if storage.is_remote(logdir):
         folder = local_copy(logdir)
         logger.info("mirroring %s into %s: %d file(s)", logdir, folder, mirror(logdir, folder))
