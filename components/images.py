@@ -94,7 +94,22 @@ def image_of_kind(kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown image {kind!r}; images are {KINDS}")
     registry = os.environ.get("CIFAR10_PIPELINE_REGISTRY", "") or DEFAULT_REGISTRY
-    return f"{registry.rstrip('/')}/{kind}:{image_tag()}"
+    return checked_image(registry.rstrip("/"), kind, image_tag())
+
+
+def checked_image(registry: str, kind: str, tag: str) -> str:
+    """The image `registry`/`kind`:`tag` when the kubelet can pull it; else a ValueError naming TAG or REGISTRY
+    (make's variables; the environment's CIFAR10_PIPELINE_TAG and _REGISTRY), before any pipeline names it."""
+    import re
+
+    from components.train.launch_config import check_image_reference
+
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag):
+        raise ValueError(
+            f"TAG: {tag!r} is not an image tag (up to 128 letters, digits, '_', '.' and '-', not starting with '.' "
+            "or '-')"
+        )
+    return check_image_reference(f"{registry}/{kind}:{tag}", "REGISTRY")
 
 
 def image(stage: str) -> str:

@@ -221,8 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     arguments = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # REGISTRY and TAG name images the kubelet can pull, before anything is built
+        references = {kind: image_of_kind(kind) for kind in arguments.kinds}
+    except ValueError as error:
+        print(f"make images: {error}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
     if arguments.print_references:
-        print(json.dumps({kind: image_of_kind(kind) for kind in arguments.kinds}))
+        print(json.dumps(references))
         return 0
     try:
         engine = find_engine(arguments.engine)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.training_pipeline import cifar10_pipeline
-
 PIPELINES = ("sweep", "predict")  # the first word that chooses another pipeline than the training one
 
 
@@ -30,16 +28,26 @@ def pipeline_named(word: str | None):
         from pipeline.predict_pipeline import predict_pipeline
 
         return predict_pipeline
+    from pipeline.training_pipeline import cifar10_pipeline
+
     return cifar10_pipeline
 
 
 def main(argv: list[str] | None = None) -> int:
+    from components import images
+    from components.common.exit_codes import BAD_INPUT
+
+    try:  # the images the pipelines name (REGISTRY, TAG), before the pipelines' definitions name them on import
+        images.image_of_kind("cpu")
+    except ValueError as error:
+        print(f"python -m pipeline.pipeline: {error}", file=sys.stderr)
+        return BAD_INPUT
     from pipeline.commands import main as run_command
 
     arguments = sys.argv[1:] if argv is None else argv
     if arguments[:1] and arguments[0] in PIPELINES:
         return run_command(pipeline_named(arguments[0]), arguments[1:])
-    return run_command(cifar10_pipeline, arguments)
+    return run_command(pipeline_named(None), arguments)
 
 
 if __name__ == "__main__":

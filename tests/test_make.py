@@ -171,6 +171,26 @@ def test_extra_that_the_splitting_would_mangle_is_refused_naming_the_way_that_wo
     assert quoted.returncode == 0 and "--data-thresholds '{\"channel_mean_shift\": 0.5}'" in quoted.stdout
 
 
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        (["compile", "TAG=v1:2"], "TAG: 'v1:2' is not an image tag"),
+        (
+            ["compile", "REGISTRY=https://registry.example.com/team"],
+            "REGISTRY: 'https://registry.example.com/team/cpu:",
+        ),
+        (["run", "KFP_HOST=http://127.0.0.1:1", "TAG=-rc"], "TAG: '-rc' is not an image tag"),
+        (["push", "REGISTRY=registry.example.com/Team"], "REGISTRY: 'registry.example.com/Team/cpu:"),
+    ],
+)
+def test_images_no_node_could_pull_are_refused_before_a_pipeline_names_them(tmp_path, arguments, expected):
+    compiled = {path: path.read_bytes() for path in (REPOSITORY / "pipeline").glob("*.yaml")}
+    ran = run_make(*arguments, folder=tmp_path)
+    assert ran.returncode == 2 and ran.stdout == ""
+    assert expected in ran.stderr.splitlines()[0] and "Traceback" not in ran.stderr
+    assert {path: path.read_bytes() for path in compiled} == compiled
+
+
 def test_the_makefile_and_the_table_name_the_same_targets_and_variables():
     makefile = (REPOSITORY / "Makefile").read_text()
     rules = set(re.findall(r"^([a-z][a-z-]*):", makefile, re.MULTILINE))
