@@ -254,6 +254,9 @@ def test_an_output_is_the_jobs_own_and_never_mixes_two_jobs(promoted, tmp_path, 
     release.set()
     thread.join()
     assert code == 2 and f"is being written by another predictions job (pid {os.getpid()}" in said
+    # a place no file can be made (a pseudo file system; even root cannot): one line, not a traceback
+    code, said = run(target=Path("/proc/cifar10-pipeline-predictions.jsonl"))
+    assert code == 2 and "the predictions cannot be written there (No such file or directory" in said
 
 
 def test_any_file_name_can_be_reported(promoted, tmp_path):

@@ -130,7 +130,13 @@ def continued_file(path: str | Path, kind: str, job: dict, others: Iterable[str 
             f"{path} exists and was not written by a {kind} job (it has no {record.name}): give another path, or "
             "remove it to write there"
         )
-    descriptor = os.open(record, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        descriptor = os.open(record, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as error:  # a read-only or pseudo file system, no permission, no space
+        raise OutputError(
+            f"{path}: the {kind} cannot be written there ({error.strerror} creating {record.name}); give a path in a "
+            "folder this user can write"
+        ) from None
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
