@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import tempfile
 import time
 import urllib.parse
 from pathlib import Path
@@ -55,6 +56,17 @@ class RunInterruptedError(RuntimeError):
 
 
 # -- checks that take seconds -------------------------------------------------------------------------------------
+
+
+def make_output_root(output_root: Path) -> None:
+    """OUTPUT as a folder this user can write in, made if need be; else one line naming it."""
+    try:
+        output_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output_root, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        what = "is a file, not a folder" if output_root.is_file() else f"cannot be written ({error.strerror})"
+        raise CommandError(f"OUTPUT {output_root} {what}: give a folder this user can write") from None
 
 
 def check_local_inputs(parameters: dict[str, Any], cache_dir: Path | None = None) -> None:
@@ -245,7 +257,7 @@ def local_run(
             "processes (launcher auto or pod)"
         )
     output_root = output_root.resolve()
-    output_root.mkdir(parents=True, exist_ok=True)
+    make_output_root(output_root)
     continued = None
     if resume:
         searches = "sweep_dir" in pipeline.component_spec.inputs
