@@ -138,8 +138,11 @@ def test_tensorboard_on_a_port_in_use_or_a_folder_that_cannot_be_is_one_line_exi
     assert f"{missing}: no such folder" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("output", ["/proc/cifar10-pipeline-outputs", "/etc/hostname"])
-def test_an_output_folder_that_cannot_be_is_one_line_before_anything_runs(capsys, output):
+@pytest.mark.parametrize("output", ["/proc/cifar10-pipeline-outputs", "a-file"])
+def test_an_output_folder_that_cannot_be_is_one_line_before_anything_runs(capsys, tmp_path, output):
+    if output == "a-file":
+        (tmp_path / output).write_text("not a folder")
+        output = str(tmp_path / output)
     assert commands.main(cifar10_pipeline, ["local-run", "--output-root", output]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"OUTPUT {output} " in line and "give a folder this user can write" in line
