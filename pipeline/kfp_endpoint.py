@@ -149,6 +149,24 @@ def default_namespace() -> tuple[str | None, str]:
 # -- the endpoint -------------------------------------------------------------------------------------------------
 
 
+def address_problem(host: str) -> str | None:
+    """What is wrong with `host` as an http(s) address of the KFP API (its scheme, host name, port), or None."""
+    import urllib.parse
+
+    if "://" not in host:
+        return f"give it with its scheme, https://{host} or http://{host}"
+    parsed = urllib.parse.urlsplit(host)
+    if parsed.scheme not in ("http", "https"):
+        return f"{parsed.scheme}:// is not http:// or https://"
+    if not parsed.hostname:
+        return "it names no host (e.g. https://kubeflow.example.com/pipeline)"
+    try:
+        parsed.port  # noqa: B018 (urllib checks the port when it is read)
+    except ValueError:
+        return f"its port {parsed.netloc.rpartition(':')[2]!r} is not a port (1 to 65535)"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class EndpointConfig:
     host: str
@@ -163,8 +181,9 @@ class EndpointConfig:
             secrets.refuse_user_info(host, "KFP endpoint", HOW_TO_AUTHENTICATE)
         except ValueError as error:
             raise EndpointError(str(error)) from None
-        if not host.startswith(("http://", "https://")):
-            raise EndpointError(f"KFP endpoint {host!r}: give it with its scheme, https://{host} or http://{host}")
+        problem = address_problem(self.host.strip())  # before the trailing slashes go: http:// is not http:
+        if problem:
+            raise EndpointError(f"KFP endpoint {self.host.strip()!r}: {problem}")
         ca_bundle = self.ca_bundle or os.environ.get(CA_BUNDLE_VARIABLE) or None
         if ca_bundle and not Path(ca_bundle).is_file():
             raise EndpointError(f"CA bundle {ca_bundle}: no such file (--ca-bundle or {CA_BUNDLE_VARIABLE})")

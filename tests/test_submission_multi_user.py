@@ -162,6 +162,9 @@ def _closed_port() -> int:
         ({"KFP_TOKEN": TOKEN, "--namespace": "alice", "path": "/oauth2/start#"}, "answered with a page (text/html)"),
         ({"KF_PIPELINES_SA_TOKEN_PATH": "/nonexistent/token"}, "KF_PIPELINES_SA_TOKEN_PATH=/nonexistent/token: "),
         ({"KFP_TOKEN": TOKEN, "host": "127.0.0.1:8888"}, "give it with its scheme"),
+        ({"KFP_TOKEN": TOKEN, "host": "grpc://127.0.0.1:8888"}, "'grpc://127.0.0.1:8888': grpc:// is not http://"),
+        ({"KFP_TOKEN": TOKEN, "host": "http://"}, "KFP endpoint 'http://': it names no host"),
+        ({"KFP_TOKEN": TOKEN, "host": "http://127.0.0.1:88888"}, "its port '88888' is not a port (1 to 65535)"),
         ({"KFP_TOKEN": TOKEN, "closed": True}, "cannot be reached"),
     ],
 )
