@@ -293,6 +293,8 @@ def test_unreachable_url_says_how_to_pass_a_local_file(tmp_path):
 def test_not_an_archive(tmp_path):
     junk = tmp_path / "cifar.tar.gz"
     junk.write_bytes(b"<html>Not found</html>")
+    assert_rejected(tmp_path, junk, r"cifar\.tar\.gz: not a tar archive but an HTML or XML page")
+    junk.write_bytes(b"\x00\x01 not a tar archive at all")
     assert_rejected(tmp_path, junk, r"cifar\.tar\.gz: not a readable tar archive")
 
 

@@ -72,6 +72,18 @@ def test_url_download_with_wrong_checksum_is_refused_and_not_cached(tmp_path, ht
     assert not (tmp_path / "out").exists()
 
 
+def test_a_page_served_where_the_archive_should_be_is_named_by_its_url(tmp_path, archive, http_server, isolated_cache):
+    """A proxy's login page or a server's error page with status 200: the message names the URL given (not the
+    download's cache file) and says what came instead of the archive."""
+    url, _requests = http_server
+    page = archive.parent / "login.tar.gz"
+    page.write_text("<!DOCTYPE html><html><body>Sign in</body></html>")
+    page_url = url.rsplit("/", 1)[0] + "/" + page.name
+    with pytest.raises(SourceError, match=rf"^{page_url}: not a tar archive but an HTML or XML page \(a login"):
+        prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), source=page_url))
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_download_cut_short_of_its_content_length_is_refused_and_not_cached(tmp_path, archive, isolated_cache):
     """A server (or proxy) that closes the connection early: the body is shorter than its Content-Length."""
     content = archive.read_bytes()

@@ -64,7 +64,9 @@ class ResolvedSource:
     max_bytes: int = 0  # the most the source may unpack to
 
     def tree(self) -> FileTree:
-        return self.folder if self.folder is not None else TarTree(self.path, self.max_bytes, self.content)
+        if self.folder is not None:
+            return self.folder
+        return TarTree(self.path, self.max_bytes, self.content, origin=self.uri)
 
 
 def resolve_source(config: PrepareDataConfig) -> ResolvedSource:

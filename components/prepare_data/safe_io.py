@@ -205,8 +205,8 @@ class TarTree(FileTree):
     unpacks to at most `max_bytes`, and no member is sparse, so no read can take more memory than that.
     """
 
-    def __init__(self, path: str | Path, max_bytes: int, content: bytes | None = None):
-        self.origin = str(path)
+    def __init__(self, path: str | Path, max_bytes: int, content: bytes | None = None, origin: str | None = None):
+        self.origin = origin or str(path)  # what the messages name: the source as given (a URL, not its download)
         if content is None:
             check_source_size(Path(path), max_bytes)
             content = Path(path).read_bytes()
@@ -217,6 +217,11 @@ class TarTree(FileTree):
             self._archive = tarfile.open(fileobj=_MemoryFile(unpacked), mode="r:")  # noqa: SIM115 (in memory; lives as long as the tree)
             members = self._archive.getmembers()
         except (tarfile.TarError, EOFError) as error:
+            if bytes(unpacked[:512]).lstrip().startswith(b"<"):  # what a proxy or a web server answers instead
+                raise SourceError(
+                    f"{self.origin}: not a tar archive but an HTML or XML page (a login or error page where the "
+                    "archive should be?)"
+                ) from error
             raise SourceError(f"{self.origin}: not a readable tar archive, or truncated ({error})") from error
         for member in members:
             check_member(member, self.origin)
