@@ -298,6 +298,25 @@ def test_of_two_concurrent_promotions_the_loser_decides_again_and_never_fails(tr
     assert_every_numeric_folder_is_a_complete_saved_model(root)
 
 
+def test_a_retried_step_whose_first_attempt_promoted_then_ended_reports_that_version(trained, tmp_path):
+    """The pod ended after its promotion was marked ready but before the step said so: the retry, with the pointer
+    version its evaluation read, finds its own model ready and reports it, instead of weighing the model against
+    itself and ending "not promoted" (0) with its version standing."""
+    root = str(tmp_path / "models")
+    _pointer, read_by_the_evaluation = promote.read_pointer(root)
+    first = promote.promote(candidate(trained, 10), root, read_by_the_evaluation).promotion
+
+    def decide_again(promoted):
+        raise AssertionError(f"the model was weighed against version {promoted['version']}, itself")
+
+    retried = promote.promote(candidate(trained, 10), root, read_by_the_evaluation, decide_again)
+    assert retried.promotion == first and first.version == 1 and sorted(numeric_folders(root)) == [1]
+    assert retried.pointer["checkpoint"].endswith("ckpt-10") and promote.read_ready(root)["version"] == 1
+    # another model, evaluated against the same pointer, still decides again against it
+    other = promote.promote(candidate(trained, 5), root, read_by_the_evaluation, lambda _ready: Decision(False, ["no"]))
+    assert other.promotion is None and sorted(numeric_folders(root)) == [1]
+
+
 def test_a_warm_start_survives_the_run_model_directory_expiring(synthetic_data, tmp_path, s3_bucket):
     """KFP's artifact retention expires private-artifacts/*, the run's model directory with it; the promoted version
     carries its own checkpoint, which the next (scheduled) run warm-starts from."""

@@ -290,6 +290,15 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
                 continue
             logger.warning("taking over the claim on version %s of %s", promoting["version"], promoting.get("holder"))
         if seen != expected:
+            earlier = _promoted_already(ready_version(pointer), candidate)
+            if earlier is not None:  # this step's earlier attempt promoted it, then ended before saying so
+                logger.info(
+                    "version %d under %s is this model, promoted by an earlier attempt of this step: nothing more to "
+                    "do", earlier["version"], root,
+                )  # fmt: skip
+                promotion = Promotion(earlier["version"], earlier["saved_model"], publisher.uri(POINTER),
+                                      earlier.get("warm_start"))  # fmt: skip
+                return PromotionOutcome(promotion, decision, earlier)
             if decide_again is None:
                 raise PromotionConflictError(
                     f"{publisher.uri(POINTER)} was moved by another promotion after this evaluation read it; nothing "
@@ -351,6 +360,15 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
     raise PromotionConflictError(
         f"{publisher.uri(POINTER)} kept being moved by other promotions ({ATTEMPTS} attempts); nothing was promoted"
     )
+
+
+def _promoted_already(ready: dict | None, candidate: Candidate) -> dict | None:
+    """`ready` (the pointer's ready version) when it is `candidate` itself: the same checkpoint with the same
+    weights, promoted by an earlier attempt of the same step that ended before it could say so."""
+    record = candidate.record
+    if not ready or not record.get("checkpoint") or ready.get("checkpoint") != record.get("checkpoint"):
+        return None
+    return ready if ready.get("weights_sha256") == record.get("weights_sha256") else None
 
 
 def _withdraw_claim(root: str, version: int, ready: dict, claimed: str) -> None:
