@@ -257,12 +257,12 @@ def local_run(
             "processes (launcher auto or pod)"
         )
     output_root = output_root.resolve()
-    make_output_root(output_root)
     continued = None
-    if resume:
+    if resume:  # before OUTPUT is made: a run to resume is found there or the command ends, leaving nothing
         searches = "sweep_dir" in pipeline.component_spec.inputs
         parameters, continued = resumed(pipeline.name, parameters, output_root, resume, searches)
         train_config = check_parameters(pipeline, parameters)
+    make_output_root(output_root)
     parameters = {"source": LOCAL_RUN_SOURCE, "promotion_root": str(output_root / MODELS), **parameters}
     check_local_inputs(parameters)
     if runner == "docker":

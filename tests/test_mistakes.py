@@ -146,3 +146,10 @@ def test_an_output_folder_that_cannot_be_is_one_line_before_anything_runs(capsys
     assert commands.main(cifar10_pipeline, ["local-run", "--output-root", output]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"OUTPUT {output} " in line and "give a folder this user can write" in line
+
+
+def test_nothing_to_resume_leaves_no_output_folder_behind(capsys, tmp_path):
+    output = tmp_path / "outputs"
+    assert commands.main(cifar10_pipeline, ["local-run", "--output-root", str(output), "--resume", "last"]) == 2
+    assert "--resume last: no interrupted run in" in capsys.readouterr().err
+    assert not output.exists()

@@ -201,7 +201,8 @@ def test_the_stand_in_refuses_what_the_registry_document_does_not_allow(model_re
     ("parameters", "expected"),
     [
         ({"model_registry": "model-registry:8080"}, "model_registry: 'model-registry:8080' is not a Model Registry"),
-        ({"model_registry": "http://registry:80a"}, "has a port that is not a number"),
+        ({"model_registry": "http://registry:80a"}, "has a port that is not a port"),
+        ({"model_registry": "http://registry:99999"}, "has a port that is not a port"),
         ({"registered_model_name": " "}, "registered_model_name: ' ' is not a registered model name"),
     ],
 )

@@ -78,9 +78,9 @@ def check_address(address: str, field_name: str = "model_registry") -> str:
             "http://model-registry-service.kubeflow.svc.cluster.local:8080"
         )
     try:
-        parsed.port  # noqa: B018 (raises on a port that is not a number)
+        parsed.port  # noqa: B018 (raises on a port that is not a number, or not in 0-65535)
     except ValueError:
-        raise ValueError(f"{field_name}: {shown(address)} has a port that is not a number") from None
+        raise ValueError(f"{field_name}: {shown(address)} has a port that is not a port (1 to 65535)") from None
     return address.rstrip("/")
 
 
