@@ -153,7 +153,14 @@ def _check_values(values: dict[str, Any]):
     return config
 
 
-PREPARE_PARAMETERS = ("source", "source_sha256", "validation_fraction", "synthetic_train_per_class", "resize")
+PREPARE_PARAMETERS = (
+    "source",
+    "source_sha256",
+    "validation_fraction",
+    "synthetic_train_per_class",
+    "resize",
+    "leakage",
+)
 
 
 def check_data_parameters(values: dict[str, Any]) -> None:
@@ -164,7 +171,6 @@ def check_data_parameters(values: dict[str, Any]) -> None:
     from components.prepare_data.config import PrepareDataConfig
 
     try:
-        PrepareDataConfig(output="/check", leakage=values["leakage"])
         preparation = {name: values[name] for name in PREPARE_PARAMETERS if name in values}
         config_from_parameters(PrepareDataConfig, {"output": "/check", **preparation}, "pipeline parameters")
     except ValueError as error:
