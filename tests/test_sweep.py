@@ -77,7 +77,12 @@ def test_a_failed_and_a_pruned_trial_are_recorded_and_the_search_goes_on(split_d
     # moves, so its validation accuracy at the same steps falls below the median of those before it.
     enqueue(sweep_dir, {"learning_rate": 0.05}, {"learning_rate": 1e6}, {"learning_rate": 1e-6})
     space = {"learning_rate": {"low": 1e-6, "high": 1e6, "log": True}}
-    code = sweep_main(arguments(split_data, sweep_dir, space, trials=4, startup_trials=1, pruner="median"))
+    # Long enough that the pruned trial cannot reach its end between the poll that reads it behind and the stop (40
+    # steps had run out in that half second under load).
+    options = {**TINY, "train_steps": 200, "checkpoint_every_steps": 50}
+    code = sweep_main(
+        arguments(split_data, sweep_dir, space, trials=4, startup_trials=1, pruner="median", train_options=options)
+    )
     assert code == 0
 
     found = records(sweep_dir)
@@ -85,12 +90,12 @@ def test_a_failed_and_a_pruned_trial_are_recorded_and_the_search_goes_on(split_d
     states = {record["trial"]: record["state"] for record in found}
     assert states[0] == "complete" and states[1] == "failed" and states[2] == "pruned", found
     assert "exit 1" in found[1]["reason"] and found[1]["params"] == {"learning_rate": 1e6}
-    assert found[2]["curve"] and found[2]["curve"][-1][0] < TINY["train_steps"]  # stopped before its end
-    assert found[0]["validation_accuracy"] == found[0]["curve"][-1][1] and found[0]["curve"][-1][0] == 40
+    assert found[2]["curve"] and found[2]["curve"][-1][0] < options["train_steps"]  # stopped before its end
+    assert found[0]["validation_accuracy"] == found[0]["curve"][-1][1] and found[0]["curve"][-1][0] == 200
     best = json.loads((sweep_dir / "best.json").read_text())
     complete = [r for r in found if r["state"] == "complete"]
     assert best["validation_accuracy"] == max(r["validation_accuracy"] for r in complete)
-    assert best["train_options"] == {**TINY, **best["params"]}
+    assert best["train_options"] == {**options, **best["params"]}
     report = (sweep_dir / "report.html").read_text()
     assert "Best: trial" in report and "pruned" in report and "failed" in report and "<svg" in report
     # TensorBoard: one run per trial, with its settings for the HParams dashboard.
