@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -319,6 +320,14 @@ def test_the_command_line_exits_2_with_one_line_on_a_damaged_statistics_file(tmp
     (copy / "manifest.json").write_text((copy / "manifest.json").read_text())  # the manifest as it was
     assert data_check_main(["--data", dataset, "--reference", str(copy / "statistics.json")]) == 2
     assert "splits.train.channel_std[2]" in capsys.readouterr().err
+    described = json.loads((Path(dataset) / "statistics.json").read_text())
+    described["splits"]["eval"]["class_per_image"]["std"].pop()  # one class's measures gone
+    (copy / "statistics.json").write_text(json.dumps(described))
+    assert data_check_main(["--data", dataset, "--reference", str(copy / "statistics.json")]) == 2
+    error = capsys.readouterr().err
+    classes = len(described["label_names"])
+    assert f"splits.eval.class_per_image.std: {classes - 1} entries for {classes} classes" in error
+    assert len(error.splitlines()) == 1
     assert data_check_main(["--data", dataset, "--reference", str(tmp_path / "nothing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
     assert data_check_main(["--data", dataset, "--thresholds", '{"channel_mean_shift": -1}']) == 2

@@ -2,7 +2,8 @@
 smooth backgrounds with noise, 150 of each), each kind of change a user would call a problem is found as its own
 kind, in its split, with the setting that controls it; a label finding only when the look held; an unchanged sample
 drawn the same way is no finding; and statistics written before the look was recorded are still read, what they
-lack said as not compared."""
+lack said as not compared. On ten classes (so that one is a tenth of the images), one class's images changed alone
+are that class's look, not its labels; blank frames mixed in are not labels shuffled."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ CLASSES = ["apple", "boat", "cloud", "dune"]
 PER_CLASS = 150
 
 
-def drawn(seed: int, per_class: int = PER_CLASS) -> tuple[np.ndarray, np.ndarray]:
+def drawn(seed: int, per_class: int = PER_CLASS, classes: int = len(CLASSES)) -> tuple[np.ndarray, np.ndarray]:
     """Images of each class: its prototype (a colour, stripes) shifted at random, on a smooth background, with
     noise; uint8 [n, 32, 32, 3] and their labels."""
     rng = np.random.default_rng(seed)
-    prototypes = synthetic.class_prototypes(len(CLASSES)) * 0.6
+    prototypes = synthetic.class_prototypes(classes) * 0.6
     images, labels = [], []
-    for label in range(len(CLASSES)):
+    for label in range(classes):
         backgrounds = synthetic.smooth_backgrounds(per_class, rng)
         for index in range(per_class):
             down, right = rng.integers(-3, 4, size=2)
@@ -148,3 +149,108 @@ def test_statistics_of_an_earlier_release_are_read_and_what_they_lack_is_not_com
     assert "not compared: colour saturation, fine detail" in found[0].message
     brighter, *_rest = CHANGES["brighter"]
     assert "brightness" in {finding.kind for finding in errors(described(*brighter(*drawn(1))), older)}
+
+
+def test_a_share_of_blank_frames_is_not_read_as_labels_shuffled(reference):
+    """4% of the images replaced by white frames: the pixel spread widens while the classes stay as far apart; that
+    was read as 'labels shuffled within about 26%'."""
+    images, labels = drawn(1)
+    images[np.random.default_rng(4).choice(len(images), len(images) // 25, replace=False)] = 255
+    found = errors(described(images, labels), reference)
+    assert not [finding.line() for finding in found if finding.kind in ("label_noise", "labels_moved")]
+
+
+def test_labels_off_by_one_name_each_class_and_a_readable_ratio(reference):
+    """Every label moved to the next class: each class's images are the reference's previous class's, at a distance
+    within chance of nothing; the ratio is said in words, not as a number in the hundreds of billions."""
+    images, labels = drawn(1)
+    found = errors(described(images, (labels + 1) % len(CLASSES)), reference)
+    moved = {finding.class_name: finding.message for finding in found if finding.kind == "labels_moved"}
+    assert set(moved) == set(CLASSES), [finding.line() for finding in found]
+    assert "look more like the reference's 'apple' than like its 'boat'" in moved["boat"]
+    assert all("against 0.0, ratio over 1000 >= 1" in message for message in moved.values()), moved
+
+
+TEN_CLASSES = [f"class-{index}" for index in range(10)]
+TEN_PER_CLASS = 300  # a class's mean image at this count tells a quarter turn of its stripes from chance
+
+
+@pytest.fixture(scope="module")
+def ten_class_reference() -> dict:
+    return described(*drawn(0, per_class=TEN_PER_CLASS, classes=10), names=TEN_CLASSES)
+
+
+def of_class(alter, label: int = 1):
+    """`alter` made to the images of one class alone (a tenth of the images)."""
+
+    def changed(images: np.ndarray, labels: np.ndarray):
+        images = images.copy()
+        images[labels == label] = alter(images[labels == label])
+        return images, labels
+
+    return changed
+
+
+ONE_CLASS = {  # the change, the class it is made to (class 2's stripes run across the frame), words, setting
+    "grey": (of_class(greyed), 1, "grey (no colour)", "saturation_change"),
+    "blurred": (of_class(blurred), 1, "less fine detail", "detail_change"),
+    "darker": (of_class(lambda images: clipped(images.astype(int) - 40)), 1, "darker", "channel_mean_shift"),
+    "rotated": (of_class(lambda images: np.rot90(images, 1, axes=(1, 2)).copy(), 2), 2, "rotated", "layout_change"),
+}
+
+
+def one_class_changed(change: str) -> dict:
+    alter, *_rest = ONE_CLASS[change]
+    return described(*alter(*drawn(1, per_class=TEN_PER_CLASS, classes=10)), names=TEN_CLASSES)
+
+
+@pytest.mark.parametrize("change", ONE_CLASS, ids=list(ONE_CLASS))
+def test_one_class_changed_alone_is_named_with_its_class(ten_class_reference, change):
+    """The images of one class alone changed, too few to move the split's look: a model would learn the change as
+    the class. It is one 'class_look' finding naming the class and how it changed, and no label is blamed."""
+    _alter, label, words, setting = ONE_CLASS[change]
+    found = errors(one_class_changed(change), ten_class_reference)
+    assert [(finding.kind, finding.class_name) for finding in found] == [("class_look", f"class-{label}")], [
+        finding.line() for finding in found
+    ]
+    assert words in found[0].message and found[0].setting == setting, found[0].line()
+    assert f"'class-{label}' images alone look otherwise" in found[0].message
+
+
+def test_an_unchanged_sample_of_ten_classes_is_no_finding(ten_class_reference):
+    found = data_statistics.check(described(*drawn(1, per_class=TEN_PER_CLASS, classes=10), names=TEN_CLASSES),
+                                  ten_class_reference, DataCheckConfig())  # fmt: skip
+    assert found == [], [finding.line() for finding in found]
+
+
+def test_two_classes_swapped_are_labels_not_a_class_look(ten_class_reference):
+    images, labels = drawn(1, per_class=TEN_PER_CLASS, classes=10)
+    swapped = np.where(labels == 0, 1, np.where(labels == 1, 0, labels))
+    kinds = {finding.kind for finding in errors(described(images, swapped, names=TEN_CLASSES), ten_class_reference)}
+    assert kinds == {"labels_moved"}
+
+
+def test_a_reference_without_the_classes_looks_still_compares_their_layout(ten_class_reference):
+    """Statistics of the release before the classes' looks were recorded: a class turned is still found (by its mean
+    image, which every release recorded); a class turned grey is not (its colour was not recorded); moved labels are
+    said with both causes, as the classes' looks cannot tell them from changed images; an unchanged sample is no
+    finding."""
+    older = {
+        **ten_class_reference,
+        "splits": {
+            "train": {
+                key: value
+                for key, value in ten_class_reference["splits"]["train"].items()
+                if key not in ("class_per_image", "class_look_images")
+            }
+        },
+    }
+    assert data_statistics.check(described(*drawn(1, per_class=TEN_PER_CLASS, classes=10), names=TEN_CLASSES), older,
+                                 DataCheckConfig()) == []  # fmt: skip
+    assert [finding.kind for finding in errors(one_class_changed("rotated"), older)] == ["class_look"]
+    assert errors(one_class_changed("grey"), older) == []  # its colour was not recorded
+    images, labels = drawn(1, per_class=TEN_PER_CLASS, classes=10)
+    swapped = np.where(labels == 0, 1, np.where(labels == 1, 0, labels))
+    moved = errors(described(images, swapped, names=TEN_CLASSES), older)
+    assert {finding.kind for finding in moved} == {"labels_moved"}
+    assert all("labels moved, or this class's images changed" in finding.message for finding in moved)

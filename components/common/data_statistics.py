@@ -51,6 +51,10 @@ MIN_CLASS_IMAGES = 100  # fewer images of a class, and its mean image says too l
 # The 192 values of an 8x8 mean image move together: by chance its distance moves as if it had this many independent
 # values (measured on CIFAR-10 resamples, bench/data_check.py: 5.5 times the spread 192 independent values give).
 MEAN_IMAGE_EFFECTIVE_VALUES = 6
+MAX_LOOK_RATIO = 1000.0  # a class's mean-image distance ratio is said as "over 1000" beyond this
+# Moved labels leave a class's mean image within this fraction of the distance between its own class's and the other
+# class's off the straight way between them (a mix of the two classes' images lies on it)
+MAX_OFF_THE_WAY = 0.25
 
 _COUNT = documents.Number("[0, 1e15]", integer=True)
 _COUNTS = documents.Items(documents.Number("[0, 1e12]", integer=True), max_items=100_000)
@@ -83,6 +87,16 @@ _SPLIT = documents.Fields(
             },
             required=PER_IMAGE,
         ),
+        "class_per_image": documents.Fields(
+            {
+                name: documents.Items(
+                    documents.Items(documents.Number(bounds), length=len(PER_IMAGE)), max_items=100_000
+                )
+                for name, bounds in (("mean", "[-1e6, 1e6]"), ("std", "[0, 1e6]"))
+            },
+            required=("mean", "std"),
+        ),
+        "class_look_images": _COUNTS,
     },
     required=("count", "class_counts", "channel_mean", "channel_std", "class_thumbnails", "source_sizes"),
 )
@@ -146,10 +160,14 @@ def read_statistics(location: str, expected_sha256: str | None = None) -> dict:
 def _check_consistent(document: dict, location: str) -> None:
     classes = len(document["label_names"])
     for name, split in document["splits"].items():
-        for key in ("class_counts", "class_thumbnails"):
-            if len(split[key]) != classes:
+        per_class = {
+            key: split[key] for key in ("class_counts", "class_thumbnails", "class_look_images") if key in split
+        }
+        per_class.update({f"class_per_image.{key}": value for key, value in split.get("class_per_image", {}).items()})
+        for key, values in per_class.items():
+            if len(values) != classes:
                 raise documents.DocumentError(
-                    f"{location}: splits.{name}.{key}: {len(split[key])} entries for {classes} classes"
+                    f"{location}: splits.{name}.{key}: {len(values)} entries for {classes} classes"
                 )
 
 
@@ -383,9 +401,151 @@ def _class_findings(split, mine, theirs, names, reference_names, thresholds, cha
             )  # fmt: skip
     if changed_look:  # the images changed: their classes' looks say nothing about the labels
         return findings
-    findings += _label_noise(split, mine, theirs, names, reference_names, thresholds)
-    findings += _moved_labels(split, mine, theirs, names, reference_names, thresholds)
+    labels = _label_noise(split, mine, theirs, names, reference_names, thresholds)
+    labels += _moved_labels(split, mine, theirs, names, reference_names, thresholds)
+    if labels or findings:  # the labels or the classes' counts moved: each class's look moves with them
+        return findings + labels
+    return findings + _class_look_findings(split, mine, theirs, names, reference_names, thresholds)
+
+
+# A class's look compared: (measure, setting) of PER_IMAGE, with at least CLASS_LOOK_IMAGES images measured.
+CLASS_LOOK_MEASURES = (("brightness", "channel_mean_shift"), ("contrast", "channel_spread_change"),
+                       ("saturation", "saturation_change"), ("detail", "detail_change"))  # fmt: skip
+CLASS_LOOK_IMAGES = 30
+# A class's mean-image pattern moves by chance about 0.6 of `_class_layout_noise` (at most 1.23 in 400 class
+# resamples of CIFAR-10 at 200 and 1,000 images a class, bench/data_check.py): a finding from twice that.
+CLASS_LAYOUT_Z = 2.0
+
+
+def _class_look_findings(split, mine, theirs, names, reference_names, thresholds) -> list[Finding]:
+    """A class whose images alone look otherwise (all grey, blurred, darker, turned) while the split as a whole held:
+    images of one class from another source or processed otherwise, which a model learns as the class. Each measure
+    against the split's own threshold, widened by chance at the class's count; one finding per class, naming every
+    measure that moved. Looked for only when the classes' counts and labels held (a class grown with another's images
+    looks otherwise, and that is said as the counts). A reference written before classes' looks were recorded: their
+    layout alone."""
+    findings = []
+    for index, name in enumerate(names):
+        if name not in reference_names:
+            continue
+        other = reference_names.index(name)
+        moved = _class_layout(mine, theirs, index, other, thresholds)
+        moved += _class_measures(mine, theirs, index, other, thresholds)
+        if moved:
+            findings.append(_class_look_finding(split, name, sorted(moved, reverse=True)))
     return findings
+
+
+def _class_measures(mine, theirs, index, other, thresholds) -> list[tuple]:
+    """The per-image measures (CLASS_LOOK_MEASURES) in which class `index`'s images differ from the reference's class
+    `other`'s beyond the split's thresholds and chance: (how far beyond, words, setting, change, threshold, limit,
+    count) each; none when either lacks them or has too few images measured. A change is the class's beyond the
+    split's own (blank frames mixed into every class darken the bright classes most, but not them alone). Brightness
+    is of every image (the class's channel means); the others of the images the look was measured on."""
+    ours, reference = mine.get("class_per_image"), theirs.get("class_per_image")
+    if ours is None or reference is None:
+        return []
+    look_counts = (
+        (mine.get("class_look_images") or [0] * len(ours["mean"]))[index],
+        (theirs.get("class_look_images") or [0] * len(reference["mean"]))[other],
+    )
+    every_counts = mine["class_counts"][index], theirs["class_counts"][other]
+    scale = float(LUMA @ np.maximum(np.array(theirs["channel_std"]), 1e-6))  # brightness: in the pixels' spread
+    split_changes = _split_changes(mine, theirs, scale)
+    moved = []
+    for measure, setting in CLASS_LOOK_MEASURES:
+        column = PER_IMAGE.index(measure)
+        if measure == "brightness" and mine.get("class_channel_mean") and theirs.get("class_channel_mean"):
+            count, reference_count = every_counts
+            value = float(LUMA @ np.array(mine["class_channel_mean"][index]))
+            their_value = float(LUMA @ np.array(theirs["class_channel_mean"][other]))
+        else:
+            count, reference_count = look_counts
+            value, their_value = ours["mean"][index][column], reference["mean"][other][column]
+        if min(count, reference_count) < CLASS_LOOK_IMAGES:
+            continue
+        error = math.sqrt(ours["std"][index][column] ** 2 / count + reference["std"][other][column] ** 2 /
+                          reference_count)  # fmt: skip
+        if measure == "brightness":
+            unit = scale
+            change = (value - their_value) / scale - split_changes[measure]
+        else:
+            unit = max(abs(their_value), 1e-6)
+            change = (value / unit) / (1 + split_changes[measure]) - 1
+        threshold = getattr(thresholds, setting)
+        limit = _limit(threshold, CHANCE_Z * error / unit)
+        if abs(change) >= limit:
+            moved.append((abs(change) / limit, _class_measure_words(measure, change, value, their_value), setting,
+                          change, threshold, limit, count))  # fmt: skip
+    return moved
+
+
+def _split_changes(mine: dict, theirs: dict, scale: float) -> dict[str, float]:
+    """The split's own change of each CLASS_LOOK_MEASURES measure (brightness: a shift in `scale`; the others: a
+    fraction)."""
+    changes = {"brightness": float(LUMA @ (np.array(mine["channel_mean"]) - np.array(theirs["channel_mean"]))) / scale}
+    for measure, _setting in CLASS_LOOK_MEASURES[1:]:
+        if mine.get("per_image") is None or theirs.get("per_image") is None:
+            changes[measure] = 0.0
+            continue
+        ours, reference = mine["per_image"][measure]["mean"], theirs["per_image"][measure]["mean"]
+        changes[measure] = ours / max(abs(reference), 1e-6) - 1
+    return changes
+
+
+def _class_layout(mine, theirs, index, other, thresholds) -> list[tuple]:
+    """The class's mean image laid out otherwise than the reference class's (turned, flipped, framed otherwise),
+    beyond what chance moves it at the two counts, while still nearer its own class's mean image than any other's."""
+    count, reference_count = mine["class_counts"][index], theirs["class_counts"][other]
+    if min(count, reference_count) < CLASS_LOOK_IMAGES:
+        return []
+    ours_image = np.array(mine["class_thumbnails"][index], float).reshape(8, 8, 3) @ LUMA
+    their_image = np.array(theirs["class_thumbnails"][other], float).reshape(8, 8, 3) @ LUMA
+    spread = float(their_image.std())
+    if spread < 1e-6:
+        return []
+    ours, reference = _pattern(ours_image), _pattern(their_image)
+    distance = float(np.sqrt(np.mean((ours - reference) ** 2)))
+    luminance_spread = float(LUMA @ np.array(theirs["channel_std"]))
+    noise = math.sqrt(BLOCK_VARIANCE * luminance_spread**2 * (1 / count + 1 / reference_count)) / spread
+    threshold = thresholds.layout_change
+    limit = _limit(threshold, CLASS_LAYOUT_Z * noise)
+    if distance < limit:
+        return []
+    thumbnails = np.array(theirs["class_thumbnails"], float)
+    squared = np.sum((thumbnails - np.array(mine["class_thumbnails"][index], float)) ** 2, axis=1)
+    squared[np.array(theirs["class_counts"]) == 0] = np.inf
+    if int(np.argmin(squared)) != other:
+        return []  # nearer another class's mean image: its labels, which `_moved_labels` weighs
+    turned = {name: float(np.sqrt(np.mean((ours - _pattern(turn(reference))) ** 2))) for name, turn in TURNS.items()}
+    turn, best = min(turned.items(), key=lambda item: item[1])
+    words = f"{turn}" if best < distance / 2 else "laid out otherwise in the frame"
+    return [(distance / limit, f"{words} (mean-image difference {distance:.2f})", "layout_change", distance, threshold,
+             limit, count)]  # fmt: skip
+
+
+def _class_measure_words(measure: str, change: float, value: float, their_value: float) -> str:
+    words = {
+        "brightness": ("brighter", "darker"),
+        "contrast": ("more contrast", "less contrast"),
+        "saturation": ("more colour", "less colour"),
+        "detail": ("more fine detail", "less fine detail"),
+    }
+    word = "grey (no colour)" if measure == "saturation" and value < 0.02 else words[measure][change < 0]
+    amount = f"{change:+.2f} standard deviations" if measure == "brightness" else f"{change:+.0%}"
+    return f"{word} ({measure} {value:.3g}, the reference's {their_value:.3g}: {amount})"
+
+
+def _class_look_finding(split: str, name: str, moved: list) -> Finding:
+    _ratio, _words, setting, change, threshold, limit, count = moved[0]
+    return Finding(
+        "class_look", ERROR,
+        f"{split}: the {name!r} images alone look otherwise (beyond the split's own change): "
+        f"{'; '.join(words for _r, words, *_ in moved)} "
+        f"{_against(limit, threshold, setting, count)}, while the split as a whole held: images of this class from "
+        "another source or processed otherwise (a model learns that as the class)",
+        change, limit, split, name, setting,
+    )  # fmt: skip
 
 
 def _mean_image(split: dict) -> np.ndarray:
@@ -417,7 +577,12 @@ def _separations(split: dict, names: list[str], shared: list[str]) -> tuple[np.n
 
 def _label_noise(split, mine, theirs, names, reference_names, thresholds) -> list[Finding]:
     """Labels shuffled within a share of the images pull every class's mean image towards the split's: the classes
-    grow less distinct by about that share (measured on classes of MIN_CLASS_IMAGES images or more)."""
+    grow less distinct by about that share (measured on classes of MIN_CLASS_IMAGES images or more).
+
+    Distinctness is measured in pixel variances, of the larger of the two splits' pixel spreads: a contrast lowered a
+    little (less than the contrast finding's threshold) shrinks the classes' distances and the spread alike, and a
+    share of images unlike the rest (blank frames, another source) widens the spread without moving the classes
+    apart; neither is read as labels."""
     shared = [name for name in names if name in reference_names and
               mine["class_counts"][names.index(name)] >= MIN_CLASS_IMAGES and
               theirs["class_counts"][reference_names.index(name)] >= MIN_CLASS_IMAGES]  # fmt: skip
@@ -427,7 +592,10 @@ def _label_noise(split, mine, theirs, names, reference_names, thresholds) -> lis
     reference, reference_counts = _separations(theirs, reference_names, shared)
     if reference.mean() <= 0:
         return []
-    fall = 1 - math.sqrt(max(ours.mean(), 0) / reference.mean())
+    spread_ratio = float(np.mean(np.square(mine["channel_std"]))) / (
+        float(np.mean(np.square(theirs["channel_std"]))) or 1
+    )
+    fall = 1 - math.sqrt(max(ours.mean(), 0) * max(spread_ratio, 1) / reference.mean())
 
     def variance(separation: np.ndarray, count: np.ndarray) -> float:  # of the mean of the classes' estimates
         each = 4 * np.maximum(separation, 0) * BLOCK_VARIANCE / count + 2 * (BLOCK_VARIANCE / count) ** 2
@@ -451,9 +619,15 @@ def _label_noise(split, mine, theirs, names, reference_names, thresholds) -> lis
 
 def _moved_labels(split, mine, theirs, names, reference_names, thresholds) -> list[Finding]:
     """A class whose mean image is nearer another reference class's than `class_look_change` times its own distance
-    allows: its images look like that class's (labels moved, or another kind of image)."""
+    allows, lies on the way between the two (a mix of their images), and whose images' brightness, contrast, colour
+    and detail are that class's: its images are that class's (labels moved)."""
     reference_thumbnails = np.array(theirs["class_thumbnails"], float)
     present = np.array(theirs["class_counts"]) > 0
+    if mine.get("class_per_image") is not None and theirs.get("class_per_image") is not None:
+        cause = "labels moved"
+    else:  # the classes' brightness, colour and detail were not recorded in one of them
+        cause = ("labels moved, or this class's images changed (the reference's statistics predate the classes' "
+                 "looks; prepare it again to tell them apart)")  # fmt: skip
     findings = []
     for index, name in enumerate(names):
         if name not in reference_names or not mine["class_counts"][index]:
@@ -474,20 +648,36 @@ def _moved_labels(split, mine, theirs, names, reference_names, thresholds) -> li
         nearest = int(np.argmin(others))
         if not math.isfinite(others[nearest]):
             continue
-        ratio = distances[own] / max(others[nearest], 1e-9)
+        ratio = min(distances[own] / max(others[nearest], 1e-9), MAX_LOOK_RATIO)
         beyond_chance = squared[own] - squared[nearest] >= CHANCE_Z * noise[own]  # not a small sample's wobble
-        if ratio >= thresholds.class_look_change and beyond_chance:
+        # nearer another class's mean image, but looking unlike its images (greyer, darker, blurred): the images of
+        # this class changed, and `_class_look_findings` says so
+        like_it = not _class_measures(mine, theirs, index, nearest, thresholds)
+        # labels moved leave the class's mean image between its own and the other class's (a mix of their images);
+        # images that changed (inverted, framed) leave it off that way, as far from the one as from the other
+        own_image, other_image = reference_thumbnails[own], reference_thumbnails[nearest]
+        way = other_image - own_image
+        ours = np.array(mine["class_thumbnails"][index], float)
+        along = float(np.clip((ours - own_image) @ way / max(float(way @ way), 1e-9), 0, 1))
+        off_the_way = float(np.sum((ours - own_image - along * way) ** 2))
+        between = off_the_way <= max(CHANCE_Z * noise[own], MAX_OFF_THE_WAY**2 * float(way @ way))
+        if ratio >= thresholds.class_look_change and beyond_chance and like_it and between:
             findings.append(
                 Finding(
                     "labels_moved", ERROR,
                     f"{split}: the images labelled {name!r} look more like the reference's "
                     f"{reference_names[nearest]!r} than like its {name!r} (mean-image distance {distances[own]:.1f} "
-                    f"against {others[nearest]:.1f}, ratio {ratio:.2f} >= {thresholds.class_look_change:g}, "
-                    "class_look_change), while the images overall look the same: labels moved",
+                    f"against {others[nearest]:.1f}, ratio {_ratio_text(ratio)} >= {thresholds.class_look_change:g}, "
+                    f"class_look_change), while the images overall look the same: {cause}",
                     float(ratio), thresholds.class_look_change, split, name, "class_look_change",
                 )
             )  # fmt: skip
     return findings
+
+
+def _ratio_text(ratio: float) -> str:
+    """A distance ratio in words; "over 1000" where the nearer distance is within what chance moves (about 0)."""
+    return f"over {MAX_LOOK_RATIO:g}" if ratio >= MAX_LOOK_RATIO else f"{ratio:.2f}"
 
 
 def _histograms(split: dict, name: str) -> np.ndarray | None:

@@ -153,12 +153,16 @@ class SplitStatistics:
     detail_histogram: np.ndarray = None  # int64 [DETAIL_BINS]
     per_image_sums: np.ndarray = None  # float64 [2, PER_IMAGE]: sums and sums of squares of PER_IMAGE's measures
     look_count: int = 0  # the images the look was measured on
+    class_per_image_sums: np.ndarray = None  # float64 [2, classes, PER_IMAGE]: the same, per class
+    class_look_counts: np.ndarray = None  # int64 [classes]
 
     def __post_init__(self) -> None:
         self.channel_histogram = np.zeros((3, HISTOGRAM_BINS), np.int64)
         self.saturation_histogram = np.zeros(SATURATION_BINS, np.int64)
         self.detail_histogram = np.zeros(DETAIL_BINS, np.int64)
         self.per_image_sums = np.zeros((2, len(PER_IMAGE)))
+        self.class_per_image_sums = np.zeros((2, self.num_classes, len(PER_IMAGE)))
+        self.class_look_counts = np.zeros(self.num_classes, np.int64)
         self.class_counts = np.zeros(self.num_classes, np.int64)
         self.channel_sum = np.zeros(3)
         self.channel_square_sum = np.zeros(3)
@@ -190,7 +194,7 @@ class SplitStatistics:
         luminance = small @ LUMA  # [n, 32, 32]
         self.features.append(luminance_descriptors(luminance))
         step = -(-count // LOOK_IMAGES)  # a systematic sample of a large batch: the look needs no more
-        self._add_look(images[::step], small[::step], luminance[::step])
+        self._add_look(images[::step], small[::step], luminance[::step], labels[::step])
         class_sums = _class_sums(small.reshape(count, -1), labels, self.num_classes)  # [classes, 32*32*3]
         self.class_pixel_sum += class_sums
         if at_32:  # the pixels' sum is the class sums' (exact: the same pixels)
@@ -204,10 +208,11 @@ class SplitStatistics:
         if colors is not None:
             self.conversions.update(color for color in colors[part] if color != "RGB")
 
-    def _add_look(self, images: np.ndarray, small: np.ndarray, luminance: np.ndarray) -> None:
-        """The histograms and per-image measures of how the images look: luminance, contrast and detail from every
-        pixel of the float [n, 32, 32, 3] `small`; the histograms and colour from every fourth pixel of every fourth
-        row (64 an image: as good a histogram over thousands of images, at a sixteenth of the cost)."""
+    def _add_look(self, images: np.ndarray, small: np.ndarray, luminance: np.ndarray, labels: np.ndarray) -> None:
+        """The histograms and per-image measures of how the images look (of the split, and the measures of each
+        class): luminance, contrast and detail from every pixel of the float [n, 32, 32, 3] `small`; the histograms
+        and colour from every fourth pixel of every fourth row (64 an image: as good a histogram over thousands of
+        images, at a sixteenth of the cost)."""
         if images.dtype == np.uint8 and images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE):
             sampled = images[:, ::4, ::4]
         else:
@@ -229,6 +234,11 @@ class SplitStatistics:
         ).astype(np.float64)  # fmt: skip
         self.per_image_sums += np.stack([measures.sum(axis=0), (measures**2).sum(axis=0)])
         self.look_count += len(small)
+        for power in (0, 1):
+            self.class_per_image_sums[power] += _class_sums(
+                (measures ** (power + 1)).astype(np.float32), labels, self.num_classes
+            )
+        self.class_look_counts += np.bincount(labels, minlength=self.num_classes)
 
     def all_features(self) -> np.ndarray:
         return np.concatenate(self.features) if self.features else np.zeros((0, _WEIGHTS.size), np.float32)
@@ -259,6 +269,8 @@ class SplitStatistics:
             "detail_histogram": self.detail_histogram.tolist(),
             "per_image": per_image_summary(self.per_image_sums, self.look_count),
             "look_images": self.look_count,
+            "class_per_image": class_per_image_summary(self.class_per_image_sums, self.class_look_counts),
+            "class_look_images": self.class_look_counts.tolist(),
         }
 
 
@@ -272,6 +284,15 @@ def per_image_summary(sums: np.ndarray, count: int) -> dict:
     spread = np.sqrt(np.maximum(sums[1] / count - mean**2, 0))
     return {name: {"mean": round(float(m), 5), "std": round(float(s), 5)} for name, m, s in zip(PER_IMAGE, mean,
             spread, strict=True)}  # fmt: skip
+
+
+def class_per_image_summary(sums: np.ndarray, counts: np.ndarray) -> dict:
+    """{"mean": [classes][PER_IMAGE], "std": [classes][PER_IMAGE]}: `per_image_summary`'s measures of each class's
+    images (a class without images: 0)."""
+    count = np.maximum(counts, 1)[:, None]
+    mean = sums[0] / count
+    spread = np.sqrt(np.maximum(sums[1] / count - mean**2, 0))
+    return {"mean": [_rounded(row, 5) for row in mean], "std": [_rounded(row, 5) for row in spread]}
 
 
 def fine_detail(luminance: np.ndarray, contrast: np.ndarray) -> np.ndarray:
