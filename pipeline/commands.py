@@ -20,6 +20,7 @@ from typing import Any
 
 from components.common import exit_codes
 from components.common.logs import setup_logging
+from pipeline.cron import cron_problem
 from pipeline.parameters import (
     LOCAL_RUN_SOURCE,
     CommandError,
@@ -316,12 +317,9 @@ def submit(
 
 
 def check_cron(expression: str) -> str:
-    fields = expression.split()
-    if len(fields) != 6:
-        raise CommandError(
-            f"cron {expression!r} has {len(fields)} fields; KFP's cron has six, seconds first: "
-            "'0 0 3 * * *' is every day at 03:00"
-        )
+    problem = cron_problem(expression)
+    if problem:
+        raise CommandError(f"cron {expression!r}: {problem}")
     return expression
 
 

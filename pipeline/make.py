@@ -73,7 +73,7 @@ VARIABLES = {
         Variable("NAMESPACE", "your profile namespace on a multi-user Kubeflow (or KFP_NAMESPACE)"),
         Variable("EXPERIMENT", "the KFP experiment", "cifar10"),
         Variable("WAIT", "1: follow the run to its end; the exit code says how it ended"),
-        Variable("CRON", "six fields, seconds first", "0 0 3 * * *"),
+        Variable("CRON", "six fields, seconds first, as KFP reads them (or @daily, @every 6h)", "0 0 3 * * *"),
         Variable("NAME", "the recurring run's name (default: cifar10-pipeline-retraining)"),
         Variable("REPLACE", "1: a schedule of the same name is replaced (without it, refused)"),
         Variable("ENABLE", "the name of a schedule to enable"),

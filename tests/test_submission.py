@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from pipeline import commands
+from pipeline.cron import cron_problem
 from pipeline.training_pipeline import cifar10_pipeline
 from tests.fake_kfp_api import API, FakeKfpApi, RefusedError, check_model
 
@@ -108,6 +109,41 @@ def test_bad_submission_requests_are_clear_errors_and_send_nothing(kfp_api, caps
     assert commands.main(cifar10_pipeline, [arguments[0], "--host", kfp_api.url, *arguments[1:]]) == 2
     assert message in capsys.readouterr().err
     assert not kfp_api.bodies("POST", f"{API}/runs") and not kfp_api.bodies("POST", f"{API}/recurringruns")
+
+
+@pytest.mark.parametrize(
+    ("cron", "message"),
+    [
+        ("61 0 3 * * *", "seconds '61': 61 is above 59"),
+        ("0 0 24 * * *", "hours '24': 24 is above 23"),
+        ("0 0 3 0 * *", "day of month '0': 0 is below 1"),
+        ("0 0 3 * 13 *", "month '13': 13 is above 12"),
+        ("0 0 3 * * 7", "day of week '7': 7 is above 6"),
+        ("0 0 3 * * monday", "day of week 'monday': 'monday' is not a number or a name (sun, mon,"),
+        ("0 */0 * * * *", "minutes '*/0': a step of 0"),
+        ("0 30-10 * * * *", "minutes '30-10': 30-10 runs backwards"),
+        ("0 0 3,x * * *", "hours '3,x': 'x' is not a number"),
+        ("0 0 1-2-3 * * *", "more than one '-'"),
+        ("@nightly", "'@nightly' is not a descriptor KFP knows"),
+        ("@every soon", "@every 'soon' is not a duration"),
+    ],
+)
+def test_a_cron_kfp_would_refuse_is_refused_before_anything_is_sent(kfp_api, capsys, cron, message):
+    """Checked as the KFP API server parses it (robfig/cron v1: six fields, seconds first, each in its range, or a
+    descriptor): one line naming the field and value, exit 2, nothing submitted."""
+    arguments = ["schedule", "--host", kfp_api.url, "--cron", cron, "--promotion-root", "gs://b/m"]
+    assert commands.main(cifar10_pipeline, arguments) == 2
+    error = capsys.readouterr().err
+    assert message in error and len(error.strip().splitlines()) == 1, error
+    assert not kfp_api.bodies("POST", f"{API}/recurringruns")
+
+
+@pytest.mark.parametrize(
+    "cron", ["@daily", "@every 6h", "@every 1h30m", "0 0/15 * * * *", "0 0 3 * JAN-MAR MON-FRI", "0 0 3 ? * SUN",
+             "*/10 * * * * *", "0 0 3 1,15 * *", "0 5/20 8-18 * * 1-5"],
+)  # fmt: skip
+def test_every_cron_form_kfp_takes_is_taken(cron):
+    assert cron_problem(cron) is None
 
 
 def test_no_endpoint_is_a_clear_error(capsys):
