@@ -1,6 +1,8 @@
 """A recurring run's cron expression, checked as the KFP API server parses it (robfig/cron v1's `cron.Parse`: six
 fields, seconds first, or a descriptor such as `@daily` or `@every 6h`), so that a bad one is refused before anything
-is submitted, with the field and value named."""
+is submitted, with the field and value named. Five fields, which the server also takes (the day of week left out),
+are refused here: '0 3 * * *' is a standard cron's 03:00 daily, and the server would read it as minute 3 of every
+hour."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ anything else with the status the backend uses:
   unknown field, the declared type for every field, nested models recursively);
 - an inline `pipeline_spec` against the PipelineSpec and PlatformSpec protos (strict: unknown fields fail);
 - runtime parameters against the pipeline's root input definitions (unknown names and wrong types fail);
-- a recurring run's trigger: six-field cron (seconds first) and `max_concurrency` between 1 and 10.
+- a recurring run's trigger: six-field cron (seconds first) or one of robfig/cron's descriptors (`@daily`,
+  `@every 6h`), and `max_concurrency` between 1 and 10.
 
 `multi_user=True` plays a Kubeflow installed from its manifests: the API under `prefix` (Kubeflow serves it under
 /pipeline); a request without a bearer token or session cookie redirected (302) to an HTML login page as Kubeflow
@@ -74,6 +75,8 @@ class GatewayError(Exception):
         self.status, self.body, self.content_type = status, body, content_type
 
 
+# robfig/cron v1's descriptors, which the KFP API server's `cron.Parse` takes beside six fields
+ROBFIG_DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 LOGIN_PATH = "/oauth2/start"
 LOGIN_PAGE = b"<!DOCTYPE html><html><head><title>Log in to Kubeflow</title></head><body><form>...</form></body></html>"
 
@@ -357,7 +360,8 @@ class FakeKfpApi:
         cron = ((body.get("trigger") or {}).get("cron_schedule") or {}).get("cron")
         if cron is None:
             raise RefusedError(400, "recurring_run.trigger.cron_schedule.cron is required by this stand-in")
-        if len(cron.split()) != 6:
+        descriptor = cron in ROBFIG_DESCRIPTORS or re.fullmatch(r"@every (?:[0-9.]+(?:ns|us|ms|s|m|h))+", cron)
+        if not descriptor and len(cron.split()) != 6:
             raise RefusedError(400, f"recurring_run.trigger.cron_schedule.cron {cron!r}: KFP's cron has six fields")
         concurrency = int(body.get("max_concurrency") or 0)
         if not 1 <= concurrency <= 10:

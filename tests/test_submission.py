@@ -146,6 +146,13 @@ def test_every_cron_form_kfp_takes_is_taken(cron):
     assert cron_problem(cron) is None
 
 
+def test_a_schedule_by_descriptor_is_submitted_as_given(kfp_api):
+    arguments = ["schedule", "--host", kfp_api.url, "--cron", "@every 12h", "--promotion-root", "gs://b/m"]
+    assert commands.main(cifar10_pipeline, arguments) == 0
+    (recurring,) = kfp_api.bodies("POST", f"{API}/recurringruns")
+    assert recurring["trigger"] == {"cron_schedule": {"cron": "@every 12h"}}
+
+
 def test_no_endpoint_is_a_clear_error(capsys):
     assert commands.main(cifar10_pipeline, ["run", "--host", ""]) == 2
     assert "no KFP endpoint: set KFP_HOST" in capsys.readouterr().err
