@@ -20,10 +20,11 @@ from tests import builders
 
 def assert_rejected(tmp_path, source, match, **options):
     output = tmp_path / "out"
-    with pytest.raises(SourceError, match=match):
+    with pytest.raises(SourceError, match=match) as raised:
         prepare_data(PrepareDataConfig(output=str(output), source=str(source), **options))
     published = sorted(path.relative_to(output).as_posix() for path in output.rglob("*")) if output.exists() else []
     assert published == [], f"something was published despite the error: {published}"
+    return str(raised.value)
 
 
 @pytest.fixture
@@ -249,11 +250,31 @@ def test_non_image_file_in_class_folder(tmp_path):
     assert_rejected(tmp_path, tmp_path / "images", r"images/train/dog/notes\.txt: not a JPEG or PNG image")
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"GIF89a" + bytes(40), "a GIF image; only JPEG and PNG are read (convert it to PNG)"),
+        (b"RIFF\x24\x00\x00\x00WEBPVP8 " + bytes(40), "a WebP image; only JPEG and PNG are read"),
+        (b"\x00\x00\x00\x18ftypheic" + bytes(40), "a HEIC image; only JPEG and PNG are read"),
+        (b"", "an empty file, not a JPEG or PNG image"),
+    ],
+    ids=["gif", "webp", "heic", "empty"],
+)
+def test_an_image_of_another_format_is_named_as_what_it_is(tmp_path, content, said):
+    """A phone's HEIC or a GIF saved as .jpg among the images: the line says what the file is."""
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    (tmp_path / "images" / "train" / "dog" / "photo.jpg").write_bytes(content)
+    assert_rejected(tmp_path, tmp_path / "images", rf"images/train/dog/photo\.jpg: {re.escape(said)}")
+
+
 def test_corrupt_image_in_class_folder(tmp_path):
     builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
     good = (tmp_path / "images" / "train" / "cat" / "0000.png").read_bytes()
     (tmp_path / "images" / "train" / "cat" / "0001.png").write_bytes(good[:60])
-    assert_rejected(tmp_path, tmp_path / "images", r"images/train/cat/0001\.png: could not decode the PNG image")
+    message = assert_rejected(
+        tmp_path, tmp_path / "images", r"images/train/cat/0001\.png: could not decode the PNG image"
+    )
+    assert "function_node" not in message and "[Op:" not in message  # the decoder's words, not TensorFlow's wrapping
 
 
 def test_wrong_size_image_in_class_folder(tmp_path):

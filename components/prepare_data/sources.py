@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import posixpath
+import re
 import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -385,7 +386,28 @@ def read_image_header(content: bytes, origin: str) -> ImageHeader:
         return _png_header(content, origin)
     if content[:3] == b"\xff\xd8\xff":
         return _jpeg_header(content, origin)
+    if not content:
+        raise SourceError(f"{origin}: an empty file, not a JPEG or PNG image")
+    kind = _other_kind(content)
+    if kind:
+        raise SourceError(f"{origin}: a {kind} image; only JPEG and PNG are read (convert it to PNG)")
     raise SourceError(f"{origin}: not a JPEG or PNG image")
+
+
+# The signatures of image formats a folder of images often holds besides JPEG and PNG: (prefix, offset, name)
+OTHER_IMAGE_KINDS = (
+    (b"GIF87a", 0, "GIF"), (b"GIF89a", 0, "GIF"), (b"BM", 0, "BMP"), (b"WEBP", 8, "WebP"), (b"II*\x00", 0, "TIFF"),
+    (b"MM\x00*", 0, "TIFF"), (b"ftypheic", 4, "HEIC"), (b"ftypheix", 4, "HEIC"), (b"ftypmif1", 4, "HEIF"),
+    (b"ftypavif", 4, "AVIF"), (b"\x00\x00\x00\x0cjP  ", 0, "JPEG 2000"), (b"\xff\x0a", 0, "JPEG XL"),
+    (b"8BPS", 0, "Photoshop"), (b"\x00\x00\x01\x00", 0, "ICO"),
+)  # fmt: skip
+
+
+def _other_kind(content: bytes) -> str | None:
+    for prefix, offset, name in OTHER_IMAGE_KINDS:
+        if content[offset : offset + len(prefix)] == prefix:
+            return name
+    return None
 
 
 def decode_image(content: bytes, origin: str, size: tuple[int, int] | None) -> tuple[np.ndarray, str]:
@@ -408,10 +430,18 @@ def decode_image(content: bytes, origin: str, size: tuple[int, int] | None) -> t
         decoder = tf.io.decode_jpeg if header.kind == "jpeg" else tf.io.decode_png
         image = decoder(content, channels=3).numpy()
     except tf.errors.OpError as error:
-        raise SourceError(f"{origin}: could not decode the {header.kind.upper()} image ({error.message})") from error
+        said = _decoder_message(error.message)
+        raise SourceError(f"{origin}: could not decode the {header.kind.upper()} image ({said})") from error
     if image.shape[:2] != (header.height, header.width):
         raise SourceError(f"{origin}: decodes to {image.shape[1]}x{image.shape[0]}, its header says otherwise")
     return image, header.color
+
+
+def _decoder_message(message: str) -> str:
+    """TensorFlow's decoder error without the op's wrapping ("{{function_node ...}} ... [Op:DecodeJpeg]")."""
+    said = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)
+    said = re.sub(r"\s*\[Op:\w+\]\s*$", "", said).strip()
+    return said.splitlines()[0] if said else "the decoder refused it"
 
 
 def resized(images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
