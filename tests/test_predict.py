@@ -49,6 +49,9 @@ def test_a_folder_with_bad_and_oddly_sized_images(promoted, tmp_path, capsys):
     (images / "notes.txt").write_text("not an image")
     (images / "cut.png").write_bytes((images / "0.png").read_bytes()[:60])
     (images / "more" / "large.jpg").write_bytes(tf.io.encode_jpeg(rng.integers(0, 256, (48, 64, 3), np.uint8)).numpy())
+    for left in (".ipynb_checkpoints/0-checkpoint.png", "__MACOSX/._0.png", "Thumbs.db", ".DS_Store"):  # not scored
+        (images / left).parent.mkdir(exist_ok=True)
+        (images / left).write_bytes((images / "0.png").read_bytes())
     output = tmp_path / "predictions.jsonl"
 
     arguments = ["--model", str(root), "--images", str(images), "--output", str(output), "--top-k", "2"]

@@ -87,6 +87,35 @@ def test_class_folders_round_trip_is_pixel_exact(tmp_path, as_tarball):
             assert result.manifest.label_names[label] == relative.split("/")[1]
 
 
+@pytest.mark.parametrize("as_tarball", [False, True], ids=["folder", "tarball"])
+def test_what_tools_and_operating_systems_leave_among_the_images_is_skipped(tmp_path, as_tarball):
+    """A notebook's .ipynb_checkpoints/ in a split folder had become a class; a .git/ or a Mac's __MACOSX/ beside the
+    split folders made 'several roots'; a Windows Thumbs.db in a class folder was 'not a JPEG or PNG image'. Each is
+    skipped: the dataset is the class folders' images alone."""
+    root = tmp_path / "images"
+    images = builders.write_class_folders(root, {"train": 3, "test": 1})
+    image = (root / "train" / "cat" / "0000.png").read_bytes()
+    left = {
+        "train/.ipynb_checkpoints/0000-checkpoint.png": image,
+        "test/dog/.ipynb_checkpoints/0000-checkpoint.png": image,
+        ".git/train/objects/ab": b"git object",
+        "__MACOSX/train/cat/._0000.png": b"\x00\x05\x16\x07",
+        "train/cat/Thumbs.db": b"\xd0\xcf\x11\xe0" + bytes(60),
+        "test/frog/desktop.ini": b"[.ShellClassInfo]",
+        "train/dog/.DS_Store": b"\x00\x00\x00\x01Bud1",
+    }
+    for name, content in left.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content)
+    source = builders.tar_folder(root, tmp_path / "images.tar.gz") if as_tarball else root
+
+    result, output = prepare(tmp_path, source, validation_fraction=0.0)
+
+    assert result.manifest.label_names == ["cat", "dog", "frog"]
+    read = {example_id for records in all_records(output, ("train", "eval")).values() for example_id in records}
+    assert read == set(images)
+
+
 def test_jpeg_class_folders_decode(tmp_path):
     import tensorflow as tf
 

@@ -41,6 +41,7 @@ from components.common.model import LabelCountError, check_label_count
 from components.common.progress import Progress
 from components.evaluate.export import LABEL_NAMES_ASSET
 from components.predict.config import PredictConfig
+from components.prepare_data.sources import left_by_a_tool
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ def find_images(config: PredictConfig) -> Images:
         return _dataset_images(source, config.split)
     if storage.is_remote(source):
         publisher = storage.publisher_for(source)
-        keys = sorted(publisher.uri(name) for name in publisher.list() if not Path(name).name.startswith("."))
+        keys = sorted(publisher.uri(name) for name in publisher.list() if not left_by_a_tool(name))
     else:
         if not Path(source).is_dir():
             raise PredictError(f"images: {source} is not a folder, a prepared dataset or a gs:// / s3:// prefix")
@@ -178,11 +179,12 @@ def find_images(config: PredictConfig) -> Images:
 
 
 def _files_below(root: Path) -> list[str]:
-    """Every file below `root` but hidden ones, in a stable order (each is scored, or skipped if not an image)."""
+    """Every file below `root` but what a tool or an operating system left there (hidden files and folders,
+    __MACOSX/, Thumbs.db), in a stable order (each is scored, or skipped if not an image)."""
     found = []
     for directory, folders, names in os.walk(root):
-        folders[:] = sorted(folder for folder in folders if not folder.startswith("."))
-        found += [str(Path(directory, name)) for name in sorted(names) if not name.startswith(".")]
+        folders[:] = sorted(folder for folder in folders if not left_by_a_tool(folder))
+        found += [str(Path(directory, name)) for name in sorted(names) if not left_by_a_tool(name)]
     return found
 
 

@@ -470,10 +470,29 @@ def _log_conversions(colors: dict[str, list[str]]) -> None:
             logger.warning("%d %s image(s) converted to RGB (%s), e.g. %s", len(origins), color, how, origins[0])
 
 
+# What an operating system or a tool leaves among a user's images (besides hidden files and folders, whose names
+# start with "."): never a class, never an image.
+SYSTEM_NAMES = frozenset({"__macosx", "thumbs.db", "ehthumbs.db", "desktop.ini"})
+
+
+def left_by_a_tool(name: str) -> bool:
+    """A path with a hidden part (.ipynb_checkpoints/, .git/, ._photo.png, .DS_Store) or an operating system's own
+    file or folder (__MACOSX/, Thumbs.db, desktop.ini)."""
+    return any(
+        (part.startswith(".") and part != ".") or part.lower() in SYSTEM_NAMES for part in name.split("/") if part
+    )
+
+
 def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[str]]]]:
-    """Find `<root><split>/<class>/<file>` and group the files: {split: {class: [names]}}."""
+    """Find `<root><split>/<class>/<file>` and group the files: {split: {class: [names]}}; what a tool or an
+    operating system left among them (`left_by_a_tool`) is skipped, said once in the log."""
+    skipped = [name for name in tree.names() if left_by_a_tool(name)]
+    if skipped:
+        logger.info("skipping %d hidden or system file(s), e.g. %s", len(skipped), tree.describe(skipped[0]))
     roots = set()
     for name in tree.names():
+        if left_by_a_tool(name):
+            continue
         parts = name.split("/")
         for depth in range(len(parts) - 2):
             if parts[depth] in SPLIT_FOLDERS and len(parts) - depth == 3:
@@ -491,15 +510,14 @@ def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[
         if not name.startswith(prefix):
             continue
         parts = name[len(prefix) :].split("/")
-        if parts[0] not in SPLIT_FOLDERS:
-            continue
-        if parts[-1].startswith("."):
-            logger.info("skipping hidden file %s", tree.describe(name))
+        if parts[0] not in SPLIT_FOLDERS or left_by_a_tool(name):
             continue
         if len(parts) != 3:
             raise SourceError(f"{tree.describe(name)}: expected <split>/<class>/<image>, the file is at another depth")
         groups[SPLIT_FOLDERS[parts[0]]][parts[1]].append(name)
     for directory in tree.directories():
+        if left_by_a_tool(directory[len(prefix) :]):
+            continue
         parts = directory[len(prefix) :].split("/") if directory.startswith(prefix) else []
         if len(parts) == 2 and parts[0] in SPLIT_FOLDERS and not groups[SPLIT_FOLDERS[parts[0]]].get(parts[1]):
             raise SourceError(f"{tree.describe(directory)}: class folder is empty")
