@@ -116,6 +116,22 @@ def test_what_tools_and_operating_systems_leave_among_the_images_is_skipped(tmp_
     assert read == set(images)
 
 
+def test_split_folders_in_capitals_are_read_and_a_class_without_test_images_is_said(tmp_path, caplog):
+    root = tmp_path / "images"
+    builders.write_class_folders(root, {"train": 2, "test": 1})
+    (root / "train").rename(root / "Train")
+    (root / "test").rename(root / "TEST")
+    for image in (root / "TEST" / "frog").iterdir():
+        image.unlink()
+    (root / "TEST" / "frog").rmdir()
+
+    result, _output = prepare(tmp_path, root, validation_fraction=0.0)
+
+    assert result.manifest.label_names == ["cat", "dog", "frog"]
+    assert result.manifest.splits["eval"].class_counts == [1, 1, 0]
+    assert "class(es) ['frog'] have no test images: their accuracy will not be measured" in caplog.text
+
+
 def test_jpeg_class_folders_decode(tmp_path):
     import tensorflow as tf
 

@@ -267,6 +267,17 @@ def test_an_image_of_another_format_is_named_as_what_it_is(tmp_path, content, sa
     assert_rejected(tmp_path, tmp_path / "images", rf"images/train/dog/photo\.jpg: {re.escape(said)}")
 
 
+def test_a_split_spelled_twice_and_a_link_to_a_folder_are_refused_in_one_line(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    (tmp_path / "images" / "Train" / "cat").mkdir(parents=True)
+    (tmp_path / "images" / "Train" / "cat" / "x.png").write_bytes((tmp_path / "images/train/cat/0000.png").read_bytes())
+    assert_rejected(tmp_path, tmp_path / "images", r"images: Train/, train/ hold the same split \(train\); keep one")
+    builders.write_class_folders(tmp_path / "linked", {"train": 2, "test": 1})
+    (tmp_path / "linked" / "train" / "lion").symlink_to(tmp_path / "linked" / "train" / "dog", target_is_directory=True)
+    assert_rejected(tmp_path, tmp_path / "linked", r"linked/train/lion: a link to a folder .*links to folders are not "
+                    "followed")  # fmt: skip
+
+
 def test_corrupt_image_in_class_folder(tmp_path):
     builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
     good = (tmp_path / "images" / "train" / "cat" / "0000.png").read_bytes()

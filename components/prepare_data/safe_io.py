@@ -283,6 +283,11 @@ class DirTree(FileTree):
                 mode = path.stat().st_mode
             except OSError as error:
                 raise SourceError(f"{path}: cannot be read ({error.strerror}; a broken link?)") from error
+            if stat.S_ISDIR(mode) and path.is_symlink():
+                raise SourceError(
+                    f"{path}: a link to a folder ({resolved}); links to folders are not followed: copy the folder, or "
+                    "link each file"
+                )
             if stat.S_ISDIR(mode):
                 self._directories.add(relative)
             elif stat.S_ISREG(mode):

@@ -495,7 +495,7 @@ def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[
             continue
         parts = name.split("/")
         for depth in range(len(parts) - 2):
-            if parts[depth] in SPLIT_FOLDERS and len(parts) - depth == 3:
+            if parts[depth].lower() in SPLIT_FOLDERS and len(parts) - depth == 3:
                 roots.add("/".join(parts[:depth]))
     if not roots:
         raise SourceError(
@@ -506,20 +506,27 @@ def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[
     (root,) = roots
     prefix = f"{root}/" if root else ""
     groups: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    spelled: dict[str, set[str]] = defaultdict(set)  # each split's folder names as the source spells them
     for name in tree.names():
         if not name.startswith(prefix):
             continue
         parts = name[len(prefix) :].split("/")
-        if parts[0] not in SPLIT_FOLDERS or left_by_a_tool(name):
+        if parts[0].lower() not in SPLIT_FOLDERS or left_by_a_tool(name):
             continue
+        spelled[SPLIT_FOLDERS[parts[0].lower()]].add(parts[0])
         if len(parts) != 3:
             raise SourceError(f"{tree.describe(name)}: expected <split>/<class>/<image>, the file is at another depth")
-        groups[SPLIT_FOLDERS[parts[0]]][parts[1]].append(name)
+        groups[SPLIT_FOLDERS[parts[0].lower()]][parts[1]].append(name)
+    for split, folders in spelled.items():
+        if len(folders) > 1:
+            raise SourceError(f"{tree.origin}: {', '.join(f'{folder}/' for folder in sorted(folders))} hold the same "
+                              f"split ({split}); keep one")  # fmt: skip
     for directory in tree.directories():
         if left_by_a_tool(directory[len(prefix) :]):
             continue
         parts = directory[len(prefix) :].split("/") if directory.startswith(prefix) else []
-        if len(parts) == 2 and parts[0] in SPLIT_FOLDERS and not groups[SPLIT_FOLDERS[parts[0]]].get(parts[1]):
+        split = SPLIT_FOLDERS.get(parts[0].lower()) if parts else None
+        if len(parts) == 2 and split and not groups[split].get(parts[1]):
             raise SourceError(f"{tree.describe(directory)}: class folder is empty")
     return root, groups
 
@@ -537,6 +544,10 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None = None
         unknown = sorted(set(groups.get(split, {})) - set(label_names))
         if unknown:
             raise SourceError(f"{tree.origin}: {split} classes {unknown} have no train/ folder")
+    untested = [name for name in label_names if name not in groups["eval"]]
+    if untested:
+        logger.warning("%s: class(es) %s have no test images: their accuracy will not be measured", tree.origin,
+                       untested)  # fmt: skip
     splits: dict[str, RawSplit] = {}
     colors: dict[str, list[str]] = defaultdict(list)
     common_size = image_size  # without resizing: the first image's size, which every other must have
