@@ -412,8 +412,9 @@ def _class_findings(split, mine, theirs, names, reference_names, thresholds, cha
 CLASS_LOOK_MEASURES = (("brightness", "channel_mean_shift"), ("contrast", "channel_spread_change"),
                        ("saturation", "saturation_change"), ("detail", "detail_change"))  # fmt: skip
 CLASS_LOOK_IMAGES = 30
-# A class's mean-image pattern moves by chance about 0.6 of `_class_layout_noise` (at most 1.23 in 400 class
-# resamples of CIFAR-10 at 200 and 1,000 images a class, bench/data_check.py): a finding from twice that.
+# A class's mean-image pattern moves by chance about 0.6 of the noise `_class_layout` reckons (at most 1.23 of it in
+# 400 class resamples of CIFAR-10 at 200 and 1,000 images a class, measured as bench/data_check.py draws them): a
+# finding from twice that.
 CLASS_LAYOUT_Z = 2.0
 
 
