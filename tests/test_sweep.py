@@ -158,7 +158,16 @@ def test_repeats_give_a_trial_its_mean_and_spread_and_the_time_budget_stops_the_
         ({"model_dir": {"choices": ["a"]}}, "model_dir: not a train setting a search can vary"),
         ({"learning_rate": {"low": 0.3, "high": 0.1}}, "low 0.3 and high 0.1 must be numbers, low < high"),
         ({"learning_rate": {"low": 0, "high": 0.1, "log": True}}, "a log range needs low > 0"),
-        ({"batch_size": {"low": 0, "high": 64}}, "batch_size: 0:"),
+        ({"batch_size": {"low": 0, "high": 64}}, "batch_size: 0 is not in [1,"),
+        (
+            {"depth": {"low": 8, "high": 20}},
+            "depth: 9 is not of the form 6n+2 with n >= 1 (20, 32, 44, 56, 110) (a value "
+            "of the range 8-20; give a step or choices",
+        ),
+        (
+            {"depth": {"low": 8, "high": 32, "step": 4}},
+            "depth: 12 is not of the form 6n+2 with n >= 1 (20, 32, 44, 56, 110) (a value of the range 8-32 by 4;",
+        ),
         ({"weight_decay": {"choices": [0, 5e-4], "low": 0}}, "choices cannot be combined"),
         ({"weight_decay": {"choices": []}}, "choices must be a list of 1 to"),
         ({"depth": {"low": 8, "high": 20, "stride": 6}}, "unknown key(s) ['stride']"),
