@@ -278,6 +278,16 @@ def test_a_split_spelled_twice_and_a_link_to_a_folder_are_refused_in_one_line(tm
                     "followed")  # fmt: skip
 
 
+def test_a_class_spelled_with_other_unicode_characters_in_test_is_said_as_such(tmp_path):
+    """train/ written on a Mac (names decomposed: 'e' + combining accent), test/ on Linux (composed): both show as
+    'café'; the line says why they differ instead of 'have no train/ folder'."""
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    (tmp_path / "images" / "train" / "cat").rename(tmp_path / "images" / "train" / "cafe\u0301")
+    (tmp_path / "images" / "test" / "cat").rename(tmp_path / "images" / "test" / "caf\u00e9")
+    said = "test/ class 'caf\u00e9' is written with other Unicode characters than train/'s 'cafe\u0301'"
+    assert_rejected(tmp_path, tmp_path / "images", re.escape(said))
+
+
 def test_corrupt_image_in_class_folder(tmp_path):
     builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
     good = (tmp_path / "images" / "train" / "cat" / "0000.png").read_bytes()
@@ -300,7 +310,7 @@ def test_eval_class_without_training_folder(tmp_path):
     builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
     (tmp_path / "images" / "test" / "yak").mkdir()
     (tmp_path / "images" / "test" / "yak" / "0.png").write_bytes(builders.encode_png(np.zeros((32, 32, 3), np.uint8)))
-    assert_rejected(tmp_path, tmp_path / "images", r"eval classes \['yak'\] have no train/ folder")
+    assert_rejected(tmp_path, tmp_path / "images", r"test/ classes \['yak'\] have no train/ folder")
 
 
 def test_folder_link_leaving_the_source(tmp_path):

@@ -15,6 +15,7 @@ import logging
 import posixpath
 import re
 import struct
+import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ MAX_IMAGE_BYTES = MEGABYTE  # a 32x32 image is a few KB, even uncompressed with 
 MAX_RESIZED_IMAGE_BYTES = 32 * MEGABYTE  # with --resize, images of any size up to MAX_IMAGE_SIDE are read
 MAX_DECODED_BYTES = 4096 * MEGABYTE  # the pixels of one split, decoded (CIFAR-10's training set: 150 MB)
 SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validation", "test": "eval", "eval": "eval"}
+SPLIT_WORDS = {"train": "train/", "validation": "validation/", "eval": "test/"}  # a split, as its folder is called
 
 
 @dataclass
@@ -542,8 +544,16 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None = None
     label_names = checked_label_names(sorted(groups["train"]), f"{tree.origin} (the train/ class folders)")
     for split in ("validation", "eval"):
         unknown = sorted(set(groups.get(split, {})) - set(label_names))
+        spelled = {unicodedata.normalize("NFKC", name): name for name in label_names}
+        for name in unknown:
+            if unicodedata.normalize("NFKC", name) in spelled:
+                raise SourceError(
+                    f"{tree.origin}: {SPLIT_WORDS[split]} class {name!r} is written with other Unicode characters "
+                    f"than train/'s {spelled[unicodedata.normalize('NFKC', name)]!r} (one decomposed, as macOS writes "
+                    "names, the other composed): rename one folder so that both are spelled the same"
+                )
         if unknown:
-            raise SourceError(f"{tree.origin}: {split} classes {unknown} have no train/ folder")
+            raise SourceError(f"{tree.origin}: {SPLIT_WORDS[split]} classes {unknown} have no train/ folder")
     untested = [name for name in label_names if name not in groups["eval"]]
     if untested:
         logger.warning("%s: class(es) %s have no test images: their accuracy will not be measured", tree.origin,
