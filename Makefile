@@ -73,4 +73,5 @@ bench-reference-setup:
 	$(ROOT)bench/work/reference-venv/bin/pip install --quiet torch==2.13.0 numpy
 
 clean:
-	rm -rf $(OUTPUT) $(ROOT).pytest_cache $(ROOT).ruff_cache $(ROOT)bench/work
+	@$(PYTHON) $(ROOT)pipeline/make.py check-clean "$(OUTPUT)" "$(ROOT)"
+	rm -rf "$(OUTPUT)" "$(ROOT).pytest_cache" "$(ROOT).ruff_cache" "$(ROOT)bench/work"

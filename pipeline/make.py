@@ -436,8 +436,33 @@ def parse_assignments(arguments: list[str]) -> tuple[dict[str, str], list[str]]:
     return given, rest
 
 
+def clean_problem(output: str, repository: str) -> str | None:
+    """Why `make clean` must not remove OUTPUT: nothing given, the file system's root, the home folder, the
+    repository, the folder make runs in or one holding any of them, a file, or another git repository."""
+    if not output.strip():
+        return "OUTPUT is empty: give the folder the runs went to"
+    path = os.path.realpath(os.path.expanduser(output))
+    kept = {"the repository": repository, "the folder make runs in": os.getcwd(), "the home folder": "~", "/": "/"}
+    for what, folder in kept.items():
+        folder = os.path.realpath(os.path.expanduser(folder))
+        if os.path.commonpath([path, folder]) == path:
+            held = "is" if path == folder else "holds"
+            return f"OUTPUT {output} {held} {what}{f' ({folder})' if what != '/' else ''}: it is not removed"
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"OUTPUT {output} is a file, not the folder the runs went to: it is not removed"
+    if os.path.exists(os.path.join(path, ".git")):
+        return f"OUTPUT {output} holds a git repository: it is not removed"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["check-clean"]:  # check-clean OUTPUT REPOSITORY: before make clean removes anything
+        problem = clean_problem(*arguments[1:3])
+        if problem:
+            print(f"make clean: {problem}", file=sys.stderr)
+            return 2
+        return 0
     if arguments[:1] == ["check"]:  # check GOAL... -- NAME...
         goals, _dashes, names = " ".join(arguments[1:]).partition(" -- ")
         for line in problems(goals.split(), names.split()):

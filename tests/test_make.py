@@ -254,3 +254,29 @@ def test_the_compiled_pipelines_carry_each_setting_with_its_type():
         if "space" in declared:
             documented = declared["space"]["defaultValue"]
             assert parse_space(as_delivered(documented), "space") == parse_space(documented, "space")
+
+
+def test_make_clean_refuses_a_folder_that_is_not_the_runs_and_removes_nothing(tmp_path):
+    """`make clean` removes OUTPUT whole: OUTPUT=.. (or a typo naming a parent, the home folder, a file, another
+    repository) had been `rm -rf` on it. Refused in one line, exit 2, before anything is removed. Only refusals are run
+    here: a clean that goes ahead would remove the repository's caches and bench/work."""
+    here = tmp_path / "project"
+    (here / "outputs").mkdir(parents=True)
+    (tmp_path / "notes.txt").write_text("keep me")
+    (tmp_path / "other" / ".git").mkdir(parents=True)
+    cases = {
+        str(tmp_path): "holds the folder make runs in",
+        ".": "is the folder make runs in",
+        str(REPOSITORY.parent): "holds the repository",
+        str(tmp_path / "notes.txt"): "is a file, not the folder the runs went to",
+        str(tmp_path / "other"): "holds a git repository",
+        "": "OUTPUT is empty",
+    }
+    for output, said in cases.items():
+        result = run_make("clean", f"OUTPUT={output}", folder=here)
+        assert result.returncode == 2 and said in result.stderr, (output, result.stderr)
+        assert "rm -rf" not in result.stdout
+    assert (tmp_path / "notes.txt").read_text() == "keep me" and (here / "outputs").is_dir()
+    assert (tmp_path / "other" / ".git").is_dir()
+    shown = run_make("-n", "clean", "OUTPUT=my outputs", folder=here).stdout
+    assert 'rm -rf "my outputs"' in shown  # one folder, its name with a space, never a glob or two words
