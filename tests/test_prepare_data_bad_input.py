@@ -288,6 +288,12 @@ def test_a_class_spelled_with_other_unicode_characters_in_test_is_said_as_such(t
     assert_rejected(tmp_path, tmp_path / "images", re.escape(said))
 
 
+def test_two_class_folders_differing_only_in_case_are_refused(tmp_path):
+    builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
+    builders.write_class_folders(tmp_path / "images", {"train": 2}, classes=("Cat",), seed=1)
+    assert_rejected(tmp_path, tmp_path / "images", r"train/ classes 'Cat' and 'cat' differ only in case: merge")
+
+
 def test_corrupt_image_in_class_folder(tmp_path):
     builders.write_class_folders(tmp_path / "images", {"train": 2, "test": 1})
     good = (tmp_path / "images" / "train" / "cat" / "0000.png").read_bytes()

@@ -542,6 +542,12 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None = None
     if "eval" not in groups:
         raise SourceError(f"{tree.origin}: no test/ (or eval/) folder")
     label_names = checked_label_names(sorted(groups["train"]), f"{tree.origin} (the train/ class folders)")
+    folded: dict[str, str] = {}
+    for name in label_names:  # two folders of one class, which a Mac's or Windows' file system cannot even hold
+        if name.casefold() in folded:
+            raise SourceError(f"{tree.origin}: train/ classes {folded[name.casefold()]!r} and {name!r} differ only in "
+                              "case: merge the two folders, or rename one")  # fmt: skip
+        folded[name.casefold()] = name
     for split in ("validation", "eval"):
         unknown = sorted(set(groups.get(split, {})) - set(label_names))
         spelled = {unicodedata.normalize("NFKC", name): name for name in label_names}
