@@ -22,6 +22,7 @@ from components.common import exit_codes
 from components.common.logs import setup_logging
 from pipeline.cron import cron_problem
 from pipeline.parameters import (
+    DEFAULT_OUTPUT_ROOT,
     LOCAL_RUN_SOURCE,
     CommandError,
     check_parameters,
@@ -457,7 +458,7 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     local.add_argument(
         "--output-root",
         type=Path,
-        default=Path("outputs"),
+        default=DEFAULT_OUTPUT_ROOT,
         help="where each run's folder (<pipeline>-<time>/, with its local-run.log) and the promoted models (models/) "
         "go (default: outputs)",
     )
@@ -471,7 +472,7 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     cleaner = commands.add_parser(
         "clean-runs", help="remove the run folders of local runs; promoted models stay", allow_abbrev=False
     )
-    cleaner.add_argument("--output-root", type=Path, default=Path("outputs"), help="(default: outputs)")
+    cleaner.add_argument("--output-root", type=Path, default=DEFAULT_OUTPUT_ROOT, help="(default: outputs)")
     cleaner.add_argument(
         "--keep",
         type=number_in(int, 0, 1e9, "a number of runs (0 or more)"),

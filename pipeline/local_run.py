@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import run_record, terminal
-from pipeline.parameters import LOCAL_RUN_SOURCE, CommandError, check_parameters, describe_length
+from pipeline.parameters import DEFAULT_OUTPUT_ROOT, LOCAL_RUN_SOURCE, CommandError, check_parameters, describe_length
 from pipeline.step_processes import StepProcesses
 from pipeline.step_user import StepUser, engine_is_rootless, step_user_for
 
@@ -358,6 +359,18 @@ def _without_retries(pipeline):
     return spec
 
 
+def shell_word(path: Path) -> str:
+    """A path as one word of a shell command a person copies (quoted if it holds spaces or the like)."""
+    return shlex.quote(str(path))
+
+
+def _make_command(target: str, output_root: Path) -> str:
+    """`make TARGET`, with OUTPUT when the runs are not in the default folder (so that the command finds them)."""
+    if output_root.resolve() == DEFAULT_OUTPUT_ROOT.resolve():
+        return f"make {target}"
+    return f"make {target} OUTPUT={shell_word(output_root.resolve())}"
+
+
 def _interrupted(run_folder: Path) -> str:
     """What a stopped run leaves to continue, and the command that continues it (make sweep for a search's run)."""
     from components.common.model_directory import checkpoint_step, list_checkpoints
@@ -366,8 +379,10 @@ def _interrupted(run_folder: Path) -> str:
     steps = [checkpoint_step(prefix) for prefix in list_checkpoints(model_dir)] if model_dir else []
     searched = sweep_directory_of(run_folder)
     target, word = ("sweep", "sweep ") if searched is not None else ("local-run", "")
-    again = (f"continue with: make {target} RESUME={run_folder.name} (the same options), or python -m "
-             f"pipeline.pipeline {word}local-run --resume {run_folder}")  # fmt: skip
+    output_root = run_folder.parent
+    cli_words = "" if output_root == DEFAULT_OUTPUT_ROOT.resolve() else f" --output-root {shell_word(output_root)}"
+    again = (f"continue with: {_make_command(target, output_root)} RESUME={run_folder.name} (the same options), or "
+             f"python -m pipeline.pipeline {word}local-run{cli_words} --resume {run_folder.name}")  # fmt: skip
     if steps:
         return f"interrupted at step {steps[-1]} (its checkpoint is saved); {again}"
     if searched is not None:
@@ -401,7 +416,9 @@ def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list
                 f"{best['validation_accuracy']:.4f} (the final model's test accuracy is the line above): "
                 + ", ".join(f"{name}={value}" for name, value in best["params"].items())
             )
-            lines.append(f"search report: {sweep_dir / REPORT}; TensorBoard: make tensorboard LOGDIR={sweep_dir}")
+            lines.append(
+                f"search report: {sweep_dir / REPORT}; TensorBoard: make tensorboard LOGDIR={shell_word(sweep_dir)}"
+            )
     lines += _data_lines(run_folder, model_dir)
     pointer = promotion_root / POINTER
     if pointer.exists():
@@ -416,7 +433,7 @@ def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list
         lines.append(f"report: {report[0]} (open it in a browser)")
     if model_dir:
         lines.append(f"model directory: {model_dir}")
-        lines.append(f"TensorBoard: make tensorboard LOGDIR={model_dir}")
+        lines.append(f"TensorBoard: make tensorboard LOGDIR={shell_word(model_dir)}")
     lines.append(f"full log: {log_path}")
     return lines
 
@@ -466,7 +483,8 @@ def clean_runs(pipeline_name: str, output_root: Path, keep: int = 0, interrupted
         elif record is not None and record.still_running():
             why = "still running"
         elif record is not None and record.resumable() and not interrupted_too:
-            why = f"{record.standing()}, can be resumed (make clean-runs ALL=1 removes it too)"
+            removes = f"{_make_command('clean-runs', output_root)} ALL=1"
+            why = f"{record.standing()}, can be resumed ({removes} removes it too)"
         else:
             shutil.rmtree(folder)
             removed.append(folder)

@@ -5,9 +5,11 @@ is refused in seconds, by the stages' own config checks. Shared by the commands 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 LOCAL_RUN_SOURCE = "synthetic"  # local-run is a demo unless told otherwise (make local-run SOURCE=...)
+DEFAULT_OUTPUT_ROOT = Path("outputs")  # local runs' folders, relative to where they are started (make's OUTPUT)
 
 
 class CommandError(RuntimeError):

@@ -4,16 +4,20 @@ stand; a damaged record is refused naming the file."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
+import re
+import shlex
 import socket
 import time
 from pathlib import Path
 
 import pytest
 
-from pipeline import local_run, run_record
+from pipeline import local_run, make, run_record
 from pipeline.commands import CommandError
+from pipeline.parameters import DEFAULT_OUTPUT_ROOT
 
 PIPELINE = "cifar10-pipeline"
 OWN = {"source": "/data/my-images", "workers": 1, "depth": 8, "train_steps": 400, "preset": "fast",
@@ -72,9 +76,30 @@ def test_a_resumed_run_that_is_stopped_again_resumes_in_the_first_runs_model_dir
     assert local_run.resumable_run(PIPELINE, tmp_path, "last") == second
     again, continued = local_run.resumed(PIPELINE, {}, tmp_path, "last")
     assert continued == second and again["model_dir"] == str(trained_in)
-    assert "interrupted at step 60 (its checkpoint is saved); continue with: make local-run RESUME=" in (
-        local_run._interrupted(second)
+    assert (
+        f"interrupted at step 60 (its checkpoint is saved); continue with: make local-run OUTPUT={tmp_path} RESUME="
+        in (local_run._interrupted(second))
     )
+
+
+@pytest.mark.parametrize("where", ["outputs", "elsewhere/my outputs"])
+def test_the_command_an_interrupted_run_prints_continues_it_from_where_it_was_run(tmp_path, monkeypatch, where):
+    """The line a stopped run ends with is a command to copy: run as printed (make's words, or the CLI's) from the
+    folder the run was started in, it finds that run, under the default OUTPUT or another (a path with a space)."""
+    monkeypatch.chdir(tmp_path)
+    folder = a_run(tmp_path / where, "09-00-00", "interrupted")
+    said = local_run._interrupted(folder)
+    make_line = re.search(r"continue with: (make .+?) \(the same options\)", said).group(1)
+    words = shlex.split(make_line)
+    assert words[:2] == ["make", "local-run"]
+    given, rest = make.parse_assignments(words[2:])
+    assert rest == [] and make.problems(["local-run"], given) == []
+    [command] = make.commands_of("local-run", make.Values(given, environment={}))
+    cli_line = re.search(r"or python -m pipeline.pipeline (local-run .+)$", said).group(1)
+    for arguments in (command.arguments, shlex.split(cli_line)):
+        options = dict(itertools.pairwise(arguments))
+        output_root = Path(options.get("--output-root", str(DEFAULT_OUTPUT_ROOT)))
+        assert local_run.resumable_run(PIPELINE, output_root.resolve(), options["--resume"]) == folder
 
 
 def test_an_output_folder_moved_elsewhere_resumes_its_runs_there(tmp_path):
@@ -105,7 +130,9 @@ def test_clean_runs_keeps_running_and_interrupted_runs_unless_told(tmp_path, cap
     running = a_run(tmp_path, "11-00-00", "running", pid=os.getpid())
     with caplog.at_level("INFO", logger="pipeline"):
         assert local_run.clean_runs(PIPELINE, tmp_path) == [finished]
-    assert f"kept {interrupted.name}: interrupted, can be resumed" in caplog.text
+    assert f"kept {interrupted.name}: interrupted, can be resumed (make clean-runs OUTPUT={tmp_path} ALL=1" in (
+        caplog.text
+    )
     assert f"kept {running.name}: still running" in caplog.text
     assert local_run.clean_runs(PIPELINE, tmp_path, interrupted_too=True) == [interrupted]
     assert running.is_dir()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -169,7 +170,7 @@ def tensorboard_note(log_dir: str) -> str:
             "- in the cluster: the project's TensorBoard (manifests/tensorboard.yaml) reads the store with your "
             "profile's keys: `kubectl port-forward svc/cifar10-pipeline-tensorboard 6006:80`, then http://localhost:6006"
         )
-    lines.append(f"- on your own machine: `make tensorboard LOGDIR={log_dir}`")
+    lines.append(f"- on your own machine: `make tensorboard LOGDIR={shlex.quote(log_dir)}`")
     return "\n".join(lines) + "\n"
 
 
