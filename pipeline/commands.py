@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common import exit_codes
+from components.common.config import ArgumentParser
 from components.common.logs import setup_logging
 from pipeline.cron import cron_problem
 from pipeline.parameters import (
@@ -120,8 +121,9 @@ def _converter(kfp_type: str):
     return str
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, with a mistake said in one line (not the whole usage), and a misspelt option's nearest name."""
+class OneLineParser(ArgumentParser):
+    """argparse (an option given twice refused), with a mistake said in one line (not the whole usage), and a
+    misspelt option's nearest name."""
 
     def error(self, message: str):
         import difflib

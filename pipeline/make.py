@@ -418,6 +418,43 @@ def commands_of(target: str, values: Values) -> list[Command]:
     return TARGETS[target].commands(values)
 
 
+def _option_at(words: list[str], index: int) -> tuple[str, str | None, int]:
+    """The option at words[index] (`--name value`, `--name=value` or a flag): its name, its value, its word count."""
+    name, equals, value = words[index].partition("=")
+    if equals:
+        return name, value, 1
+    if index + 1 < len(words) and not words[index + 1].startswith("--"):
+        return name, words[index + 1], 2
+    return name, None, 1
+
+
+def with_extra(command: Command, values: Values) -> Command:
+    """EXTRA's options in place of the same options the command had before them: one a default set (RUNNER's, a
+    demo's length) is dropped, so EXTRA's holds; one a variable given set (EPOCHS=2 and EXTRA='--epochs 3') is
+    refused, as neither may be ignored in silence (the program would take the last)."""
+    extra = values.extra()
+    if not extra or command.arguments[len(command.arguments) - len(extra) :] != extra:
+        return command
+    in_extra = {}
+    for index, word in enumerate(extra):
+        if word.startswith("--"):
+            name, _, count = _option_at(extra, index)
+            in_extra.setdefault(name, shlex.join(extra[index : index + count]))
+    before, kept, index = command.arguments[: len(command.arguments) - len(extra)], [], 0
+    while index < len(before):
+        name, value, count = _option_at(before, index) if before[index].startswith("--") else ("", None, 1)
+        if name not in in_extra:
+            kept += before[index : index + count]
+        elif value is not None:
+            setters = [variable for variable, given in values.given.items() if variable != "EXTRA" and given == value]
+            if setters:
+                raise ValueError(
+                    f"{setters[0]}={shlex.quote(value)} and EXTRA's {in_extra[name]} both set {name}: give it once"
+                )
+        index += count
+    return dataclasses.replace(command, arguments=[*kept, *extra])
+
+
 def _dry_run_by_make() -> bool:
     """make -n: make runs this recipe anyway (it is marked +) so that the commands it would run are shown."""
     flags = os.environ.get("MAKEFLAGS", "").split(" ", 1)[0]
@@ -493,7 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make {target}: {found[0]}", file=sys.stderr)
         return 2
     settings = {name: value for name, value in given.items() if name not in VARIABLES}  # KFP_TOKEN=... and such
-    commands = commands_of(target, values)
+    try:
+        commands = [with_extra(command, values) for command in commands_of(target, values)]
+    except ValueError as error:
+        print(f"make {target}: {error}", file=sys.stderr)
+        return 2
     if dry_run:
         print("\n".join(command.shown() for command in commands))
         return 0

@@ -357,3 +357,39 @@ def test_a_publisher_refuses_a_uri_it_would_take_for_a_folder(tmp_path):
     with pytest.raises(storage.StorageError, match=r"^http://host/models: not a folder, gs:// or s3:// location"):
         storage.publisher_for("http://host/models")
     assert storage.publisher_for(str(tmp_path)).root == str(tmp_path)
+
+
+def _parsers():
+    """Every command-line parser a user reaches: a stage's (its config's fields), the pipeline commands' (and their
+    subcommands'), TensorBoard's and the serving request's."""
+    from components.common.config import build_parser
+    from components.train.config import TrainConfig
+    from pipeline import commands
+    from pipeline.pipeline import pipeline_named
+
+    yield "components.train", build_parser(TrainConfig, "test"), [], "--learning-rate", ("0.1", "0.2")
+    yield "pipeline.pipeline", commands.build_parser(pipeline_named(None)), ["local-run"], "--epochs", ("2", "3")
+    yield "pipeline.pipeline", commands.build_parser(pipeline_named(None)), ["tensorboard"], "--logdir", ("a", "b")
+
+
+@pytest.mark.parametrize(("program", "parser", "before", "option", "values"), list(_parsers()))
+def test_an_option_given_twice_with_two_values_is_refused_naming_both(capsys, program, parser, before, option, values):
+    """argparse keeps an option's last value in silence; here `--epochs 2 ... --epochs 3` (a copied command, or a
+    make variable and EXTRA) is refused naming the option and both values. The same value twice is no mistake."""
+    first, second = values
+    for words in ([option, first, option, second], [f"{option}={first}", option, second]):
+        with pytest.raises(SystemExit) as stopped:
+            parser.parse_args([*before, *words])
+        assert stopped.value.code == 2
+        assert f"{option} is given twice ('{first}', then '{second}'): give it once" in capsys.readouterr().err
+    parser.parse_args([*before, option, first, f"{option}={first}"])  # the same value twice: taken
+
+
+def test_the_tensorboard_and_serving_request_commands_refuse_an_option_given_twice():
+    for module, words in [
+        ("components.common.tensorboard", ["--logdir", "a", "--logdir", "b"]),
+        ("components.evaluate.serving_request", ["--answer-from", "a", "--answer-from", "b", "x.png"]),
+    ]:
+        ran = subprocess.run([sys.executable, "-m", module, *words], capture_output=True, text=True, cwd=REPOSITORY,
+                             timeout=120)  # fmt: skip
+        assert ran.returncode == 2 and "is given twice ('a', then 'b'): give it once" in ran.stderr, ran.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,53 @@ def test_every_variable_of_a_target_reaches_its_programs_parser(target, name):
         else:
             reached |= value in words or any(word.startswith(value) for word in words)
     assert reached, f"make {target} {name}={value}: not in {[command.shown() for command in commands]}"
+
+
+def test_an_option_a_variable_sets_and_extra_names_too_is_refused_and_a_default_gives_way_to_extra():
+    """EXTRA naming an option a variable given sets (EPOCHS=2 and EXTRA='--epochs 3') is refused naming both: the
+    program would take the last in silence. An option the command sets by default (RUNNER's, OUTPUT's, the demo's
+    length) gives way to EXTRA's, which the program then reads once."""
+    refused = gave_way = 0
+    for target, name in [(target, name) for target, name in PAIRS if "EXTRA" in make.TARGETS[target].variables]:
+        given = given_for(target, name)
+        value = given[name]
+        for command in make.commands_of(target, make.Values(given, environment={})):
+            words = command.arguments
+            if value not in words[1:] or not words[words.index(value, 1) - 1].startswith("--"):
+                continue  # the variable sets no option of its own here (an environment setting, a derived path)
+            option = words[words.index(value, 1) - 1]
+            values = make.Values({**given, "EXTRA": f"{option} {shlex.quote(value + '0')}"}, environment={})
+            refusal = rf"^{name}=.* and EXTRA's {option} .* both set {option}: give it once"
+            with pytest.raises(ValueError, match=refusal):
+                [make.with_extra(built, values) for built in make.commands_of(target, values)]
+            refused += 1
+        if name in (make.REQUIRED.get(target) or ("",))[:1]:
+            continue
+        without = {key: given_value for key, given_value in given.items() if key != name}
+        for command in make.commands_of(target, make.Values(without, environment={})):
+            defaults = [word for word in command.arguments if word.startswith("--")]
+            for option in defaults:
+                index = command.arguments.index(option)
+                if index + 1 >= len(command.arguments) or command.arguments[index + 1].startswith("--"):
+                    continue
+                default = command.arguments[index + 1]
+                if default in without.values():
+                    continue  # a variable's, not a default
+                values = make.Values({**without, "EXTRA": f"{option} {shlex.quote(default)}"}, environment={})
+                for rebuilt in [make.with_extra(built, values) for built in make.commands_of(target, values)]:
+                    parser, arguments = parser_of(rebuilt)
+                    parser.parse_args(arguments)
+                    assert rebuilt.arguments.count(option) == 1, rebuilt.shown()
+                    gave_way += 1
+    assert refused >= 20 and gave_way >= 20, (refused, gave_way)
+
+
+def test_make_refuses_a_variable_and_extra_setting_one_option_before_anything_runs(tmp_path):
+    ran = run_make("local-run", "EPOCHS=2", "EXTRA=--epochs 3", folder=tmp_path)
+    assert ran.returncode == 2 and ran.stdout == ""
+    refusal = "make local-run: EPOCHS=2 and EXTRA's --epochs 3 both set --epochs: give it once"
+    assert ran.stderr.splitlines()[0] == refusal
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_variable_no_chosen_target_takes_is_one_line_naming_the_targets_that_do():

@@ -465,7 +465,7 @@ def test_ctrl_c_keeps_the_checkpoint_says_how_to_resume_and_resuming_continues_i
     assert run.returncode == 130, output[-3000:]
     assert "Traceback" not in output and "Retrying" not in output and "FAILED" not in output
     match = re.search(r"interrupted at step (\d+) \(its checkpoint is saved\); continue with: make local-run "
-                      r"RESUME=(cifar10-pipeline-\S+) ", output)  # fmt: skip
+                      rf"OUTPUT={re.escape(str(tmp_path))} RESUME=(cifar10-pipeline-\S+) ", output)  # fmt: skip
     assert match, output[-3000:]
     assert processes_of(tmp_path) == [], "when the prompt returns, nothing of the run is still running"
     saved, name = int(match.group(1)), match.group(2)

@@ -295,7 +295,8 @@ def test_the_sweep_pipeline_stopped_in_its_search_continues_then_trains_the_best
     ]
     code, output = interrupted_when(command, r"trial 0 validation accuracy", REPOSITORY)  # the first trial recorded
     assert code == 130, output[-3000:]
-    match = re.search(r"interrupted .*; continue with: make sweep RESUME=(cifar10-sweep-\S+) ", output)
+    match = re.search(rf"interrupted .*; continue with: make sweep OUTPUT={re.escape(str(tmp_path))} "
+                      r"RESUME=(cifar10-sweep-\S+) ", output)  # fmt: skip
     assert match, output[-3000:]
     (first_sweep,) = (tmp_path / match.group(1)).glob("sweep-component/sweep")
     finished_first = records(first_sweep)

@@ -14,6 +14,7 @@ import difflib
 import json
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -290,12 +291,44 @@ def parse_configs(
     return tuple(configs), namespace
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, but an option given twice with two values is an error: argparse keeps the last in
+    silence (`--epochs 2 ... --epochs 3`, or a make variable and EXTRA both setting it). Its subcommands' parsers are
+    of its class."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        problem = repeated_option(self, sys.argv[1:] if args is None else list(args))
+        if problem:
+            self.error(problem)
+        return super().parse_known_args(args, namespace)
+
+
+def repeated_option(parser: argparse.ArgumentParser, words: Sequence[str]) -> str | None:
+    """The first option of `parser` that `words` give two values (a subcommand's words are its own parser's)."""
+    first: dict[str, str] = {}
+    index = 0
+    while index < len(words) and words[index] != "--":
+        name, equals, value = words[index].partition("=")
+        action = parser._option_string_actions.get(name) if name.startswith("-") else None
+        takes_value = isinstance(action, argparse._StoreAction) and action.nargs is None  # one value, stored
+        if not takes_value:
+            index += 1
+            continue
+        if not equals:
+            value = words[index + 1] if index + 1 < len(words) else ""
+        if action.dest in first and first[action.dest] != value:
+            return f"{name} is given twice ({first[action.dest]!r}, then {value!r}): give it once"
+        first.setdefault(action.dest, value)
+        index += 1 if equals else 2
+    return None
+
+
 def build_parser(
     config_classes: type | tuple[type, ...], description: str, program: str | None = None
 ) -> argparse.ArgumentParser:
     """One option per field of each config class; no abbreviations (a misspelt `--learning-rat` is an error, not
     `--learning-rate`)."""
-    parser = argparse.ArgumentParser(prog=program, description=description, allow_abbrev=False)
+    parser = ArgumentParser(prog=program, description=description, allow_abbrev=False)
     parser.add_argument(
         "--config",
         default=None,

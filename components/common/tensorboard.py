@@ -10,7 +10,6 @@ the usual ones: Workload Identity or GOOGLE_APPLICATION_CREDENTIALS for gs://, t
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import sys
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 
 from components.common import exit_codes, processes, storage
+from components.common.config import ArgumentParser
 from components.common.dataset import default_cache_dir
 from components.common.logs import setup_logging
 
@@ -97,7 +97,7 @@ def serve(logdir: str, port: int, refresh_seconds: float, bind_all: bool = False
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m components.common.tensorboard", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     parser.add_argument("--logdir", required=True, help="a model directory (or a parent): folder, gs:// or s3://")

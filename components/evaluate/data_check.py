@@ -1,6 +1,6 @@
 """The data check step: a prepared dataset's statistics against a reference, before anything is trained on it.
 
-The reference is, in order: `--data-reference` (a statistics.json, a promoted data_statistics.json, or a prepared
+The reference is, in order: `--reference` (a statistics.json, a promoted data_statistics.json, or a prepared
 dataset's folder), else the promoted model's training data (`<promotion root>/<version>/data_statistics.json`,
 recorded by the promotion), else none (only what needs no reference is checked). `mode` says what an error finding
 does: "warn" logs it, "block" returns it (the gate then refuses to promote, naming it), "fail" stops the run (exit 2).

@@ -13,7 +13,6 @@ its row format, one object per instance: `{"predictions": [{"classes": 3, "class
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import sys
@@ -131,11 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     from components.common import exit_codes
+    from components.common.config import ArgumentParser
     from components.common.logs import setup_logging
 
-    parser = argparse.ArgumentParser(
-        prog="python -m components.evaluate.serving_request", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m components.evaluate.serving_request", description=__doc__.split("\n")[0])
     parser.add_argument("images", nargs="+", type=Path, help="JPEG or PNG files")
     parser.add_argument("--answer-from", help="a promotion root or version folder: also print its answer")
     arguments = parser.parse_args(argv)
