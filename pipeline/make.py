@@ -209,29 +209,36 @@ def _named_in(extra: list[str], *options: str) -> bool:
     return any(word.split("=", 1)[0] in options for word in extra)
 
 
-def _demo(values: Values) -> list[str]:
+def _demo(values: Values, searched: frozenset[str] = frozenset()) -> list[str]:
     """make local-run is a quick demonstration unless told otherwise (a length, a preset, train options): 300 steps
     of a ResNet-8 (unless DEPTH is given) with a batch-norm decay of 0.9 (the estimator example's 0.997 needs
-    thousands of steps before its moving averages are usable)."""
+    thousands of steps before its moving averages are usable). A setting the search space searches (`searched`,
+    make sweep) is left to the search."""
     extra = values.extra()
     options = []
     lengths = ("PRESET", "TRAIN_STEPS", "EPOCHS")
     if not any(values.has(name) for name in lengths) and not _named_in(extra, "--preset", "--train-steps", "--epochs"):
-        options += ["--train-steps", "300"]
-        if not values.has("DEPTH") and not _named_in(extra, "--depth"):
+        if "train_steps" not in searched and "epochs" not in searched:
+            options += ["--train-steps", "300"]
+        if not values.has("DEPTH") and not _named_in(extra, "--depth") and "depth" not in searched:
             options += ["--depth", "8"]
-    if not values.has("TRAIN_OPTIONS") and not values.has("PRESET") and not _named_in(extra, "--train-options"):
+    if (
+        not values.has("TRAIN_OPTIONS")
+        and not values.has("PRESET")
+        and not _named_in(extra, "--train-options")
+        and "batch_norm_decay" not in searched
+    ):
         options += ["--train-options", '{"batch_norm_decay": 0.9}']
     return options
 
 
-def _local(values: Values, pipeline: list[str]) -> list[str]:
+def _local(values: Values, pipeline: list[str], searched: frozenset[str] = frozenset()) -> list[str]:
     arguments = [*pipeline, "local-run", "--runner", values["RUNNER"], "--output-root", values["OUTPUT"]]
     arguments += _pipeline_options(values)
     if values.has("RESUME"):  # the run's own options hold; those given again must agree (local_run.resumed)
         arguments += ["--resume", values["RESUME"]]
     else:
-        arguments += _demo(values)
+        arguments += _demo(values, searched)
     return arguments + (["--verbose"] if values.flag("VERBOSE") else [])
 
 
@@ -239,8 +246,19 @@ def local_run(values: Values) -> list[Command]:
     return [Command("pipeline.pipeline", [*_local(values, []), *values.extra()], _images(values))]
 
 
+def _searched(space: str) -> frozenset[str]:
+    """The settings the search space searches (none if it cannot be read: the sweep says why, in one line)."""
+    from components.sweep.space import read_space
+
+    try:
+        return frozenset(dimension.name for dimension in read_space(space).dimensions)
+    except ValueError:
+        return frozenset()
+
+
 def sweep(values: Values) -> list[Command]:
-    arguments = [*_local(values, ["sweep"]), "--space", _in_repository(values["SPACE"], SPACE_DEFAULT)]
+    space = _in_repository(values["SPACE"], SPACE_DEFAULT)
+    arguments = [*_local(values, ["sweep"], _searched(space)), "--space", space]
     if values.has("TRIALS") or not values.has("RESUME"):
         default = "12" if any(values.has(name) for name in ("PRESET", "TRAIN_STEPS", "EPOCHS")) else "4"
         arguments += ["--trials", values["TRIALS"] if values.has("TRIALS") else default]

@@ -4,6 +4,7 @@ is refused in seconds, by the stages' own config checks. Shared by the commands 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
 
     defaults = {name: default for name, (_kind, default) in parameter_types(pipeline).items()}
     given = {**defaults, **parameters}
+    check_not_searched(parameters, given.get("space"))
     check_locations(parameters)
     _check_values(given)  # as given: its messages quote what the user wrote
     # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails
@@ -184,6 +186,23 @@ def check_data_parameters(values: dict[str, Any]) -> None:
         for field_name, parameter in (("mode:", "data_check:"), ("thresholds:", "data_thresholds:")):
             message = parameter + message.removeprefix(field_name) if message.startswith(field_name) else message
         raise CommandError(message) from error
+
+
+def check_not_searched(parameters: dict[str, Any], space: Any) -> None:
+    """A setting given (a parameter, or a key of train_options) that the search space also searches: the search's
+    choice would replace it in every trial and in the final training, so it is refused rather than ignored."""
+    if not isinstance(space, dict):
+        return  # none (not the sweep pipeline), or not a mapping: check_sweep_parameters says so
+    options = parameters.get("train_options")
+    given = {**(options if isinstance(options, dict) else {}), **parameters}
+    for name in space:
+        if name in given:
+            origin = name if name in parameters else f"train_options' {name}"
+            raise CommandError(
+                f"{origin}: {json.dumps(given[name])} is given, and the search space searches {name} "
+                f"({json.dumps(space[name])}): the search's choice would replace it; leave it out, or take {name} out "
+                "of the space"
+            )
 
 
 def check_sweep_parameters(values: dict[str, Any]) -> None:

@@ -328,3 +328,32 @@ def test_make_clean_refuses_a_folder_that_is_not_the_runs_and_removes_nothing(tm
     assert (tmp_path / "other" / ".git").is_dir()
     shown = run_make("-n", "clean", "OUTPUT=my outputs", folder=here).stdout
     assert 'rm -rf "my outputs"' in shown  # one folder, its name with a space, never a glob or two words
+
+
+def test_make_sweep_leaves_a_searched_setting_to_the_search_and_refuses_one_given():
+    """The demo's own settings (a ResNet-8, a batch-norm decay) give way to the search space's; one the user gives
+    that the space also searches is refused, naming both, where the search's choice had replaced it in silence."""
+    from pipeline import commands
+    from pipeline.parameters import CommandError, check_parameters
+    from pipeline.pipeline import pipeline_named
+
+    sweep_pipeline = pipeline_named("sweep")
+    space = '{"depth": {"low": 8, "high": 20, "step": 6}, "batch_norm_decay": {"choices": [0.9, 0.99]}}'
+
+    def checked(given: dict[str, str]) -> dict:
+        (command,) = make.commands_of("sweep", make.Values(given, environment={}))
+        parser, arguments = parser_of(command)
+        parameters = commands.chosen_parameters(parser.parse_args(arguments), sweep_pipeline)
+        check_parameters(sweep_pipeline, parameters)
+        return parameters
+
+    parameters = checked({"SPACE": space})
+    assert "depth" not in parameters and "batch_norm_decay" not in parameters.get("train_options", {})
+    assert parameters["train_steps"] == 300  # the demo's length holds
+    assert checked({})["depth"] == 8  # the default space does not search depth
+    searched = r" is given, and the search space searches {0} \(.*\): .*leave it out, or take {0} out of the space$"
+    with pytest.raises(CommandError, match="^depth: 20" + searched.format("depth")):
+        checked({"SPACE": space, "DEPTH": "20"})
+    given_decay = "^train_options' batch_norm_decay: 0.95"
+    with pytest.raises(CommandError, match=given_decay + searched.format("batch_norm_decay")):
+        checked({"SPACE": space, "TRAIN_OPTIONS": '{"batch_norm_decay": 0.95}'})
