@@ -271,7 +271,7 @@ def test_the_sweep_pipeline_stopped_in_its_search_continues_then_trains_the_best
     from pipeline import local_run
 
     parameters = {
-        "source": "synthetic", "synthetic_train_per_class": 20, "workers": 1, "depth": 8, "batch_size": 32,
+        "source": "synthetic", "synthetic_train_per_class": 20, "workers": 1,  # depth and batch size: the space's
         "train_steps": 40, "accuracy_threshold": 0.2, "trials": 2, "startup_trials": 2, "pruner": "none",
         # integer settings as docs/sweep.md writes them (a KFP dict parameter delivers 8 as 8.0: still an integer)
         "space": {"learning_rate": {"choices": [0.08, 0.05]}, "depth": {"low": 8, "high": 14, "step": 6},
