@@ -70,6 +70,26 @@ def make_output_root(output_root: Path) -> None:
         raise CommandError(f"OUTPUT {output_root} {what}: give a folder this user can write") from None
 
 
+# Parameters of the pods a cluster runs (the training job's workers, the training step's pod, the store's and the
+# registry's Kubernetes secrets, the Kueue queue): a local run's steps and workers are processes (or containers) of
+# this machine, and kfp.local's runners set no resources, so none of them would have an effect.
+CLUSTER_ONLY_PARAMETERS = (
+    "gpus_per_worker", "worker_cpu", "worker_memory", "worker_image", "image_pull_secret", "queue_name",
+    "train_step_gpus", "train_step_cpus", "train_step_memory", "object_store_secret",
+)  # fmt: skip
+
+
+def check_cluster_only(parameters: dict[str, Any]) -> None:
+    """A cluster's pod setting given to a local run is refused, not ignored."""
+    given = [name for name in CLUSTER_ONLY_PARAMETERS if name in parameters]
+    if given:
+        options = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        raise CommandError(
+            f"{options}: a setting of the pods a cluster runs; a local run's steps and workers are processes of this "
+            "machine, where it would have no effect: leave it out here, or give it to make run on a cluster"
+        )
+
+
 def check_local_inputs(parameters: dict[str, Any], cache_dir: Path | None = None) -> None:
     """Before any step: a local source exists and is readable; a URL's host answers (unless its download is in the
     cache); a local warm start or model directory named exists."""
@@ -258,6 +278,7 @@ def local_run(
             "processes (launcher auto or pod)"
         )
     output_root = output_root.resolve()
+    check_cluster_only(parameters)
     continued = None
     if resume:  # before OUTPUT is made: a run to resume is found there or the command ends, leaving nothing
         searches = "sweep_dir" in pipeline.component_spec.inputs

@@ -156,3 +156,29 @@ def test_a_record_with_a_value_out_of_its_kind_is_refused(tmp_path):
     (folder / run_record.RECORD).write_text(json.dumps(document))
     with pytest.raises(ValueError, match=r"run\.json: not a valid run record: pid: "):
         run_record.read(folder)
+
+
+CLUSTER_VALUES = {
+    "gpus_per_worker": "1", "worker_cpu": "2", "worker_memory": "8Gi", "worker_image": "registry.example.com/t:1",
+    "image_pull_secret": "regcred", "queue_name": "team-queue", "train_step_gpus": "1", "train_step_cpus": "2",
+    "train_step_memory": "8Gi", "object_store_secret": "store-keys",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("pipeline_word", [None, "sweep"])
+def test_a_clusters_pod_setting_given_to_a_local_run_is_refused_not_ignored(tmp_path, capfd, pipeline_word):
+    """A worker pod's GPUs, memory or image, the training step's pod resources, a Kubernetes secret or a Kueue queue
+    mean nothing to a local run (its workers are processes; kfp.local sets no resources): refused in one line naming
+    the option, before anything is made."""
+    from pipeline import commands
+    from pipeline.pipeline import pipeline_named
+
+    assert set(CLUSTER_VALUES) == set(local_run.CLUSTER_ONLY_PARAMETERS)
+    pipeline = pipeline_named(pipeline_word)
+    for name, value in CLUSTER_VALUES.items():
+        option = f"--{name.replace('_', '-')}"
+        output = tmp_path / name
+        assert commands.main(pipeline, ["local-run", "--output-root", str(output), option, value]) == 2
+        (line,) = [line for line in capfd.readouterr().err.splitlines() if " ERROR " in line]
+        assert f"ERROR pipeline: {option}: a setting of the pods a cluster runs; a local run's steps" in line
+        assert not output.exists()
