@@ -271,7 +271,7 @@ def local_run(
     from kfp import local
     from kfp.local import executor_input_utils, pipeline_orchestrator
 
-    train_config = check_parameters(pipeline, parameters)
+    train_config = check_parameters(pipeline, {"source": LOCAL_RUN_SOURCE, **parameters})
     if parameters.get("launcher") in ("trainjob", "tfjob"):
         raise CommandError(
             f"launcher {parameters['launcher']} needs a Kubernetes cluster (make run); on this machine the workers are "
@@ -283,7 +283,7 @@ def local_run(
     if resume:  # before OUTPUT is made: a run to resume is found there or the command ends, leaving nothing
         searches = "sweep_dir" in pipeline.component_spec.inputs
         parameters, continued = resumed(pipeline.name, parameters, output_root, resume, searches)
-        train_config = check_parameters(pipeline, parameters)
+        train_config = check_parameters(pipeline, {"source": LOCAL_RUN_SOURCE, **parameters})
     make_output_root(output_root)
     parameters = {"source": LOCAL_RUN_SOURCE, "promotion_root": str(output_root / MODELS), **parameters}
     check_local_inputs(parameters)

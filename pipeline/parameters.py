@@ -57,6 +57,11 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
     defaults = {name: default for name, (_kind, default) in parameter_types(pipeline).items()}
     given = {**defaults, **parameters}
     check_not_searched(parameters, given.get("space"))
+    if "synthetic_train_per_class" in parameters and given.get("source") != "synthetic":
+        raise CommandError(
+            f"synthetic_train_per_class: it sizes the synthetic dataset, and the source is {given.get('source')}: "
+            "leave it out, or give source synthetic"
+        )
     check_locations(parameters)
     _check_values(given)  # as given: its messages quote what the user wrote
     # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails

@@ -262,6 +262,20 @@ def test_an_output_is_the_jobs_own_and_never_mixes_two_jobs(promoted, tmp_path, 
     assert code == 2 and "the predictions cannot be written there (No such file or directory" in said
 
 
+def test_a_split_given_for_a_folder_of_images_is_refused_not_ignored(promoted, tmp_path, capsys):
+    """--split chooses a prepared dataset's split; a folder has none (every image below it is scored), so a split
+    given with one is one line naming it, exit 2, and nothing is written."""
+    root, _evaluation = promoted
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "one.png").write_bytes(tf.io.encode_png(np.zeros((32, 32, 3), np.uint8)).numpy())
+    output = tmp_path / "predictions.jsonl"
+    code = predict_main(["--model", str(root), "--images", str(images), "--output", str(output), "--split", "train"])
+    assert code == 2
+    assert f"split: 'train' chooses a prepared dataset's split, and {images} is a folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [images]
+
+
 def test_any_file_name_can_be_reported(promoted, tmp_path):
     root, _evaluation = promoted
     images = tmp_path / "images"

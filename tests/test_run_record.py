@@ -182,3 +182,20 @@ def test_a_clusters_pod_setting_given_to_a_local_run_is_refused_not_ignored(tmp_
         (line,) = [line for line in capfd.readouterr().err.splitlines() if " ERROR " in line]
         assert f"ERROR pipeline: {option}: a setting of the pods a cluster runs; a local run's steps" in line
         assert not output.exists()
+
+
+def test_a_synthetic_dataset_size_given_with_another_source_is_refused(tmp_path, capfd):
+    from pipeline import commands
+    from pipeline.pipeline import pipeline_named
+
+    images = tmp_path / "images"
+    images.mkdir()
+    options = ["--synthetic-train-per-class", "10"]
+    code = commands.main(pipeline_named(None), ["local-run", "--output-root", str(tmp_path / "out"), "--source",
+                                                str(images), *options])  # fmt: skip
+    assert code == 2 and not (tmp_path / "out").exists()
+    assert f"synthetic_train_per_class: it sizes the synthetic dataset, and the source is {images}" in (
+        capfd.readouterr().err
+    )
+    assert commands.main(pipeline_named(None), ["run", "--host", "http://127.0.0.1:9", *options]) == 2
+    assert "and the source is https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in capfd.readouterr().err

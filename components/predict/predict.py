@@ -30,7 +30,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +154,12 @@ def find_images(config: PredictConfig) -> Images:
     source = config.images.rstrip("/")
     if _exists(storage.join(source, MANIFEST_NAME)):
         return _dataset_images(source, config.split)
+    default_split = next(item.default for item in fields(PredictConfig) if item.name == "split")
+    if config.split != default_split:  # a folder has no splits: every image below it is scored
+        raise PredictError(
+            f"split: {config.split!r} chooses a prepared dataset's split, and {source} is a folder of images (every "
+            "image below it is scored): leave it out"
+        )
     if storage.is_remote(source):
         publisher = storage.publisher_for(source)
         keys = sorted(publisher.uri(name) for name in publisher.list() if not left_by_a_tool(name))
