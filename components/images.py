@@ -78,6 +78,13 @@ def content_tag(repository: Path = REPOSITORY) -> str:
     return f"{VERSION}-{digest.hexdigest()[:12]}"
 
 
+def is_content_tag(tag: str) -> bool:
+    """A tag of content_tag's form (this release's version and 12 hex digits), not one TAG gave."""
+    import re
+
+    return re.fullmatch(rf"{re.escape(VERSION)}-[0-9a-f]{{12}}", tag) is not None
+
+
 def image_tag() -> str:
     given = os.environ.get("CIFAR10_PIPELINE_TAG", "")
     if given:

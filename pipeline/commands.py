@@ -239,8 +239,9 @@ def compile_components(root: Path = COMPONENTS_ROOT) -> list[Path]:
 
 def package_for_submission(pipeline, directory: Path) -> Path:
     """The pipeline compiled for a submission, into `directory` (the compiled file under pipeline/ is `make
-    compile`'s and stays as it wrote it), naming the images of the registry `make compile REGISTRY=...` wrote into
-    that file unless REGISTRY is given now; says in one line which images it names."""
+    compile`'s and stays as it wrote it), naming the images `make compile REGISTRY=... TAG=...` wrote into that file
+    (its registry, and a tag it was given rather than derived from the code) unless REGISTRY or TAG is given now;
+    says in one line which images it names."""
     from components import images
 
     package = compile_pipeline(pipeline, directory / compiled_path(pipeline).name, quiet=True)
@@ -252,13 +253,22 @@ def package_for_submission(pipeline, directory: Path) -> Path:
     compiled = compiled_path(pipeline)
     # reader: the pipeline file make compile wrote
     remembered = images.images_named_in(compiled.read_text()) if compiled.is_file() else None
-    if not os.environ.get("CIFAR10_PIPELINE_REGISTRY") and remembered and remembered[0] != registry:
+    given = {name: bool(os.environ.get(f"CIFAR10_PIPELINE_{name}")) for name in ("REGISTRY", "TAG")}
+    kept = []
+    if remembered and not given["REGISTRY"] and remembered[0] != registry:
+        kept.append("REGISTRY")
+    if remembered and not given["TAG"] and remembered[1] != tag and not images.is_content_tag(remembered[1]):
+        kept.append("TAG")  # a tag make compile was given (a content tag there is older code's: said below)
+    if kept:
+        chosen = remembered[0] if "REGISTRY" in kept else registry, remembered[1] if "TAG" in kept else tag
         for kind in images.KINDS:
-            text = text.replace(f"{registry}/{kind}:{tag}", f"{remembered[0]}/{kind}:{tag}")
+            text = text.replace(f"{registry}/{kind}:{tag}", f"{chosen[0]}/{kind}:{chosen[1]}")
         package.write_text(text)  # writer: the pipeline file this command compiled
-        registry = remembered[0]
-    where = "REGISTRY" if os.environ.get("CIFAR10_PIPELINE_REGISTRY") else f"as make compile wrote {compiled.name}"
-    logger.info("images: %s/cpu:%s and gpu:%s (%s)", registry, tag, tag, where)
+        registry, tag = chosen
+    where = " and ".join(name for name, value in given.items() if value)
+    if kept:
+        where = ", ".join(filter(None, [where, f"{' and '.join(kept)} as make compile wrote {compiled.name}"]))
+    logger.info("images: %s/cpu:%s and gpu:%s%s", registry, tag, tag, f" ({where})" if where else "")
     if registry == images.DEFAULT_REGISTRY:
         logger.warning(
             "no images are published at %s: build and push yours, then name them: make push REGISTRY=<yours> && "

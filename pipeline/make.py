@@ -88,7 +88,8 @@ VARIABLES = {
         Variable("PREDICTIONS", "predict: the JSON Lines written (default: OUTPUT/predictions.jsonl)"),
         Variable("REGISTRY", "where the images are pushed and which the compiled pipelines name (run and schedule: "
                  "the registry pipeline/pipeline.yaml names, which make compile wrote)"),
-        Variable("TAG", "the images' tag (default: derived from their content)"),
+        Variable("TAG", "the images' tag (default: derived from their content; run and schedule: a tag make "
+                 "compile was given)"),
         Variable("ENGINE", "docker or podman (default: whichever can build)"),
         Variable("BASE_IMAGE", "the images' base (default: the Dockerfile's pinned one)"),
         Variable("CA_BUNDLE", "CA certificates for a network that re-signs TLS (a build secret)"),
@@ -354,7 +355,7 @@ TARGETS = {
                clean_runs),
         Target("compile", "write pipeline/pipeline.yaml, predict.yaml and sweep.yaml (naming REGISTRY's images)",
                ("REGISTRY", "TAG"), compile_pipelines),
-        Target("run", "submit a run to KFP_HOST (REGISTRY: as make compile wrote it)",
+        Target("run", "submit a run to KFP_HOST (REGISTRY, TAG: as make compile wrote them)",
                (*ENDPOINT_VARIABLES, *RUN_VARIABLES, "WAIT", "REGISTRY", "TAG"), run),
         Target("schedule", "recurring retraining on KFP_HOST", (*ENDPOINT_VARIABLES, *RUN_VARIABLES, "CRON", "NAME",
                                                                 "REPLACE", "REGISTRY", "TAG"), schedule),

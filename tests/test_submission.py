@@ -328,9 +328,40 @@ def test_run_submits_the_images_make_compile_named_and_leaves_the_compiled_file_
     tag = images.image_tag()
     assert images_in(run) == {f"registry.example.com/ml/{kind}:{tag}" for kind in ("cpu", "gpu")}
     assert compiled.read_bytes() == before
-    assert f"images: registry.example.com/ml/cpu:{tag} and gpu:{tag} (as make compile wrote pipeline.yaml)" in (
-        capsys.readouterr().err
+    assert (
+        f"images: registry.example.com/ml/cpu:{tag} and gpu:{tag} (REGISTRY as make compile wrote pipeline.yaml)"
+        in (capsys.readouterr().err)
     )
+
+
+@pytest.mark.parametrize(
+    ("compiled_tag", "submitted"),
+    [("v1", "v1"), ("0.1.0-0123456789ab", None)],  # a tag TAG gave; an older code's content tag
+)
+def test_run_submits_the_tag_make_compile_was_given_and_not_an_older_codes(kfp_api, tmp_path, monkeypatch, capsys,
+                                                                           compiled_tag, submitted):  # fmt: skip
+    """make compile REGISTRY=... TAG=v1 then make run: the run names v1 as compile wrote it, where a content tag in
+    the compiled file is older code's: the run names this code's, and says the compiled file is out of date."""
+    from components import images
+
+    compiled = tmp_path / "pipeline.yaml"
+    monkeypatch.setitem(commands.COMPILED_FILES, "cifar10-pipeline", compiled)
+    commands.compile_pipeline(cifar10_pipeline, compiled)
+    tag = images.image_tag()
+    text = compiled.read_text()
+    for kind in images.KINDS:
+        text = text.replace(f"{images.DEFAULT_REGISTRY}/{kind}:{tag}", f"r.example.com/{kind}:{compiled_tag}")
+    compiled.write_text(text)
+    assert commands.main(cifar10_pipeline, ["run", "--host", kfp_api.url, "--source", "s3://b/data.tar.gz"]) == 0
+    (run,) = kfp_api.bodies("POST", f"{API}/runs")
+    submitted = submitted or tag
+    assert images_in(run) == {f"r.example.com/{kind}:{submitted}" for kind in ("cpu", "gpu")}
+    said = capsys.readouterr().err
+    older = f"pipeline.yaml was compiled from other code (tag {compiled_tag}); this submission names tag {tag}"
+    if submitted == compiled_tag:
+        assert "(REGISTRY and TAG as make compile wrote pipeline.yaml)" in said and older not in said
+    else:
+        assert "(REGISTRY as make compile wrote pipeline.yaml)" in said and older in said
 
 
 def test_run_without_a_source_says_which_data_it_trains_on(kfp_api, capsys):
