@@ -283,7 +283,7 @@ def local_run(
     if resume:  # before OUTPUT is made: a run to resume is found there or the command ends, leaving nothing
         searches = "sweep_dir" in pipeline.component_spec.inputs
         parameters, continued = resumed(pipeline.name, parameters, output_root, resume, searches)
-        train_config = check_parameters(pipeline, {"source": LOCAL_RUN_SOURCE, **parameters})
+        train_config = check_parameters(pipeline, {"source": LOCAL_RUN_SOURCE, **parameters}, resumed=True)
     make_output_root(output_root)
     parameters = {"source": LOCAL_RUN_SOURCE, "promotion_root": str(output_root / MODELS), **parameters}
     check_local_inputs(parameters)

@@ -36,13 +36,14 @@ LAUNCH_PARAMETERS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_i
 LAUNCH_PARAMETERS += ("object_store_secret",)
 
 
-def check_parameters(pipeline, parameters: dict[str, Any]):
+def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False):
     """Refuse, in seconds and before any step runs, run parameters that a step would refuse after the data was
     prepared or the model trained: for every pipeline, a value its parameter's type cannot carry; for the training
     pipelines, what each stage's own config checks refuse (the data's preparation and check, training and its
     launch, the training pod's resources, the evaluation's gate, the promotion's serving release and registry),
-    both epochs and train_steps, and a train option that repeats a named parameter. (Another pipeline's values
-    are checked by its step, its first.)"""
+    both epochs and train_steps, a train option that repeats a named parameter, a setting given that the search
+    space also searches (not for a `resumed` run's own record) and a synthetic dataset's size with another source.
+    (Another pipeline's values are checked by its step, its first.)"""
     check_parameter_types(pipeline, parameters)
     if not trains(pipeline):
         return None
@@ -56,7 +57,8 @@ def check_parameters(pipeline, parameters: dict[str, Any]):
 
     defaults = {name: default for name, (_kind, default) in parameter_types(pipeline).items()}
     given = {**defaults, **parameters}
-    check_not_searched(parameters, given.get("space"))
+    if not resumed:  # a run's own record, which an earlier release may have written with a searched setting
+        check_not_searched(parameters, given.get("space"))
     if "synthetic_train_per_class" in parameters and given.get("source") != "synthetic":
         raise CommandError(
             f"synthetic_train_per_class: it sizes the synthetic dataset, and the source is {given.get('source')}: "

@@ -354,6 +354,8 @@ def test_make_sweep_leaves_a_searched_setting_to_the_search_and_refuses_one_give
     searched = r" is given, and the search space searches {0} \(.*\): .*leave it out, or take {0} out of the space$"
     with pytest.raises(CommandError, match="^depth: 20" + searched.format("depth")):
         checked({"SPACE": space, "DEPTH": "20"})
+    # a resumed run's own record (an earlier release's make sweep gave the demo's depth with a space searching it)
+    check_parameters(sweep_pipeline, {"depth": 8, "space": json.loads(space)}, resumed=True)
     given_decay = "^train_options' batch_norm_decay: 0.95"
     with pytest.raises(CommandError, match=given_decay + searched.format("batch_norm_decay")):
         checked({"SPACE": space, "TRAIN_OPTIONS": '{"batch_norm_decay": 0.95}'})
