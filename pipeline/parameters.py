@@ -42,8 +42,8 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
     pipelines, what each stage's own config checks refuse (the data's preparation and check, training and its
     launch, the training pod's resources, the evaluation's gate, the promotion's serving release and registry),
     both epochs and train_steps, a train option that repeats a named parameter, a setting given that the search
-    space also searches (not for a `resumed` run's own record) and a synthetic dataset's size with another source.
-    (Another pipeline's values are checked by its step, its first.)"""
+    space also searches and a synthetic dataset's size with another source (these two not in a `resumed` run's own
+    record). (Another pipeline's values are checked by its step, its first.)"""
     check_parameter_types(pipeline, parameters)
     if not trains(pipeline):
         return None
@@ -57,9 +57,9 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
 
     defaults = {name: default for name, (_kind, default) in parameter_types(pipeline).items()}
     given = {**defaults, **parameters}
-    if not resumed:  # a run's own record, which an earlier release may have written with a searched setting
+    if not resumed:  # a run's own record, which an earlier release may have written with either
         check_not_searched(parameters, given.get("space"))
-    if "synthetic_train_per_class" in parameters and given.get("source") != "synthetic":
+    if not resumed and "synthetic_train_per_class" in parameters and given.get("source") != "synthetic":
         raise CommandError(
             f"synthetic_train_per_class: it sizes the synthetic dataset, and the source is {given.get('source')}: "
             "leave it out, or give source synthetic"
