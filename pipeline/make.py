@@ -259,7 +259,10 @@ def _searched(space: str) -> frozenset[str]:
 
 def sweep(values: Values) -> list[Command]:
     space = _in_repository(values["SPACE"], SPACE_DEFAULT)
-    arguments = [*_local(values, ["sweep"], _searched(space)), "--space", space]
+    extra = values.extra()
+    in_extra = [_option_at(extra, index)[1] for index, word in enumerate(extra) if word.split("=", 1)[0] == "--space"]
+    searched = _searched(in_extra[-1] or "" if in_extra else space)  # EXTRA='--space ...' is the space searched
+    arguments = [*_local(values, ["sweep"], searched), "--space", space]
     if values.has("TRIALS") or not values.has("RESUME"):
         default = "12" if any(values.has(name) for name in ("PRESET", "TRAIN_STEPS", "EPOCHS")) else "4"
         arguments += ["--trials", values["TRIALS"] if values.has("TRIALS") else default]

@@ -341,7 +341,8 @@ def test_make_sweep_leaves_a_searched_setting_to_the_search_and_refuses_one_give
     space = '{"depth": {"low": 8, "high": 20, "step": 6}, "batch_norm_decay": {"choices": [0.9, 0.99]}}'
 
     def checked(given: dict[str, str]) -> dict:
-        (command,) = make.commands_of("sweep", make.Values(given, environment={}))
+        values = make.Values(given, environment={})
+        (command,) = [make.with_extra(built, values) for built in make.commands_of("sweep", values)]
         parser, arguments = parser_of(command)
         parameters = commands.chosen_parameters(parser.parse_args(arguments), sweep_pipeline)
         check_parameters(sweep_pipeline, parameters)
@@ -351,6 +352,7 @@ def test_make_sweep_leaves_a_searched_setting_to_the_search_and_refuses_one_give
     assert "depth" not in parameters and "batch_norm_decay" not in parameters.get("train_options", {})
     assert parameters["train_steps"] == 300  # the demo's length holds
     assert checked({})["depth"] == 8  # the default space does not search depth
+    assert "depth" not in checked({"EXTRA": f"--space '{space}'"})  # a space given in EXTRA is the one searched
     searched = r" is given, and the search space searches {0} \(.*\): .*leave it out, or take {0} out of the space$"
     with pytest.raises(CommandError, match="^depth: 20" + searched.format("depth")):
         checked({"SPACE": space, "DEPTH": "20"})
