@@ -449,7 +449,9 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
         prog=f"python -m pipeline.pipeline{word}", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    compile_parser = commands.add_parser("compile", help="write pipeline/pipeline.yaml", allow_abbrev=False)
+    compile_parser = commands.add_parser(
+        "compile", help=f"write pipeline/{compiled_path(pipeline).name}", allow_abbrev=False
+    )
     compile_parser.add_argument(
         "--output", type=Path, default=None, help="(default: the pipeline's own, under pipeline/)"
     )
@@ -505,7 +507,9 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     )
     run.add_argument("--poll-seconds", type=SECONDS, default=10.0, help="how often --wait reads the run (default: 10)")
     add_parameter_options(run, pipeline)
-    recurring = commands.add_parser("schedule", help="create a recurring retraining run", allow_abbrev=False)
+    recurring = commands.add_parser(
+        "schedule", help=f"create a recurring run{' (retraining)' if trains(pipeline) else ''}", allow_abbrev=False
+    )
     add_endpoint_options(recurring)
     recurring.add_argument("--cron", required=True, help="six fields, seconds first: '0 0 3 * * *'")
     recurring.add_argument("--name", default=f"{pipeline.name}-{'retraining' if trains(pipeline) else 'scheduled'}")

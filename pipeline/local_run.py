@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import run_record, terminal
-from pipeline.parameters import DEFAULT_OUTPUT_ROOT, LOCAL_RUN_SOURCE, CommandError, check_parameters, describe_length
+from pipeline.parameters import (
+    DEFAULT_OUTPUT_ROOT,
+    LOCAL_RUN_SOURCE,
+    CommandError,
+    check_parameters,
+    describe_length,
+    trains,
+)
 from pipeline.step_processes import StepProcesses
 from pipeline.step_user import StepUser, engine_is_rootless, step_user_for
 
@@ -285,7 +292,9 @@ def local_run(
         parameters, continued = resumed(pipeline.name, parameters, output_root, resume, searches)
         train_config = check_parameters(pipeline, {"source": LOCAL_RUN_SOURCE, **parameters}, resumed=True)
     make_output_root(output_root)
-    parameters = {"source": LOCAL_RUN_SOURCE, "promotion_root": str(output_root / MODELS), **parameters}
+    training = trains(pipeline)
+    if training:  # the predict pipeline has neither
+        parameters = {"source": LOCAL_RUN_SOURCE, "promotion_root": str(output_root / MODELS), **parameters}
     check_local_inputs(parameters)
     if runner == "docker":
         problem = docker_engine_problem()
@@ -313,8 +322,9 @@ def local_run(
     record = run_record.started(run_folder, parameters, runner, continued.name if continued else None)
     log_path = run_folder / RUN_LOG
     logger.info("running %s locally (%s runner); everything is logged in %s", pipeline.name, runner, log_path)
-    logger.info("training: %s, on %s; promoting into %s", describe_length(train_config), parameters["source"],
-                parameters["promotion_root"])  # fmt: skip
+    if training:
+        logger.info("training: %s, on %s; promoting into %s", describe_length(train_config), parameters["source"],
+                    parameters["promotion_root"])  # fmt: skip
     started = time.monotonic()
     steps = StepProcesses()
     named = _run_named(executor_input_utils, run_name)
@@ -347,7 +357,12 @@ def local_run(
         raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by)
     run_record.ended(run_folder, record, "finished")
     logger.info("finished in %.0f s: %s", time.monotonic() - started, run_folder)
-    for line in describe_run(run_folder, Path(parameters["promotion_root"]), log_path):
+    described = (
+        describe_run(run_folder, Path(parameters["promotion_root"]), log_path)
+        if training
+        else (describe_predictions(run_folder, log_path))
+    )
+    for line in described:
         logger.info("%s", line)
     return run_folder
 
@@ -409,6 +424,14 @@ def _interrupted(run_folder: Path) -> str:
     if searched is not None:
         return f"interrupted during the search (its study is saved in {searched}); {again}"
     return "interrupted before training saved a checkpoint; nothing to resume (run again to start over)"
+
+
+def describe_predictions(run_folder: Path, log_path: Path) -> list[str]:
+    """Where a prediction run's outputs are (the predict pipeline's step writes them into the run's folder)."""
+    lines = [f"{name}: {path}" for name, pattern in (("predictions", "predict-component*/predictions"),
+                                                    ("report", "predict-component*/report"))
+             for path in sorted(run_folder.glob(pattern))]  # fmt: skip
+    return [*lines, f"full log: {log_path}"]
 
 
 def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list[str]:

@@ -410,3 +410,28 @@ def test_a_reading_error_comes_out_where_its_piece_would_have_and_an_early_stop_
     time.sleep(0.3)
     assert len(produced) == count <= 3 + 4  # the reader stopped with the consumer
     assert not [thread for thread in threading.enumerate() if thread.name == "predict-reader"]
+
+
+def test_the_predict_pipeline_runs_on_this_machine_as_compiled(promoted, tmp_path, capfd):
+    """`python -m pipeline.pipeline predict local-run`: the compiled predict pipeline through kfp.local, its one step
+    scoring a folder as `make predict` does, and the run saying where its predictions are (it had failed with a
+    traceback: local-run assumed a training pipeline)."""
+    from pipeline import commands
+    from pipeline.predict_pipeline import predict_pipeline
+
+    root, _evaluation = promoted
+    images = tmp_path / "images"
+    images.mkdir()
+    for index in range(3):
+        pixels = np.full((32, 32, 3), 80 * index, np.uint8)
+        (images / f"{index}.png").write_bytes(tf.io.encode_png(pixels).numpy())
+    output = tmp_path / "runs"
+    arguments = ["local-run", "--output-root", str(output), "--model", str(root), "--images", str(images)]
+    assert commands.main(predict_pipeline, arguments) == 0
+    said = capfd.readouterr().err
+    (predictions,) = output.glob("cifar10-predict-*/predict-component*/predictions")
+    assert f"predictions: {predictions}" in said and "Traceback" not in said
+    scored = lines_of(predictions)
+    direct = tmp_path / "direct.jsonl"
+    predicting.predict(PredictConfig(model=str(root), images=str(images), output=str(direct)))
+    assert [line["top"] for line in scored] == [line["top"] for line in lines_of(direct)] and len(scored) == 3
