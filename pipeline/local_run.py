@@ -357,11 +357,10 @@ def local_run(
         raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by)
     run_record.ended(run_folder, record, "finished")
     logger.info("finished in %.0f s: %s", time.monotonic() - started, run_folder)
-    described = (
-        describe_run(run_folder, Path(parameters["promotion_root"]), log_path)
-        if training
-        else (describe_predictions(run_folder, log_path))
-    )
+    if training:
+        described = describe_run(run_folder, Path(parameters["promotion_root"]), log_path)
+    else:
+        described = describe_predictions(run_folder, log_path)
     for line in described:
         logger.info("%s", line)
     return run_folder
