@@ -337,14 +337,14 @@ def local_run(
             pipeline_orchestrator.run_local_pipeline(pipeline_spec=_without_retries(pipeline), arguments=parameters)
         except KeyboardInterrupt:
             run_record.ended(run_folder, record, "interrupted")
-            raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by or signal.SIGINT) from None
+            raise RunInterruptedError(_interrupted(run_folder, training), steps.stopped_by or signal.SIGINT) from None
         except RuntimeError as error:
             stopped = steps.stopped_by is not None
             run_record.ended(run_folder, record, "interrupted" if stopped else "failed")
             if "finished with status" not in str(error):
                 raise
             if stopped:  # decided now that the steps have ended, from what they left
-                raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by) from None
+                raise RunInterruptedError(_interrupted(run_folder, training), steps.stopped_by) from None
             inner = re.findall(r"Inner task failed: '([^']+)'", terminal._ANSI.sub("", str(error)))
             failed = view.failed_steps or inner
             step = terminal.step_name(failed[0]) if failed else "a step"
@@ -354,7 +354,7 @@ def local_run(
             ) from None
     if steps.stopped_by is not None:  # stopped after the last step had ended
         run_record.ended(run_folder, record, "interrupted")
-        raise RunInterruptedError(_interrupted(run_folder), steps.stopped_by)
+        raise RunInterruptedError(_interrupted(run_folder, training), steps.stopped_by)
     run_record.ended(run_folder, record, "finished")
     logger.info("finished in %.0f s: %s", time.monotonic() - started, run_folder)
     if training:
@@ -406,8 +406,10 @@ def _make_command(target: str, output_root: Path) -> str:
     return f"make {target} OUTPUT={shell_word(output_root.resolve())}"
 
 
-def _interrupted(run_folder: Path) -> str:
+def _interrupted(run_folder: Path, training: bool = True) -> str:
     """What a stopped run leaves to continue, and the command that continues it (make sweep for a search's run)."""
+    if not training:  # a prediction run's output is its own folder's
+        return "interrupted; a prediction run is not resumed (run it again: it scores every image again)"
     from components.common.model_directory import checkpoint_step, list_checkpoints
 
     model_dir = model_directory_of(run_folder)
