@@ -607,9 +607,12 @@ def check_images_are_built() -> None:
         try:
             client.images.get(reference)
         except docker.errors.ImageNotFound:
+            tag = os.environ.get("CIFAR10_PIPELINE_TAG")
             raise CommandError(
-                f"{reference}: not built (the image tag follows the code); run make images first"
-            ) from None
+                f"{reference}: not built; make images TAG={tag} builds it" if tag else
+                f"{reference}: not built (the image tag follows the code); run make images first, or give the TAG "
+                "the images were built with (make images TAG=...)"
+            ) from None  # fmt: skip
 
 
 def check_paths_are_mounted(parameters: dict[str, Any], output_root: Path) -> None:

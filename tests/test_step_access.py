@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import local_run
+from pipeline.parameters import CommandError
 from pipeline.step_user import IMAGE_USER, StepUser, engine_is_rootless, may_write, step_user_for
 from pipeline.training_pipeline import cifar10_pipeline
 
@@ -151,3 +152,24 @@ def test_a_resumed_run_and_a_promotion_root_left_by_root_are_handed_to_the_steps
     user = user_of(engine.started[0])
     assert user.problems(model_dir) == [] and user.problems(output_root / "models") == []
     assert all(user.may_write(nearest_existing(path)) for path in step_output_folders(engine.started[0]))
+
+
+@pytest.mark.parametrize("tag", ["", "v1"])
+def test_images_not_built_are_named_with_the_command_that_builds_them(monkeypatch, tag):
+    """RUNNER=docker before `make images` (or with another TAG than the images were built with): one line naming
+    the missing image and the make command that builds it with the tag the run would use."""
+    import docker
+
+    from components.images import image
+
+    class Images:
+        def get(self, reference):
+            raise docker.errors.ImageNotFound(reference)
+
+    monkeypatch.setattr(docker, "from_env", lambda timeout: types.SimpleNamespace(images=Images()))
+    monkeypatch.setenv("CIFAR10_PIPELINE_TAG", tag)
+    with pytest.raises(CommandError) as refused:
+        local_run.check_images_are_built()
+    said = str(refused.value)
+    assert said.startswith(f"{image('evaluate').rsplit(':', 1)[0]}:")  # the first missing image, named
+    assert (f"make images TAG={tag} builds it" in said) if tag else ("run make images first, or give the TAG" in said)
