@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -447,10 +448,16 @@ def test_resuming_on_another_dataset_is_refused_unless_asked_and_then_recorded(s
     model_dir = tmp_path / "model"
     first = loop.train(tiny_train_config(synthetic_data, model_dir, train_steps=2))
     config_before = (model_dir / "config.json").read_bytes()
-    with pytest.raises(ValueError, match=r"is not the dataset the checkpoints .* were trained on"):
+    with pytest.raises(ValueError, match=r"is not the dataset the checkpoints .* were trained on") as refused:
         loop.train(tiny_train_config(str(other), model_dir, train_steps=4))
     assert (model_dir / "config.json").read_bytes() == config_before
-    resumed = loop.train(tiny_train_config(str(other), model_dir, train_steps=4, resume_on_other_data=True))
+    # the way the message gives for a pipeline is one the pipeline takes
+    from pipeline.parameters import check_parameters
+    from pipeline.training_pipeline import cifar10_pipeline
+
+    options = json.loads(re.search(r"TRAIN_OPTIONS='(\{.*?\})'", str(refused.value)).group(1))
+    check_parameters(cifar10_pipeline, {"source": "synthetic", "train_options": options})
+    resumed = loop.train(tiny_train_config(str(other), model_dir, train_steps=4, **options))
     assert resumed.step == 4
     recorded = json.loads((model_dir / "config.json").read_text())["resolved"]
     original = json.loads(config_before)["resolved"]["dataset_manifest_sha256"]

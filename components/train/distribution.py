@@ -237,7 +237,8 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float, between_attempts: C
                 described = ", ".join(f"{name} ({address})" for name, address in sorted(missing.items()))
                 raise PeersMissingError(
                     f"{cluster.name}: gave up after {timeout_seconds:g} s waiting for {described} to start; check "
-                    "that those workers were scheduled and are running (or raise --peer-timeout-seconds)"
+                    "that those workers were scheduled and are running (or raise --peer-timeout-seconds; in a "
+                    "pipeline, train_options' peer_timeout_seconds)"
                 )
             between_attempts()
             time.sleep(0.2)

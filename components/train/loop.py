@@ -287,7 +287,8 @@ class Trainer:
                 raise ValueError(
                     f"data: {self.config.data} (manifest {self.dataset.manifest_sha256[:12]}) is not the dataset the "
                     f"checkpoints in {self.config.model_dir} were trained on ({trained_on[:12]}); nothing was changed. "
-                    "Give --resume-on-other-data to continue training on it (it is recorded in config.json)"
+                    "Give --resume-on-other-data (in a pipeline: TRAIN_OPTIONS='{\"resume_on_other_data\": true}') "
+                    "to continue training on it (it is recorded in config.json)"
                 )
             logger.warning(
                 "resuming on another dataset than before (%s, was %s)",

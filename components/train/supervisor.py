@@ -194,7 +194,8 @@ class Supervisor:
         return (
             f"{self.worker_name}: the cluster did not form within {self.peer_timeout_seconds:g} s: {peers} answered "
             "on their ports but never joined (a worker that stopped after starting, or an address that is not a "
-            "worker's); check those workers' logs (or raise --peer-timeout-seconds)"
+            "worker's); check those workers' logs (or raise --peer-timeout-seconds; in a pipeline, train_options' "
+            "peer_timeout_seconds)"
         )
 
 
