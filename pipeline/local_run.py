@@ -399,11 +399,16 @@ def shell_word(path: Path) -> str:
     return shlex.quote(str(path))
 
 
-def _make_command(target: str, output_root: Path) -> str:
-    """`make TARGET`, with OUTPUT when the runs are not in the default folder (so that the command finds them)."""
+def _output_words(output_root: Path, option: str) -> str:
+    """` OPTION=<root>` (make's OUTPUT) or ` OPTION <root>` (the CLI's --output-root) when the runs are not in the
+    default folder, so that a printed command finds them; "" when they are."""
     if output_root.resolve() == DEFAULT_OUTPUT_ROOT.resolve():
-        return f"make {target}"
-    return f"make {target} OUTPUT={shell_word(output_root.resolve())}"
+        return ""
+    return f" {option}{'=' if option.isupper() else ' '}{shell_word(output_root.resolve())}"
+
+
+def _make_command(target: str, output_root: Path) -> str:
+    return f"make {target}{_output_words(output_root, 'OUTPUT')}"
 
 
 def _interrupted(run_folder: Path, training: bool = True) -> str:
@@ -417,9 +422,9 @@ def _interrupted(run_folder: Path, training: bool = True) -> str:
     searched = sweep_directory_of(run_folder)
     target, word = ("sweep", "sweep ") if searched is not None else ("local-run", "")
     output_root = run_folder.parent
-    cli_words = "" if output_root == DEFAULT_OUTPUT_ROOT.resolve() else f" --output-root {shell_word(output_root)}"
     again = (f"continue with: {_make_command(target, output_root)} RESUME={run_folder.name} (the same options), or "
-             f"python -m pipeline.pipeline {word}local-run{cli_words} --resume {run_folder.name}")  # fmt: skip
+             f"python -m pipeline.pipeline {word}local-run{_output_words(output_root, '--output-root')} --resume "
+             f"{run_folder.name}")  # fmt: skip
     if steps:
         return f"interrupted at step {steps[-1]} (its checkpoint is saved); {again}"
     if searched is not None:

@@ -259,9 +259,8 @@ def _searched(space: str) -> frozenset[str]:
 
 def sweep(values: Values) -> list[Command]:
     space = _in_repository(values["SPACE"], SPACE_DEFAULT)
-    extra = values.extra()
-    in_extra = [_option_at(extra, index)[1] for index, word in enumerate(extra) if word.split("=", 1)[0] == "--space"]
-    searched = _searched(in_extra[-1] or "" if in_extra else space)  # EXTRA='--space ...' is the space searched
+    in_extra = _options_in(values.extra()).get("--space")
+    searched = _searched(in_extra[0] or "" if in_extra else space)  # EXTRA='--space ...' is the space searched
     arguments = [*_local(values, ["sweep"], searched), "--space", space]
     if values.has("TRIALS") or not values.has("RESUME"):
         default = "12" if any(values.has(name) for name in ("PRESET", "TRAIN_STEPS", "EPOCHS")) else "4"
@@ -435,9 +434,11 @@ def describe() -> str:
 
 
 def commands_of(target: str, values: Values) -> list[Command]:
+    """The commands a target runs, EXTRA's options in place of the same ones before them (`with_extra`: a
+    ValueError when a variable given sets one of them too)."""
     if target not in TARGETS or TARGETS[target].commands is None:
         raise KeyError(target)
-    return TARGETS[target].commands(values)
+    return [with_extra(command, values) for command in TARGETS[target].commands(values)]
 
 
 def _option_at(words: list[str], index: int) -> tuple[str, str | None, int]:
@@ -450,6 +451,16 @@ def _option_at(words: list[str], index: int) -> tuple[str, str | None, int]:
     return name, None, 1
 
 
+def _options_in(words: list[str]) -> dict[str, tuple[str | None, str]]:
+    """Each option `words` name: its (first) value, and its words as given."""
+    options: dict[str, tuple[str | None, str]] = {}
+    for index, word in enumerate(words):
+        if word.startswith("--"):
+            name, value, count = _option_at(words, index)
+            options.setdefault(name, (value, shlex.join(words[index : index + count])))
+    return options
+
+
 def with_extra(command: Command, values: Values) -> Command:
     """EXTRA's options in place of the same options the command had before them: one a default set (RUNNER's, a
     demo's length) is dropped, so EXTRA's holds; one a variable given set (EPOCHS=2 and EXTRA='--epochs 3') is
@@ -457,11 +468,7 @@ def with_extra(command: Command, values: Values) -> Command:
     extra = values.extra()
     if not extra or command.arguments[len(command.arguments) - len(extra) :] != extra:
         return command
-    in_extra = {}
-    for index, word in enumerate(extra):
-        if word.startswith("--"):
-            name, _, count = _option_at(extra, index)
-            in_extra.setdefault(name, shlex.join(extra[index : index + count]))
+    in_extra = _options_in(extra)
     before, kept, index = command.arguments[: len(command.arguments) - len(extra)], [], 0
     while index < len(before):
         name, value, count = _option_at(before, index) if before[index].startswith("--") else ("", None, 1)
@@ -471,7 +478,7 @@ def with_extra(command: Command, values: Values) -> Command:
             setters = [variable for variable, given in values.given.items() if variable != "EXTRA" and given == value]
             if setters:
                 raise ValueError(
-                    f"{setters[0]}={shlex.quote(value)} and EXTRA's {in_extra[name]} both set {name}: give it once"
+                    f"{setters[0]}={shlex.quote(value)} and EXTRA's {in_extra[name][1]} both set {name}: give it once"
                 )
         index += count
     return dataclasses.replace(command, arguments=[*kept, *extra])
@@ -553,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = {name: value for name, value in given.items() if name not in VARIABLES}  # KFP_TOKEN=... and such
     try:
-        commands = [with_extra(command, values) for command in commands_of(target, values)]
+        commands = commands_of(target, values)
     except ValueError as error:
         print(f"make {target}: {error}", file=sys.stderr)
         return 2
