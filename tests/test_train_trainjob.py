@@ -759,10 +759,12 @@ def test_a_trainjob_deletes_itself_when_the_step_that_launched_it_ends_abruptly(
             program = "import logging, sys; from components.train.supervisor import Supervisor\n" \
                       "logging.basicConfig(level=logging.INFO)\n" \
                       "sys.exit(Supervisor(['sleep', '600'], 60).run())"  # fmt: skip
-            worker = subprocess.Popen(
-                [sys.executable, "-c", program], cwd=REPOSITORY, text=True, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, env={**os.environ, **environment, "KUBECONFIG": str(worker_kubeconfig)},
-            )  # fmt: skip
+            worker_log = tmp_path / "worker.log"
+            with worker_log.open("w") as worker_output:
+                worker = subprocess.Popen(
+                    [sys.executable, "-c", program], cwd=REPOSITORY, stdout=worker_output, stderr=subprocess.STDOUT,
+                    env={**os.environ, **environment, "KUBECONFIG": str(worker_kubeconfig)},
+                )  # fmt: skip
             time.sleep(3 * seconds)  # the step renews its lease: the job stays
             assert (NAMESPACE, "lapse-job") in api.jobs
             os.killpg(step.pid, signal.SIGKILL)  # the step's pod ends
@@ -770,12 +772,16 @@ def test_a_trainjob_deletes_itself_when_the_step_that_launched_it_ends_abruptly(
             while (NAMESPACE, "lapse-job") in api.jobs and time.monotonic() < ended + 30:
                 time.sleep(0.2)
             took = time.monotonic() - ended
+            # the supervisor says what it did once the API has answered the deletion: wait for its words
+            while "deleted this job" not in worker_log.read_text() and time.monotonic() < ended + 60:
+                time.sleep(0.2)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(step.pid, signal.SIGKILL)
             if worker is not None:
                 worker.kill()
-        log = worker.communicate(timeout=30)[0]
+                worker.wait(timeout=30)
+        log = worker_log.read_text()
     assert api.deleted == [(NAMESPACE, "lapse-job")], log
     # the lease was last renewed up to one renewal before the kill; a worker sees it lapse within a check after
     assert (
