@@ -82,7 +82,7 @@ def make_output_root(output_root: Path) -> None:
 # this machine, and kfp.local's runners set no resources, so none of them would have an effect.
 CLUSTER_ONLY_PARAMETERS = (
     "gpus_per_worker", "worker_cpu", "worker_memory", "worker_image", "image_pull_secret", "queue_name",
-    "train_step_gpus", "train_step_cpus", "train_step_memory", "object_store_secret",
+    "train_step_gpus", "train_step_cpus", "train_step_memory", "object_store_secret", "prepare_step_memory",
 )  # fmt: skip
 
 
@@ -278,7 +278,7 @@ def local_run(
     from kfp import local
     from kfp.local import executor_input_utils, pipeline_orchestrator
 
-    train_config = check_parameters(pipeline, {"source": LOCAL_RUN_SOURCE, **parameters})
+    train_config = check_parameters(pipeline, {"source": LOCAL_RUN_SOURCE, **parameters}, on_cluster=False)
     if parameters.get("launcher") in ("trainjob", "tfjob"):
         raise CommandError(
             f"launcher {parameters['launcher']} needs a Kubernetes cluster (make run); on this machine the workers are "
@@ -290,7 +290,9 @@ def local_run(
     if resume:  # before OUTPUT is made: a run to resume is found there or the command ends, leaving nothing
         searches = "sweep_dir" in pipeline.component_spec.inputs
         parameters, continued = resumed(pipeline.name, parameters, output_root, resume, searches)
-        train_config = check_parameters(pipeline, {"source": LOCAL_RUN_SOURCE, **parameters}, resumed=True)
+        train_config = check_parameters(
+            pipeline, {"source": LOCAL_RUN_SOURCE, **parameters}, resumed=True, on_cluster=False
+        )
     make_output_root(output_root)
     training = trains(pipeline)
     if training:  # the predict pipeline has neither

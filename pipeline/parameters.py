@@ -36,14 +36,15 @@ LAUNCH_PARAMETERS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_i
 LAUNCH_PARAMETERS += ("object_store_secret",)
 
 
-def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False):
+def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False, on_cluster: bool = True):
     """Refuse, in seconds and before any step runs, run parameters that a step would refuse after the data was
     prepared or the model trained: for every pipeline, a value its parameter's type cannot carry; for the training
     pipelines, what each stage's own config checks refuse (the data's preparation and check, training and its
     launch, the training pod's resources, the evaluation's gate, the promotion's serving release and registry),
     both epochs and train_steps, a train option that repeats a named parameter, a setting given that the search
     space also searches and a synthetic dataset's size with another source (these two not in a `resumed` run's own
-    record). (Another pipeline's values are checked by its step, its first.)"""
+    record); `on_cluster`, a prepare step's pod with less memory than its bound on the source needs. (Another
+    pipeline's values are checked by its step, its first.)"""
     check_parameter_types(pipeline, parameters)
     if not trains(pipeline):
         return None
@@ -66,6 +67,8 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
         )
     check_locations(parameters)
     _check_values(given)  # as given: its messages quote what the user wrote
+    if on_cluster:  # a local run's steps have the machine's memory
+        check_prepare_memory(given)
     # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails
     # there
     return _check_values({name: as_delivered(value) for name, value in given.items()})
@@ -141,7 +144,7 @@ def _check_values(values: dict[str, Any]):
     check_registry_parameters(values)
     check_gate_parameters(values)
     check_sweep_parameters(values)
-    check_training_pod_parameters(values)
+    check_pod_parameters(values)
     options = dict(values.get("train_options") or {})
     named = {*TRAIN_PARAMETERS, *LAUNCH_PARAMETERS, "warm_start", "model_dir", "data", "launcher"}
     repeated = sorted(set(options) & named)
@@ -171,6 +174,7 @@ PREPARE_PARAMETERS = (
     "synthetic_train_per_class",
     "resize",
     "leakage",
+    "max_source_megabytes",
 )
 
 
@@ -257,11 +261,31 @@ def check_gate_parameters(values: dict[str, Any]) -> None:
         raise CommandError(str(error)) from error
 
 
-def check_training_pod_parameters(values: dict[str, Any]) -> None:
-    """launcher=pod: the training step's own pod's resources, which the cluster would refuse when the step starts."""
+def check_prepare_memory(values: dict[str, Any]) -> None:
+    """The prepare step's pod has the memory its bound on the source (max_source_megabytes) needs: else a source
+    within the bound ends the pod (OOMKilled, retried, then failed) instead of being prepared or refused."""
+    from kubernetes.utils import parse_quantity
+
+    from components.prepare_data.config import MEMORY_PER_SOURCE_MEGABYTE, MINIMUM_STEP_MEMORY, step_memory_needed
+
+    needed = step_memory_needed(values["max_source_megabytes"])  # whole MiB
+    if parse_quantity(values["prepare_step_memory"]) < needed:
+        quantity = f"{needed >> 30}Gi" if needed % (1 << 30) == 0 else f"{needed >> 20}Mi"
+        raise CommandError(
+            f"prepare_step_memory: {values['prepare_step_memory']} is less than a source of up to "
+            f"{values['max_source_megabytes']:,} MB (max_source_megabytes) needs, {quantity} ("
+            f"{MEMORY_PER_SOURCE_MEGABYTE} MB for each MB, {MINIMUM_STEP_MEMORY >> 30}Gi at least): give "
+            f"prepare_step_memory {quantity} or more, "
+            "or a smaller max_source_megabytes"
+        )
+
+
+def check_pod_parameters(values: dict[str, Any]) -> None:
+    """The prepare step's and (launcher=pod) the training step's own pod's resources, which the cluster would refuse
+    when the step starts."""
     from components.train.launch_config import QUANTITY
 
-    for name in ("train_step_cpus", "train_step_memory"):
+    for name in ("train_step_cpus", "train_step_memory", "prepare_step_memory"):
         if name in values and not QUANTITY.match(values[name]):
             raise CommandError(f"{name}: {values[name]!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
     if values.get("train_step_gpus", 0) < 0:

@@ -22,7 +22,7 @@ from components.evaluate.config import EvaluateConfig
 from components.images import PUBLISHED_COMPONENT_FILES, image
 from components.predict.component import predict_component
 from components.prepare_data.component import prepare_data_component, source_fingerprint_component
-from components.prepare_data.config import PrepareDataConfig
+from components.prepare_data.config import PrepareDataConfig, step_memory_needed
 from components.sweep.component import sweep_component
 from components.train.component import delete_training_job_component, launch_training_job_component, train_component
 from components.train.config import TrainConfig
@@ -45,6 +45,8 @@ PREPARE, TRAIN, LAUNCH, EVALUATE = (
 # step an hour more than the job's own timeout, so that it times out first and deletes its job itself.
 TRAIN_STEP_TIMEOUT_SECONDS = 7 * 24 * 3600
 LAUNCH_STEP_TIMEOUT_SECONDS = int(LAUNCH.job_timeout_seconds) + 3600
+# The prepare step's memory (request and limit) for the stage's default bound on a source (max_source_megabytes)
+PREPARE_STEP_MEMORY = f"{step_memory_needed(PREPARE.max_source_megabytes) >> 30}Gi"
 
 
 def with_pod_settings(task: dsl.PipelineTask, secret_name, image_pull_secret) -> dsl.PipelineTask:
@@ -186,10 +188,13 @@ def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None
             synthetic_train_per_class=p.synthetic_train_per_class,
             resize=p.resize,
             leakage=p.leakage,
+            max_source_megabytes=p.max_source_megabytes,
             source_fingerprint=fingerprint.output,
         ).set_display_name("prepare data")
         data.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
-        data.set_cpu_request("2").set_memory_request("8Gi").set_memory_limit("8Gi")
+        data.set_cpu_request("2").set_memory_request(p.prepare_step_memory).set_memory_limit(p.prepare_step_memory)
+        # a resource's parameter is not among the task's inputs KFP passes down into the exit handler: name it
+        data.register_pipeline_channels([p.prepare_step_memory])
         with_pod_settings(data, p.object_store_secret, p.image_pull_secret)
         dataset = data.outputs["dataset"]
 
@@ -301,6 +306,8 @@ def cifar10_pipeline(
     registered_model_name: str = EVALUATE.registered_model_name,
     object_store_secret: str = LAUNCH.object_store_secret,
     synthetic_train_per_class: int = PREPARE.synthetic_train_per_class,
+    max_source_megabytes: int = PREPARE.max_source_megabytes,
+    prepare_step_memory: str = PREPARE_STEP_MEMORY,
 ):
     """Prepare CIFAR-10, train a ResNet on one or many workers, evaluate it, and promote it when it is good enough.
 
@@ -359,6 +366,10 @@ def cifar10_pipeline(
         registered_model_name: The registered model the promoted versions are registered under.
         object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
         synthetic_train_per_class: source=synthetic: training images per class.
+        max_source_megabytes: The most the source may hold, unpacked, in MB (CIFAR-10 is 180 MB); a larger one is
+            refused. Raise it with prepare_step_memory, at 8 MB of memory for each MB.
+        prepare_step_memory: Memory request and limit of the prepare step's pod (at least 8 MB for each MB of
+            max_source_megabytes).
     """
     retrain(dict(locals()))
 

@@ -404,6 +404,27 @@ def test_local_run_mistakes_fail_in_seconds_with_one_line_and_run_nothing(tmp_pa
     assert not list((tmp_path / "out").glob("cifar10-pipeline-*"))  # no step ran
 
 
+def test_the_pipelines_bound_on_the_source_reaches_the_prepare_step_and_its_refusal_says_how_to_raise_it(tmp_path):
+    """max_source_megabytes goes from the command line through the compiled pipeline to the prepare step: a 1.5 MB
+    archive, within the default bound, is refused with a bound of 1 MB, and the step's one line names the pipeline's
+    parameters (not only the stage's own option, which a pipeline run cannot give)."""
+    from tests import builders
+
+    archive = builders.write_python_archive(tmp_path / "cifar-10-python.tar.gz", builders.official_data(per_batch=70))
+    assert 1 << 20 < archive.stat().st_size < 2 << 20
+    completed = subprocess.run(
+        [sys.executable, "-m", "pipeline.pipeline", "local-run", "--output-root", str(tmp_path / "out"), "--source",
+         str(archive), "--max-source-megabytes", "1"],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 2, output[-3000:]
+    (refusal,) = [line for line in output.splitlines() if "prepare data: ERROR" in line]
+    assert "1.5 MB is more than the limit of 1 MB" in refusal, refusal
+    assert "in a pipeline, the max_source_megabytes parameter, with prepare_step_memory at 8 MB for each MB" in refusal
+    assert "the run failed at prepare data" in output and not re.search(r"\btrain[^:\n]*: started", output)
+
+
 def processes_of(folder: Path) -> list[str]:
     """The command lines of the processes that name `folder` (a run's steps, launchers and workers do)."""
     found = []

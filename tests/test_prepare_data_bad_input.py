@@ -420,8 +420,44 @@ def test_many_tiny_gzip_members_are_read_in_time_linear_in_their_size(tmp_path):
 def test_a_source_larger_than_the_limit_is_refused_naming_the_option(tmp_path, official):
     padding = _member("cifar-10-batches-py/padding", bytes(3 << 20))
     plain = builders.write_python_archive(tmp_path / "plain.tar", official, extra=[padding], mode="w")
-    assert_rejected(tmp_path, plain, r"plain\.tar: 3 MB is more than the limit of 2 MB .*--max-source-megabytes",
+    assert_rejected(tmp_path, plain, r"plain\.tar: 3\.3 MB is more than the limit of 2 MB .*--max-source-megabytes",
                     max_source_megabytes=2)  # fmt: skip
+
+
+def _flat_images(root, per_split: dict[str, int], side: int = 256):
+    """Class folders a and b of one-colour PNGs: a few hundred bytes each, `side`x`side`x3 bytes decoded."""
+    for split, count in per_split.items():
+        for class_name in ("a", "b"):
+            (root / split / class_name).mkdir(parents=True)
+            for index in range(count):
+                image = np.full((side, side, 3), 40 * index, np.uint8)
+                (root / split / class_name / f"{index}.png").write_bytes(builders.encode_png(image))
+
+
+def test_images_whose_pixels_exceed_the_bound_are_refused_before_they_are_decoded(tmp_path, monkeypatch):
+    """The bound on a source is also a bound on its images decoded (what the step's memory is sized for): PNGs of
+    a few hundred bytes that decode to more than it are refused, counting the splits already read, before a split's
+    images are decoded, and the line says both ways out (a smaller --resize, a larger bound)."""
+    from components.prepare_data import sources
+
+    decoded = []
+    decode_image = sources.decode_image
+    monkeypatch.setattr(sources, "decode_image", lambda *args: decoded.append(args[1]) or decode_image(*args))
+    train_only = tmp_path / "train-only"
+    _flat_images(train_only, {"test": 3, "train": 1})  # test/, read first: 6 images of 192 KB, 1.1 MB
+    assert sum(path.stat().st_size for path in train_only.rglob("*.png")) < 20_000
+    message = assert_rejected(tmp_path, train_only, r"test/a/0\.png: 6 images of 256x256 take 1\.1 MB decoded more "
+                              r"than the source's bound of 1 MB; give --resize with a smaller size, or raise "
+                              r"--max-source-megabytes", max_source_megabytes=1)  # fmt: skip
+    assert "in a pipeline, the max_source_megabytes parameter, with prepare_step_memory" in message
+    assert len(decoded) == 1  # the first image only: its size is the split's
+    both = tmp_path / "both"
+    _flat_images(both, {"test": 1, "train": 2})  # test 0.4 MB, then train 0.8 MB more
+    assert_rejected(tmp_path, both, r"train/a/0\.png: 4 images of 256x256 take 0\.8 MB decoded, and the splits "
+                    r"before it 0\.4 MB, more than the source's bound of 1 MB", max_source_megabytes=1)  # fmt: skip
+    prepare_data(PrepareDataConfig(output=str(tmp_path / "resized"), source=str(both), resize="64",
+                                   max_source_megabytes=1))  # fmt: skip
+    prepare_data(PrepareDataConfig(output=str(tmp_path / "raised"), source=str(both), max_source_megabytes=2))
 
 
 def test_a_sparse_archive_member_is_refused_before_it_is_read(tmp_path):

@@ -161,7 +161,7 @@ def test_a_record_with_a_value_out_of_its_kind_is_refused(tmp_path):
 CLUSTER_VALUES = {
     "gpus_per_worker": "1", "worker_cpu": "2", "worker_memory": "8Gi", "worker_image": "registry.example.com/t:1",
     "image_pull_secret": "regcred", "queue_name": "team-queue", "train_step_gpus": "1", "train_step_cpus": "2",
-    "train_step_memory": "8Gi", "object_store_secret": "store-keys",
+    "train_step_memory": "8Gi", "object_store_secret": "store-keys", "prepare_step_memory": "16Gi",
 }  # fmt: skip
 
 

@@ -4,6 +4,7 @@ the tests assert on what the backend receives: each task's own caching, the run 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -224,6 +225,8 @@ def test_make_run_and_make_schedule_pass_every_train_option_the_user_set(kfp_api
         (["--baseline-tolerance", "-0.1"], "baseline_tolerance: -0.1 is not in [0, 1]"),
         (["--serving-version", "9.9"], "serving_version: no op definitions of TensorFlow 9.9"),
         (["--train-step-memory", "16 GB"], "train_step_memory: '16 GB' is not a Kubernetes quantity"),
+        (["--prepare-step-memory", "16 GB"], "prepare_step_memory: '16 GB' is not a Kubernetes quantity"),
+        (["--max-source-megabytes", "0"], "max_source_megabytes: 0 is not in [1, 1048576]"),
         (["--train-step-gpus", "-1"], "train_step_gpus: -1 is not a number of GPUs"),
         (["--validation-fraction", "1.5"], "validation_fraction: 1.5 is not in [0, 1)"),
         (["--source-sha256", "z" * 64], "is not a 64-digit hex SHA-256"),
@@ -238,6 +241,27 @@ def test_bad_run_parameters_fail_in_seconds_before_anything_runs(kfp_api, capsys
         assert commands.main(cifar10_pipeline, [*command, *arguments]) == 2
         assert message in capsys.readouterr().err and time.monotonic() - started < 30
     assert not kfp_api.bodies("POST", f"{API}/runs")
+
+
+def test_a_larger_bound_on_the_source_comes_with_the_memory_the_refusal_names(kfp_api, capsys):
+    """max_source_megabytes raised alone lets in a source the prepare step's pod (8Gi) cannot hold: it would end
+    OOMKilled, three times. The submission is refused naming the memory it needs; given that, the run carries both,
+    and the compiled prepare step takes its memory request and limit from the parameter."""
+    command = ["run", "--host", kfp_api.url, "--max-source-megabytes", "4096"]
+    assert commands.main(cifar10_pipeline, command) == 2
+    message = capsys.readouterr().err
+    assert "prepare_step_memory: 8Gi is less than a source of up to 4,096 MB (max_source_megabytes) needs" in message
+    memory = re.search(r"give prepare_step_memory (\S+) or more", message).group(1)
+    assert not kfp_api.bodies("POST", f"{API}/runs")
+    assert commands.main(cifar10_pipeline, [*command, "--prepare-step-memory", memory]) == 0
+    (run,) = kfp_api.bodies("POST", f"{API}/runs")
+    parameters = run["runtime_config"]["parameters"]
+    assert (parameters["max_source_megabytes"], parameters["prepare_step_memory"]) == (4096, "32Gi")
+    spec = next(yaml.safe_load_all(commands.COMPILED.read_text()))
+    resources = spec["deploymentSpec"]["executors"]["exec-prepare-data-component"]["container"]["resources"]
+    reference = "{{$.inputs.parameters['pipelinechannel--prepare_step_memory']}}"
+    assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == reference
+    assert spec["root"]["inputDefinitions"]["parameters"]["prepare_step_memory"]["defaultValue"] == "8Gi"
 
 
 @pytest.mark.parametrize(

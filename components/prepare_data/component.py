@@ -23,13 +23,15 @@ def prepare_data_component(
     seed: int = 42,
     synthetic_train_per_class: int = 200,
     synthetic_eval_per_class: int = 50,
+    max_source_megabytes: int = 1024,
     source_fingerprint: str = "",
 ):
     """Convert the source to sharded, checksummed TFRecords in the `dataset` artifact.
 
     validation_fraction < 0 keeps the source's own hold-out (data batch 5); source_sha256 "" checks
     only the official archive's known digest; resize "HxW" resizes every image ("": the images' own size); leakage
-    "drop_from_train" or "drop_from_eval" removes test images' near-duplicates from training or the test images.
+    "drop_from_train" or "drop_from_eval" removes test images' near-duplicates from training or the test images;
+    max_source_megabytes bounds what the source may unpack to (the step's memory must go with it).
     `statistics` shows the dataset's statistics.json (class balance, channels, sizes, duplicates and leakage).
     source_fingerprint is only for caching: pass the output of source_fingerprint_component so that a cached
     result is reused only for unchanged source content.
@@ -51,6 +53,7 @@ def prepare_data_component(
             seed=seed,
             synthetic_train_per_class=synthetic_train_per_class,
             synthetic_eval_per_class=synthetic_eval_per_class,
+            max_source_megabytes=max_source_megabytes,
             source_fingerprint=source_fingerprint,
         )
 

@@ -13,6 +13,17 @@ OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 OFFICIAL_SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
 SOURCE_FORMATS = ("auto", "python", "binary", "folders")
 LEAKAGE_CHOICES = ("keep", "drop_from_train", "drop_from_eval")  # components/prepare_data/statistics.py
+# The memory a prepare step's pod needs for each MB of its bound on a source (max_source_megabytes, which bounds both
+# what the source unpacks to and its images decoded): the pipeline's default, 8 GiB for 1,024 MB. Measured
+# (docs/prepare_data.md): at the peak, 0.75 GB of the stage's own, 1.4 times the pixels, and an archive and its
+# unpacked files (each at most the bound): under 0.75 GB and 3.5 MB for each MB, which the ratio holds with room.
+MEMORY_PER_SOURCE_MEGABYTE = 8
+MINIMUM_STEP_MEMORY = 2 << 30  # the stage's own footprint (TensorFlow, its image codecs, the statistics) and room
+
+
+def step_memory_needed(max_source_megabytes: int) -> int:
+    """Bytes of memory a prepare step's pod needs to read a source of up to `max_source_megabytes` MB."""
+    return max(MINIMUM_STEP_MEMORY, MEMORY_PER_SOURCE_MEGABYTE * (max_source_megabytes << 20))
 
 
 @dataclass(frozen=True)
@@ -93,8 +104,8 @@ class PrepareDataConfig:
         default=1024,
         metadata={
             "range": "[1, 1048576]",
-            "help": "the most a source may hold, unpacked, in MB (CIFAR-10 is 180 MB); bounds the memory a source "
-            "can take",
+            "help": "the most a source may hold, unpacked, and its images decoded, in MB (CIFAR-10 is 180 MB either "
+            "way, its JPEG copy 20 MB unpacked); bounds the memory a source can take",
         },
     )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from components.common import storage
 from components.common.progress import Progress
-from components.prepare_data.safe_io import SourceError
+from components.prepare_data.safe_io import RAISE_THE_LIMIT, SourceError
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +51,7 @@ def _check_sha256(path: Path, digest: str, expected: str | None, source: str) ->
 
 
 def _too_large(source: str, size: int, max_bytes: int) -> SourceError:
-    return SourceError(
-        f"{source}: {size:,} bytes or more, above the limit of {max_bytes:,} (raise --max-source-megabytes if the "
-        "source really is that large)"
-    )
+    return SourceError(f"{source}: {size:,} bytes or more, above the limit of {max_bytes:,} ({RAISE_THE_LIMIT})")
 
 
 def download_url(url: str, cache_dir: Path, expected_sha256: str | None, max_bytes: int) -> tuple[Path, str]:

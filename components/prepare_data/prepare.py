@@ -111,11 +111,11 @@ def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDatas
         raw = resized_dataset(raw, config.image_size) if config.image_size else raw
     else:
         try:
-            raw = read_tree(resolved.tree(), config.source_format, config.image_size)
+            raw = read_tree(resolved.tree(), config.source_format, config.image_size, config.max_source_bytes)
         except MemoryError as error:  # every read is bounded, but the machine may have less than the bound
             raise SourceError(
-                f"{resolved.uri}: ran out of memory reading the source; give the step more memory or lower "
-                f"--max-source-megabytes (now {config.max_source_megabytes})"
+                f"{resolved.uri}: ran out of memory reading the source; give the step more memory (in a pipeline: "
+                f"prepare_step_memory) or lower --max-source-megabytes (now {config.max_source_megabytes})"
             ) from error
     raw.source.update(uri=resolved.uri, sha256=resolved.sha256)
     return raw

@@ -34,6 +34,7 @@ from pathlib import Path, PureWindowsPath
 
 from components.common.compression import gzip_pieces
 from components.common.storage import file_kind
+from components.prepare_data.config import MEMORY_PER_SOURCE_MEGABYTE
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +78,15 @@ class FileTree:
         )
 
 
+# How to let a larger source in, from the command line and in a pipeline (whose prepare step's memory goes with it)
+RAISE_THE_LIMIT = (
+    "raise --max-source-megabytes if the source really is that large; in a pipeline, the max_source_megabytes "
+    f"parameter, with prepare_step_memory at {MEMORY_PER_SOURCE_MEGABYTE} MB for each MB"
+)
+
+
 def _too_large_source(origin: str, max_bytes: int) -> SourceError:
-    return SourceError(
-        f"{origin}: unpacks to more than {max_bytes // MEGABYTE:,} MB, the limit (raise --max-source-megabytes "
-        "if the source really is that large)"
-    )
+    return SourceError(f"{origin}: unpacks to more than {max_bytes // MEGABYTE:,} MB, the limit ({RAISE_THE_LIMIT})")
 
 
 def _stream_pieces(stream: io.BufferedIOBase) -> Iterator[bytes]:
@@ -178,8 +183,8 @@ def check_source_size(path: Path, max_bytes: int) -> None:
     size = path.stat().st_size
     if size > max_bytes:
         raise SourceError(
-            f"{path}: {size // MEGABYTE:,} MB is more than the limit of {max_bytes // MEGABYTE:,} MB (raise "
-            "--max-source-megabytes if the source really is that large)"
+            f"{path}: {size / MEGABYTE:,.1f} MB is more than the limit of {max_bytes // MEGABYTE:,} MB "
+            f"({RAISE_THE_LIMIT})"
         )
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from components.common.dataset import MAX_IMAGE_SIDE, check_label_names
-from components.prepare_data.safe_io import MEGABYTE, FileTree, SourceError, load_numpy_pickle
+from components.prepare_data.safe_io import MEGABYTE, RAISE_THE_LIMIT, FileTree, SourceError, load_numpy_pickle
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,6 @@ MAX_BATCH_BYTES = 64 * MEGABYTE  # 31 MB in the official archives
 MAX_META_BYTES = MEGABYTE  # a few hundred bytes of class names
 MAX_IMAGE_BYTES = MEGABYTE  # a 32x32 image is a few KB, even uncompressed with metadata
 MAX_RESIZED_IMAGE_BYTES = 32 * MEGABYTE  # with --resize, images of any size up to MAX_IMAGE_SIDE are read
-MAX_DECODED_BYTES = 4096 * MEGABYTE  # the pixels of one split, decoded (CIFAR-10's training set: 150 MB)
 SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validation", "test": "eval", "eval": "eval"}
 SPLIT_WORDS = {"train": "train/", "validation": "validation/", "eval": "test/"}  # a split, as its folder is called
 
@@ -533,9 +532,10 @@ def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[
     return root, groups
 
 
-def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None = None) -> RawDataset:
+def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None, max_decoded_bytes: int) -> RawDataset:
     """Images in <split>/<class>/ folders, each resized to `image_size` when given; else all of one size (the
-    first image's), which is then the model's input size."""
+    first image's), which is then the model's input size. The pixels of all the splits, decoded, are refused above
+    `max_decoded_bytes` before any image of a split is decoded (compressed images take ten times their files)."""
     _root, groups = _class_folder_layout(tree)
     if "train" not in groups:
         raise SourceError(f"{tree.origin}: no train/ folder")
@@ -568,6 +568,7 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None = None
     colors: dict[str, list[str]] = defaultdict(list)
     common_size = image_size  # without resizing: the first image's size, which every other must have
     limit = MAX_RESIZED_IMAGE_BYTES if image_size else MAX_IMAGE_BYTES
+    decoded = 0  # bytes of the splits read so far
     for split, classes in groups.items():
         names = [(name, label) for label, class_name in enumerate(label_names) for name in classes.get(class_name, [])]
         images = None
@@ -579,7 +580,8 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None = None
             source_sizes[index], source_colors[index] = image.shape[:2], color
             common_size = common_size or image.shape[:2]
             if images is None:
-                images = np.empty((_bounded_count(len(names), common_size, origin), *common_size, 3), np.uint8)
+                decoded += _decoded_bytes(len(names), common_size, origin, decoded, max_decoded_bytes)
+                images = np.empty((len(names), *common_size, 3), np.uint8)
             images[index] = resized(image[None], common_size)[0] if image_size else image
             colors[color].append(origin)
         labels = np.array([label for _, label in names], dtype=np.int64)
@@ -621,24 +623,29 @@ def detect_format(tree: FileTree) -> str:
 READERS = {"python": read_python_layout, "binary": read_binary_layout, "folders": read_class_folders}
 
 
-def _bounded_count(count: int, size: tuple[int, int], origin: str) -> int:
-    """`count` images of `size`, refused when their pixels would not fit in MAX_DECODED_BYTES of memory."""
+def _decoded_bytes(count: int, size: tuple[int, int], origin: str, before: int, max_decoded_bytes: int) -> int:
+    """The bytes `count` images of `size` take decoded, refused when with the `before` bytes of the splits already
+    read they are more than `max_decoded_bytes`: the source's own bound, which the step's memory is sized for."""
     needed = count * size[0] * size[1] * 3
-    if needed > MAX_DECODED_BYTES:
+    if before + needed > max_decoded_bytes:
+        others = f", and the splits before it {before / MEGABYTE:,.1f} MB," if before else ""
         raise SourceError(
-            f"{origin}: {count:,} images of {size[1]}x{size[0]} take {needed // MEGABYTE:,} MB decoded, more than "
-            f"{MAX_DECODED_BYTES // MEGABYTE:,} MB; give --resize with a smaller size"
+            f"{origin}: {count:,} images of {size[1]}x{size[0]} take {needed / MEGABYTE:,.1f} MB decoded{others} more "
+            f"than the source's bound of {max_decoded_bytes // MEGABYTE:,} MB; give --resize with a smaller size, or "
+            f"{RAISE_THE_LIMIT}"
         )
-    return count
+    return needed
 
 
-def read_tree(tree: FileTree, source_format: str = "auto", image_size: tuple[int, int] | None = None) -> RawDataset:
-    """The source as a RawDataset, every image at `image_size` when given (folders are resized as they are read,
-    CIFAR-10's batches afterwards)."""
+def read_tree(
+    tree: FileTree, source_format: str, image_size: tuple[int, int] | None, max_decoded_bytes: int
+) -> RawDataset:
+    """The source as a RawDataset, every image at `image_size` when given (folders are resized as they are read and
+    bounded by `max_decoded_bytes` decoded; CIFAR-10's batches afterwards, as their shards are written)."""
     layout = detect_format(tree) if source_format == "auto" else source_format
     logger.info("reading %s as the %s layout", tree.origin, layout)
     if layout == "folders":
-        return read_class_folders(tree, image_size)
+        return read_class_folders(tree, image_size, max_decoded_bytes)
     raw = READERS[layout](tree)
     return resized_dataset(raw, image_size) if image_size else raw
 
