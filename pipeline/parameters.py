@@ -67,6 +67,7 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
         )
     check_locations(parameters)
     _check_values(given)  # as given: its messages quote what the user wrote
+    check_used(parameters, given, on_cluster)
     if on_cluster:  # a local run's steps have the machine's memory
         check_prepare_memory(given)
     # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails
@@ -259,6 +260,58 @@ def check_gate_parameters(values: dict[str, Any]) -> None:
             op_definitions(values["serving_version"])  # a release whose op definitions this project lacks
     except ValueError as error:
         raise CommandError(str(error)) from error
+
+
+# Settings that one kind of training alone uses: a training job's worker pods (launcher auto, trainjob or tfjob on a
+# cluster), or the training step's own pod (launcher pod).
+JOB_WORKER_SETTINGS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_image", "queue_name")
+STEP_POD_SETTINGS = ("train_step_gpus", "train_step_cpus", "train_step_memory")
+PROMOTION_SETTINGS = ("baseline_tolerance", "serving_version", "model_registry", "warm_start_from_promoted")
+
+
+def check_used(parameters: dict[str, Any], given: dict[str, Any], on_cluster: bool) -> None:
+    """A setting given that the run would not use, because of another setting (or its default), is refused rather
+    than ignored: a training job's worker settings with launcher pod, the training step's pod settings with a
+    training job, a registered model's name without a registry and, on a cluster, a promotion's settings without a
+    promotion root (a local run has one of its own)."""
+    from components.train.kfp_run import launch_options
+
+    if "registered_model_name" in parameters and not given.get("model_registry"):
+        raise CommandError(
+            "registered_model_name: names the model in a Model Registry, and no model_registry is given: give "
+            "model_registry too, or leave it out"
+        )
+    if not on_cluster:  # a local run refuses a cluster's pod settings of its own (local_run.check_cluster_only)
+        return
+    options = given.get("train_options")
+    job = [name for name in JOB_WORKER_SETTINGS if name in parameters]
+    job += [f"train_options' {name}" for name in launch_options(dict(options if isinstance(options, dict) else {}))]
+    if given["launcher"] == "pod" and job:
+        raise CommandError(
+            f"{', '.join(job)}: {_settings(job)} of a training job's worker pods, and launcher pod trains in the "
+            f"training step's own pod: leave {_them(job)} out, or set that pod with {', '.join(STEP_POD_SETTINGS)}"
+        )
+    step = [name for name in STEP_POD_SETTINGS if name in parameters]
+    if given["launcher"] != "pod" and step:
+        raise CommandError(
+            f"{', '.join(step)}: {_settings(step)} of the training step's own pod, where only launcher pod "
+            f"trains; launcher {given['launcher']} trains in a training job: set its workers with "
+            f"{', '.join(JOB_WORKER_SETTINGS[:4])}, or give launcher pod"
+        )
+    promotion = [name for name in PROMOTION_SETTINGS if parameters.get(name) not in (None, False, "")]
+    if promotion and not given.get("promotion_root"):
+        raise CommandError(
+            f"{', '.join(promotion)}: {_settings(promotion)} of the promotion, and no promotion_root is given (nothing "
+            f"is promoted): give promotion_root too, or leave {_them(promotion)} out"
+        )
+
+
+def _settings(names: list[str]) -> str:
+    return "a setting" if len(names) == 1 else "settings"
+
+
+def _them(names: list[str]) -> str:
+    return "it" if len(names) == 1 else "them"
 
 
 def check_prepare_memory(values: dict[str, Any]) -> None:

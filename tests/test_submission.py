@@ -243,6 +243,59 @@ def test_bad_run_parameters_fail_in_seconds_before_anything_runs(kfp_api, capsys
     assert not kfp_api.bodies("POST", f"{API}/runs")
 
 
+ROOT = ["--promotion-root", "s3://bucket/models"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message", "used"),
+    [
+        (["--launcher", "pod", "--gpus-per-worker", "1"],
+         "gpus_per_worker: a setting of a training job's worker pods, and launcher pod trains in the training step's "
+         "own pod: leave it out, or set that pod with train_step_gpus",
+         ["--launcher", "pod", "--train-step-gpus", "1"]),
+        (["--launcher", "pod", "--worker-memory", "16Gi", "--queue-name", "team"],
+         "worker_memory, queue_name: settings of a training job's worker pods", ["--launcher", "pod"]),
+        (["--launcher", "pod", "--train-options", '{"job_timeout_seconds": 600}'],
+         "train_options' job_timeout_seconds: a setting of a training job's worker pods",
+         ["--launcher", "trainjob", "--train-options", '{"job_timeout_seconds": 600}']),
+        (["--train-step-memory", "16Gi"],
+         "train_step_memory: a setting of the training step's own pod, where only launcher pod trains; launcher auto "
+         "trains in a training job: set its workers with gpus_per_worker, worker_cpu, worker_memory",
+         ["--worker-memory", "16Gi"]),
+        (["--launcher", "tfjob", "--train-step-gpus", "1", "--train-step-cpus", "8"],
+         "train_step_gpus, train_step_cpus: settings of the training step's own pod", ["--launcher", "tfjob"]),
+        (["--registered-model-name", "flowers"],
+         "registered_model_name: names the model in a Model Registry, and no model_registry is given",
+         ["--registered-model-name", "flowers", "--model-registry", "http://127.0.0.1:8080", *ROOT]),
+        (["--serving-version", "2.21.0", "--warm-start-from-promoted", "true"],
+         "serving_version, warm_start_from_promoted: settings of the promotion, and no promotion_root is given",
+         ["--serving-version", "2.21.0", "--warm-start-from-promoted", "true", *ROOT]),
+    ],
+    ids=["job GPUs, pod", "job memory and queue, pod", "job timeout, pod", "pod memory, auto", "pod GPUs, tfjob",
+         "model name, no registry", "promotion, no root"],
+)  # fmt: skip
+def test_a_setting_the_run_would_not_use_is_refused_and_the_way_it_names_is_taken(kfp_api, capsys, arguments,
+                                                                                  message, used):  # fmt: skip
+    """A setting that another one (or its default) makes the run ignore: a training job's worker pods with launcher
+    pod, the training step's pod with a training job (launcher auto is one on a cluster), a Model Registry's model
+    name without a registry, a promotion's settings without a root. Refused in one line before anything is
+    submitted, saying what would use it; the way it names is submitted."""
+    assert commands.main(cifar10_pipeline, ["run", "--host", kfp_api.url, *arguments]) == 2
+    assert message in capsys.readouterr().err
+    assert not kfp_api.bodies("POST", f"{API}/runs")
+    assert commands.main(cifar10_pipeline, ["run", "--host", kfp_api.url, *used]) == 0
+    assert len(kfp_api.bodies("POST", f"{API}/runs")) == 1
+
+
+def test_a_local_run_keeps_its_own_promotion_root_for_the_promotions_settings():
+    """A local run promotes into OUTPUT/models when no promotion_root is given: its promotion settings are used."""
+    from pipeline.parameters import check_parameters
+
+    check_parameters(cifar10_pipeline, {"serving_version": "2.21.0", "baseline_tolerance": 0.02}, on_cluster=False)
+    with pytest.raises(commands.CommandError, match="no promotion_root is given"):
+        check_parameters(cifar10_pipeline, {"serving_version": "2.21.0", "baseline_tolerance": 0.02})
+
+
 def test_a_larger_bound_on_the_source_comes_with_the_memory_the_refusal_names(kfp_api, capsys):
     """max_source_megabytes raised alone lets in a source the prepare step's pod (8Gi) cannot hold: it would end
     OOMKilled, three times. The submission is refused naming the memory it needs; given that, the run carries both,
