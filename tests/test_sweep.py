@@ -225,6 +225,12 @@ def test_the_sweep_pipeline_is_compiled_with_the_training_pipelines_parameters_a
         check_parameters(cifar10_sweep, {"space": {"learning_rate": {"low": 2, "high": 1}}})
     with pytest.raises(CommandError, match="trials"):
         check_parameters(cifar10_sweep, {"trials": 0})
+    # start-up trials are TPE's and the median pruner's: with neither they would be ignored
+    for pruner in ("none", "asha"):
+        with pytest.raises(CommandError, match=f"startup_trials: .* sampler random with pruner {pruner} has neither"):
+            check_parameters(cifar10_sweep, {"sampler": "random", "pruner": pruner, "startup_trials": 2})
+    for used in ({"sampler": "random", "pruner": "median"}, {"sampler": "tpe", "pruner": "none"}):
+        check_parameters(cifar10_sweep, {**used, "startup_trials": 2})
 
 
 def test_the_documented_space_is_the_same_space_after_kfps_struct():
