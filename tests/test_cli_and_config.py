@@ -246,6 +246,24 @@ def test_a_preset_supplies_every_value_not_given_on_every_config_path(tmp_path):
     assert completed.returncode == 2 and "preset" in completed.stderr and "Traceback" not in completed.stderr
 
 
+@pytest.mark.parametrize(
+    ("launcher", "said"), [("local", "launcher local starts none"), ("auto", "launcher auto (here: inprocess)")]
+)
+def test_a_cluster_jobs_setting_given_to_a_launcher_that_starts_none_is_refused(tmp_path, launcher, said):
+    """The train stage's command line: the workers' pod settings, the job's queue or timeout mean nothing when the
+    workers are processes of this machine; one line naming them, exit 2, nothing written."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "components.train", "--data", str(tmp_path / "data"), "--model-dir",
+         str(tmp_path / "model"), "--launcher", launcher, "--workers", "2" if launcher == "local" else "1",
+         "--worker-memory", "64Gi", "--queue-name", "team", "--job-timeout-seconds", "600"],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    (line,) = [line for line in completed.stderr.splitlines() if " ERROR " in line]
+    assert completed.returncode == 2 and "Traceback" not in completed.stderr
+    assert "--worker-memory, --queue-name, --job-timeout-seconds: settings of a cluster job" in line, line
+    assert said in line and not (tmp_path / "model").exists()
+
+
 def _numeric_fields():
     import dataclasses
     import typing

@@ -4,6 +4,7 @@ training a finished trial again; what it leaves (trials.jsonl, best.json, the re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -262,12 +263,19 @@ def cifar10_sweep_pipeline():
 def test_every_search_setting_reaches_a_trial_as_the_train_stage_types_it():
     from components.sweep.config import SweepConfig
 
-    config = SweepConfig(data="/d", sweep_dir="/s", space="{}", train_options={"gpus_per_worker": 1.0, "epochs": 2})
-    settings = sweep_module.trial_settings(config, {"depth": 14.0, "learning_rate": 1}, "/s/trials/0003", 7)
+    config = SweepConfig(data="s3://b/d", sweep_dir="s3://b/s", space="{}", launcher="trainjob",
+                         train_options={"gpus_per_worker": 1.0, "epochs": 2})  # fmt: skip
+    settings = sweep_module.trial_settings(config, {"depth": 14.0, "learning_rate": 1}, "s3://b/s/trials/0003", 7)
     assert settings["depth"] == 14 and isinstance(settings["depth"], int) and settings["gpus_per_worker"] == 1
     assert settings["learning_rate"] == 1.0 and isinstance(settings["learning_rate"], float)
-    assert (settings["model_dir"], settings["seed"], settings["data"]) == ("/s/trials/0003", 7, "/d")
+    assert (settings["model_dir"], settings["seed"], settings["data"]) == ("s3://b/s/trials/0003", 7, "s3://b/d")
     assert os.path.basename(settings["model_dir"]) == "0003"
+    # trials that start no cluster job would ignore a job's setting: refused before any trial
+    with pytest.raises(
+        sweep_module.SweepError, match=r"--gpus-per-worker: a setting of a cluster job .* launcher local"
+    ):
+        local = dataclasses.replace(config, data="/d", sweep_dir="/s", launcher="local")
+        sweep_module.trial_settings(local, {}, "/s/trials/0003", 7)
 
 
 def test_the_sweep_pipeline_stopped_in_its_search_continues_then_trains_the_best_and_promotes_it(tmp_path):

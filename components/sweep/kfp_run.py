@@ -41,6 +41,9 @@ def run_sweep(
     )
     # The training step's named settings (those given) under the train options, as the train step combines them.
     train_options = {**given_parameters(TrainConfig, named), **dict(options.pop("train_options") or {})}
+    # the trials' workers as the training step's when they are a cluster job's ("": not given, the launcher's
+    # default); trials in this step's pod have no job to set (the object store's secret is this pod's own already)
+    job_settings = {k: v for k, v in launch_options.items() if v not in ("", -1)} if shared else {}
     config = config_from_parameters(
         SweepConfig,
         {
@@ -48,8 +51,7 @@ def run_sweep(
             "data": artifact_location(dataset, shared=shared),
             "sweep_dir": sweep_dir,
             "space": json.dumps(space),
-            # the trials' workers as the training step's ("": not given, the launcher's default)
-            "train_options": {**train_options, **{k: v for k, v in launch_options.items() if v not in ("", -1)}},
+            "train_options": {**train_options, **job_settings},
         },
         "sweep component parameters",
     )

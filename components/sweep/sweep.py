@@ -244,6 +244,7 @@ def trial_settings(config: SweepConfig, params: dict, model_dir: str, seed: int)
     from components.common.config import with_field_types
     from components.train.config import TrainConfig
     from components.train.launch_config import LaunchConfig
+    from components.train.launcher import check_launch_used, choose_launcher
 
     settings = {**config.train_options, **params, "data": config.data, "model_dir": model_dir}
     settings |= {"launcher": config.launcher, "workers": config.workers, "seed": seed}
@@ -252,8 +253,13 @@ def trial_settings(config: SweepConfig, params: dict, model_dir: str, seed: int)
     settings = with_field_types(LaunchConfig, with_field_types(TrainConfig, settings))
     launch_names = {item.name for item in dataclasses.fields(LaunchConfig)}
     try:  # as the trial will check them: a mistake in train_options is one line now, not a failed trial per trial
-        config_from_mapping(TrainConfig, {k: v for k, v in settings.items() if k not in launch_names}, "train_options")
-        config_from_mapping(LaunchConfig, {k: v for k, v in settings.items() if k in launch_names}, "train_options")
+        train = config_from_mapping(
+            TrainConfig, {k: v for k, v in settings.items() if k not in launch_names}, "train_options"
+        )
+        launch = config_from_mapping(
+            LaunchConfig, {k: v for k, v in settings.items() if k in launch_names}, "train_options"
+        )
+        check_launch_used(choose_launcher(train), train.launcher, launch)
     except ValueError as error:
         raise SweepError(str(error)) from None
     return json.loads(json.dumps(settings, default=list))  # reader: a round trip of the settings just built

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from components.train import termination
@@ -24,7 +25,7 @@ DESCRIPTION = (
 def main(argv: list[str] | None = None) -> int:
     return run_stage(
         (TrainConfig, LaunchConfig),
-        run,
+        functools.partial(run, refuse_unused_launch=True),
         argv,
         DESCRIPTION,
         "python -m components.train",

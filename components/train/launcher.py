@@ -7,6 +7,7 @@ Kubernetes pod -> the job kind the cluster serves; otherwise local processes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -87,13 +88,39 @@ def choose_launcher(config: TrainConfig) -> str:
     return cluster_job_kind() if in_kubernetes_pod() else "local"
 
 
-def run(config: TrainConfig, launch: LaunchConfig | None = None) -> int:
-    """Train as `config` says; the exit code (0 done, 1 failed for good, 143 preempted: a retry resumes)."""
+def check_launch_used(launcher: str, chosen_by: str, launch: LaunchConfig | None) -> None:
+    """A cluster job's setting (the workers' pods, the job's timeouts, its runtime...) given to a launcher that starts
+    no job would be ignored: refused, naming it."""
+    if launch is None or launcher in CLUSTER_LAUNCHERS:
+        return
+    default = LaunchConfig()
+    given = [
+        field.name
+        for field in dataclasses.fields(launch)
+        if getattr(launch, field.name) != getattr(default, field.name)
+    ]
+    if given:
+        how = f"launcher {launcher}" if chosen_by == launcher else f"launcher {chosen_by} (here: {launcher})"
+        options = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        raise ValueError(
+            f"{options}: {'a setting' if len(given) == 1 else 'settings'} of a cluster job (launcher trainjob or "
+            f"tfjob), and {how} starts none: it trains on this machine; leave "
+            f"{'it' if len(given) == 1 else 'them'} out"
+        )
+
+
+def run(config: TrainConfig, launch: LaunchConfig | None = None, refuse_unused_launch: bool = False) -> int:
+    """Train as `config` says; the exit code (0 done, 1 failed for good, 143 preempted: a retry resumes).
+    `refuse_unused_launch`: `launch` holds what a person gave (the command line), so a cluster job's setting there
+    with a launcher that starts none is refused (a pipeline's step passes the pipeline's job settings whatever the
+    launcher: its parameters are checked at submission instead)."""
     from components.common import file_errors
     from components.common.storage import apply_single_writer_option, is_remote
 
     apply_single_writer_option(config.assume_single_writer)
     launcher = choose_launcher(config)
+    if refuse_unused_launch:
+        check_launch_used(launcher, config.launcher, launch)
     if launcher not in CLUSTER_LAUNCHERS and not is_remote(config.model_dir):
         file_errors.check_writable(config.model_dir, "model_dir")  # before TensorFlow and the data are set up
     if launcher in ("local", *CLUSTER_LAUNCHERS):
