@@ -255,7 +255,9 @@ def check_gate_parameters(values: dict[str, Any]) -> None:
 
     gate = {name: values[name] for name in ("accuracy_threshold", "baseline_tolerance") if name in values}
     try:
-        config_from_parameters(EvaluateConfig, {"data": "/check", "model_dir": "/check", **gate}, "pipeline parameters")
+        # the evaluate step compares with the promotion root (whether one is given, check_used says)
+        where = {"data": "/check", "model_dir": "/check", "compare_with": "/check"}
+        config_from_parameters(EvaluateConfig, {**where, **gate}, "pipeline parameters")
         if values.get("serving_version"):
             op_definitions(values["serving_version"])  # a release whose op definitions this project lacks
     except ValueError as error:
@@ -275,6 +277,7 @@ def check_used(parameters: dict[str, Any], given: dict[str, Any], on_cluster: bo
     without a registry and, on a cluster, a training job's worker settings with launcher pod, the training step's pod
     settings with a training job, and a promotion's settings without a promotion root (a local run has one of its
     own)."""
+    from components.common.config import setting_words
     from components.train.kfp_run import launch_options
 
     if "startup_trials" in parameters and given["sampler"] == "random" and given["pruner"] != "median":
@@ -294,31 +297,25 @@ def check_used(parameters: dict[str, Any], given: dict[str, Any], on_cluster: bo
     job = [name for name in JOB_WORKER_SETTINGS if name in parameters]
     job += [f"train_options' {name}" for name in launch_options(dict(options if isinstance(options, dict) else {}))]
     if given["launcher"] == "pod" and job:
+        setting, them = setting_words(job)
         raise CommandError(
-            f"{', '.join(job)}: {_settings(job)} of a training job's worker pods, and launcher pod trains in the "
-            f"training step's own pod: leave {_them(job)} out, or set that pod with {', '.join(STEP_POD_SETTINGS)}"
+            f"{', '.join(job)}: {setting} of a training job's worker pods, and launcher pod trains in the training "
+            f"step's own pod: leave {them} out, or set that pod with {', '.join(STEP_POD_SETTINGS)}"
         )
     step = [name for name in STEP_POD_SETTINGS if name in parameters]
     if given["launcher"] != "pod" and step:
         raise CommandError(
-            f"{', '.join(step)}: {_settings(step)} of the training step's own pod, where only launcher pod "
+            f"{', '.join(step)}: {setting_words(step)[0]} of the training step's own pod, where only launcher pod "
             f"trains; launcher {given['launcher']} trains in a training job: set its workers with "
             f"{', '.join(JOB_WORKER_SETTINGS[:4])}, or give launcher pod"
         )
     promotion = [name for name in PROMOTION_SETTINGS if parameters.get(name) not in (None, False, "")]
     if promotion and not given.get("promotion_root"):
+        setting, them = setting_words(promotion)
         raise CommandError(
-            f"{', '.join(promotion)}: {_settings(promotion)} of the promotion, and no promotion_root is given (nothing "
-            f"is promoted): give promotion_root too, or leave {_them(promotion)} out"
+            f"{', '.join(promotion)}: {setting} of the promotion, and no promotion_root is given (nothing is "
+            f"promoted): give promotion_root too, or leave {them} out"
         )
-
-
-def _settings(names: list[str]) -> str:
-    return "a setting" if len(names) == 1 else "settings"
-
-
-def _them(names: list[str]) -> str:
-    return "it" if len(names) == 1 else "them"
 
 
 def check_prepare_memory(values: dict[str, Any]) -> None:

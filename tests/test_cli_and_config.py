@@ -264,6 +264,50 @@ def test_a_cluster_jobs_setting_given_to_a_launcher_that_starts_none_is_refused(
     assert said in line and not (tmp_path / "model").exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--timeout-seconds", "60"], "timeout_seconds: how continuous mode waits for checkpoints, and mode latest"),
+        (["--mode", "all", "--checkpoint", "ckpt-5"],
+         "checkpoint: ckpt-5 names the checkpoint to evaluate, and mode all"),
+        (["--serving-version", "2.21.0", "--registered-model-name", "flowers"],
+         "serving_version, registered_model_name: settings of a promotion, and promote_to is not given"),
+        (["--baseline-tolerance", "0.01"],
+         "baseline_tolerance: how far below the baseline a model may be, and there is none (baseline, compare_with"),
+    ],
+    ids=["wait, once", "checkpoint and mode", "promotion, no root", "tolerance, no baseline"],
+)  # fmt: skip
+def test_an_evaluate_setting_another_makes_it_ignore_is_refused(tmp_path, options, message):
+    """The evaluate stage's command line: a setting that the mode, or a missing promotion root or baseline, would
+    make it ignore is one line naming both, exit 2, before anything is read or written."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "components.evaluate", "--data", str(tmp_path / "data"), "--model-dir",
+         str(tmp_path / "model"), *options],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    (line,) = [line for line in completed.stderr.splitlines() if " ERROR " in line]
+    assert completed.returncode == 2 and "Traceback" not in completed.stderr and message in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_files_setting_with_the_synthetic_source_is_refused_on_the_command_line_and_in_a_pipeline(tmp_path):
+    """source synthetic is generated: a layout or a digest to check would be ignored; the stage and a pipeline's
+    submission both refuse it, naming it."""
+    from pipeline.parameters import CommandError, check_parameters
+    from pipeline.training_pipeline import cifar10_pipeline
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "components.prepare_data", "--source", "synthetic", "--output", str(tmp_path / "out"),
+         "--source-format", "python"],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert completed.returncode == 2 and "source_format: a setting of a source that is read" in completed.stderr
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(CommandError, match=r"source_sha256: a setting of a source that is read .* source synthetic"):
+        check_parameters(cifar10_pipeline, {"source": "synthetic", "source_sha256": "a" * 64})
+    check_parameters(cifar10_pipeline, {"source": "s3://bucket/cifar-10-python.tar.gz", "source_sha256": "a" * 64})
+
+
 def _numeric_fields():
     import dataclasses
     import typing

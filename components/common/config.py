@@ -51,6 +51,18 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def changed_fields(config: Any, names: Sequence[str]) -> list[str]:
+    """Those of `names` whose value in `config` is not its field's default: set by whoever made the config (a
+    value given equal to the default cannot be told apart, and changes nothing)."""
+    defaults = {field.name: field.default for field in dataclasses.fields(config)}
+    return [name for name in names if getattr(config, name) != defaults[name]]
+
+
+def setting_words(names: Sequence[str]) -> tuple[str, str]:
+    """("a setting", "it") for one name, ("settings", "them") for more: a refusal's words for what it names."""
+    return ("a setting", "it") if len(names) == 1 else ("settings", "them")
+
+
 def check_fields(config: Any) -> None:
     """Every field of a config dataclass has its declared type and, where declared, one of its choices; numbers are
     finite. Called by every config's __post_init__, so the command line, a --config file, KFP parameters and

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from components.common.config import check_fields
+from components.common.config import changed_fields, check_fields, setting_words
 from components.evaluate.registry import check_address, check_model_name
 
 MODES = ("latest", "all", "continuous")
@@ -129,3 +129,31 @@ class EvaluateConfig:
         if self.model_registry:
             object.__setattr__(self, "model_registry", check_address(self.model_registry))
         check_model_name(self.registered_model_name)
+        self._check_used()
+
+    def _check_used(self) -> None:
+        """A setting that another one (or its default) makes the stage ignore is refused, not ignored."""
+        waiting = changed_fields(self, ("poll_seconds", "timeout_seconds"))
+        if waiting and self.mode != "continuous":
+            raise ValueError(
+                f"{', '.join(waiting)}: how continuous mode waits for checkpoints, and mode {self.mode} evaluates what "
+                f"is there: leave {setting_words(waiting)[1]} out, or give mode continuous"
+            )
+        if self.checkpoint is not None and self.mode != "latest":
+            raise ValueError(
+                f"checkpoint: {self.checkpoint} names the checkpoint to evaluate, and mode {self.mode} chooses them "
+                "itself: give one of the two"
+            )
+        promotion = changed_fields(self, ("serving_version", "model_registry", "registered_model_name"))
+        if promotion and self.promote_to is None:
+            raise ValueError(
+                f"{', '.join(promotion)}: {setting_words(promotion)[0]} of a promotion, and promote_to is not given "
+                f"(nothing is promoted): give promote_to too, or leave {setting_words(promotion)[1]} out"
+            )
+        if changed_fields(self, ("baseline_tolerance",)) and not (
+            self.baseline or self.compare_with or self.promote_to
+        ):
+            raise ValueError(
+                "baseline_tolerance: how far below the baseline a model may be, and there is none (baseline, "
+                "compare_with or promote_to): give one, or leave it out"
+            )

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from components.common import records
-from components.common.config import check_fields
+from components.common.config import changed_fields, check_fields, setting_words
 from components.common.dataset import MAX_IMAGE_SIDE
 
 OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -121,6 +121,13 @@ class PrepareDataConfig:
             raise ValueError(f"compression: {self.compression!r} is not NONE or GZIP")
         if self.source_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", self.source_sha256):
             raise ValueError(f"source_sha256: {self.source_sha256!r} is not a 64-digit hex SHA-256")
+        of_a_file = changed_fields(self, ("source_format", "source_sha256"))
+        if self.source == "synthetic" and of_a_file:
+            setting, them = setting_words(of_a_file)
+            raise ValueError(
+                f"{', '.join(of_a_file)}: {setting} of a source that is read (an archive, a folder, a download), and "
+                f"source synthetic is generated: leave {them} out"
+            )
 
     @property
     def max_source_bytes(self) -> int:

@@ -14,6 +14,7 @@ import signal
 import sys
 
 from components.common import exit_codes
+from components.common.config import changed_fields, setting_words
 from components.train.config import CLUSTER_LAUNCHERS, TrainConfig
 from components.train.launch_config import LaunchConfig
 
@@ -93,19 +94,14 @@ def check_launch_used(launcher: str, chosen_by: str, launch: LaunchConfig | None
     no job would be ignored: refused, naming it."""
     if launch is None or launcher in CLUSTER_LAUNCHERS:
         return
-    default = LaunchConfig()
-    given = [
-        field.name
-        for field in dataclasses.fields(launch)
-        if getattr(launch, field.name) != getattr(default, field.name)
-    ]
+    given = changed_fields(launch, [field.name for field in dataclasses.fields(launch)])
     if given:
         how = f"launcher {launcher}" if chosen_by == launcher else f"launcher {chosen_by} (here: {launcher})"
         options = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        setting, them = setting_words(given)
         raise ValueError(
-            f"{options}: {'a setting' if len(given) == 1 else 'settings'} of a cluster job (launcher trainjob or "
-            f"tfjob), and {how} starts none: it trains on this machine; leave "
-            f"{'it' if len(given) == 1 else 'them'} out"
+            f"{options}: {setting} of a cluster job (launcher trainjob or tfjob), and {how} starts none: it trains on "
+            f"this machine; leave {them} out"
         )
 
 
