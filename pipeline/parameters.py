@@ -273,19 +273,13 @@ PROMOTION_SETTINGS = ("baseline_tolerance", "serving_version", "model_registry",
 
 def check_used(parameters: dict[str, Any], given: dict[str, Any], on_cluster: bool) -> None:
     """A setting given that the run would not use, because of another setting (or its default), is refused rather
-    than ignored: the search's start-up trials with a sampler and pruner that have none, a registered model's name
-    without a registry and, on a cluster, a training job's worker settings with launcher pod, the training step's pod
+    than ignored (the stages' own such checks run with their configs): a registered model's name without a registry
+    and, on a cluster, a training job's worker settings with launcher pod, the training step's pod
     settings with a training job, and a promotion's settings without a promotion root (a local run has one of its
     own)."""
     from components.common.config import setting_words
     from components.train.kfp_run import launch_options
 
-    if "startup_trials" in parameters and given["sampler"] == "random" and given["pruner"] != "median":
-        raise CommandError(
-            f"startup_trials: the trials TPE samples at random and the median pruner never prunes against, and "
-            f"sampler random with pruner {given['pruner']} has neither: leave it out, or give sampler tpe or pruner "
-            "median"
-        )
     if "registered_model_name" in parameters and not given.get("model_registry"):
         raise CommandError(
             "registered_model_name: names the model in a Model Registry, and no model_registry is given: give "

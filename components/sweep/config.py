@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from components.common.config import check_fields
+from components.common.config import changed_fields, check_fields
 
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "asha", "none")
@@ -98,3 +98,9 @@ class SweepConfig:
         for name in ("data", "model_dir", "launcher", "workers", "seed"):
             if name in self.train_options:
                 raise ValueError(f"train_options: {name!r} is set by the sweep itself (give it as --{name})")
+        if changed_fields(self, ("startup_trials",)) and self.sampler == "random" and self.pruner != "median":
+            raise ValueError(
+                f"startup_trials: the trials TPE samples at random and the median pruner never prunes against, and "
+                f"sampler random with pruner {self.pruner} has neither: leave it out, or give sampler tpe or pruner "
+                "median"
+            )
