@@ -41,10 +41,11 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
     prepared or the model trained: for every pipeline, a value its parameter's type cannot carry; for the training
     pipelines, what each stage's own config checks refuse (the data's preparation and check, training and its
     launch, the training pod's resources, the evaluation's gate, the promotion's serving release and registry),
-    both epochs and train_steps, a train option that repeats a named parameter, a setting given that the search
-    space also searches and a synthetic dataset's size with another source (these two not in a `resumed` run's own
-    record); `on_cluster`, a prepare step's pod with less memory than its bound on the source needs. (Another
-    pipeline's values are checked by its step, its first.)"""
+    both epochs and train_steps, a train option that repeats a named parameter, and a setting given that the search
+    space also searches, a synthetic dataset's size with another source or a setting another makes the run ignore
+    (check_used) (these three not in a `resumed` run's own record, which an earlier release may have written);
+    `on_cluster`, a prepare step's pod with less memory than its bound on the source needs. (Another pipeline's
+    values are checked by its step, its first.)"""
     check_parameter_types(pipeline, parameters)
     if not trains(pipeline):
         return None
@@ -67,7 +68,8 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
         )
     check_locations(parameters)
     _check_values(given)  # as given: its messages quote what the user wrote
-    check_used(parameters, given, on_cluster)
+    if not resumed:
+        check_used(parameters, given, on_cluster)
     if on_cluster:  # a local run's steps have the machine's memory
         check_prepare_memory(given)
     # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails

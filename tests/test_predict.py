@@ -276,6 +276,17 @@ def test_a_split_given_for_a_folder_of_images_is_refused_not_ignored(promoted, t
     assert list(tmp_path.iterdir()) == [images]
 
 
+def test_an_image_files_bound_given_for_a_prepared_dataset_is_refused_not_ignored(promoted, synthetic_data, tmp_path,
+                                                                                     capsys):  # fmt: skip
+    """--max-image-megabytes bounds an image file's bytes; a prepared dataset has records, not files: one line."""
+    root, _evaluation = promoted
+    output = tmp_path / "predictions.jsonl"
+    arguments = ["--model", str(root), "--images", str(synthetic_data), "--output", str(output)]
+    assert predict_main([*arguments, "--max-image-megabytes", "8"]) == 2
+    assert "max_image_megabytes: bounds an image file's bytes, and " in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_any_file_name_can_be_reported(promoted, tmp_path):
     root, _evaluation = promoted
     images = tmp_path / "images"

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from components.common import documents, outputs, storage
+from components.common.config import changed_fields
 from components.common.dataset import MANIFEST_NAME
 from components.common.model import LabelCountError, check_label_count
 from components.common.progress import Progress
@@ -153,6 +154,11 @@ class Images:
 def find_images(config: PredictConfig) -> Images:
     source = config.images.rstrip("/")
     if _exists(storage.join(source, MANIFEST_NAME)):
+        if changed_fields(config, ("max_image_megabytes",)):
+            raise PredictError(
+                f"max_image_megabytes: bounds an image file's bytes, and {source} is a prepared dataset (its records "
+                "were bounded and checked when it was prepared): leave it out"
+            )
         return _dataset_images(source, config.split)
     default_split = next(item.default for item in fields(PredictConfig) if item.name == "split")
     if config.split != default_split:  # a folder has no splits: every image below it is scored
