@@ -31,6 +31,18 @@ def restored_logging():
     logging.root.setLevel(level)
 
 
+@pytest.fixture(autouse=True)
+def restored_signal_mask():
+    """`python -m components.train` blocks SIGTERM and SIGINT when imported (components/train/termination.py); a test
+    that imports its main leaves them blocked in this process, and every process a later test starts inherits the
+    mask (a `sleep` or a sweep that SIGTERM can no longer stop): put the mask back."""
+    import signal
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 @pytest.fixture
 def gcs_server():
     """A real fake-gcs-server process (in memory, HTTP), fresh for each test (0.15 s to start). One server for the

@@ -308,6 +308,41 @@ def test_a_files_setting_with_the_synthetic_source_is_refused_on_the_command_lin
     check_parameters(cifar10_pipeline, {"source": "s3://bucket/cifar-10-python.tar.gz", "source_sha256": "a" * 64})
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"optimizer": "adam", "momentum": 0.8}, "momentum: a setting of optimizers sgd, rmsprop and muon"),
+        ({"muon_learning_rate": 0.1, "newton_schulz_steps": 5}, "muon_learning_rate, newton_schulz_steps: settings "
+         "of optimizer muon"),
+        ({"schedule": "cosine", "boundary_epochs": [1.0], "decay_factors": [0.1]}, "boundary_epochs, decay_factors: "
+         "settings of schedule piecewise"),
+        ({"triangle_peak": 0.3}, "triangle_peak: a setting of schedule triangular"),
+        ({"lookahead_decay": 0.9}, "lookahead_decay: a setting of lookahead_every_steps"),
+        ({"whitening_bias_epochs": 1.0}, "whitening_bias_epochs: a setting of the airbench models' whitening layer"),
+        ({"preset": "airbench94_muon", "optimizer": "adam", "momentum": 0.5}, "momentum: a setting of optimizers"),
+    ],
+    ids=["momentum, adam", "muon's, sgd", "piecewise's, cosine", "triangle, piecewise", "lookahead, none",
+         "whitening, resnet", "over a preset"],
+)  # fmt: skip
+def test_a_train_setting_its_optimizer_schedule_or_model_would_ignore_is_refused_everywhere(tmp_path, values, message):
+    """What the optimizer, schedule or model in use has no use for: refused by the stage's config (the command line,
+    a --config file, a pipeline's TRAIN_OPTIONS at submission), naming it. A preset's own values are not 'given':
+    airbench94_muon with another optimizer keeps its muon settings unused without a word."""
+    from components.common.config import config_from_mapping
+    from components.train.config import TrainConfig
+    from pipeline.parameters import CommandError, check_parameters
+    from pipeline.training_pipeline import cifar10_pipeline
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config_from_mapping(TrainConfig, {"data": "/d", "model_dir": "/m", **values}, "configuration")
+    options = {name: value for name, value in values.items() if name != "preset"}
+    preset = {"preset": values["preset"]} if "preset" in values else {}
+    with pytest.raises(CommandError, match=re.escape(message)):
+        check_parameters(cifar10_pipeline, {"source": "synthetic", "train_options": options, **preset})
+    config_from_mapping(TrainConfig, {"data": "/d", "model_dir": "/m", "preset": "airbench94_muon", "optimizer": "sgd"},
+                        "configuration")  # fmt: skip
+
+
 def _numeric_fields():
     import dataclasses
     import typing

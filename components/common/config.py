@@ -51,11 +51,16 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def changed_fields(config: Any, names: Sequence[str]) -> list[str]:
-    """Those of `names` whose value in `config` is not its field's default: set by whoever made the config (a
-    value given equal to the default cannot be told apart, and changes nothing)."""
+def changed_fields(config: Any, names: Sequence[str], recipe: dict[str, Any] | None = None) -> list[str]:
+    """Those of `names` whose value in `config` is neither its field's default nor the `recipe`'s (a preset's) value:
+    set by whoever made the config (a value given equal to either cannot be told apart, and changes nothing)."""
     defaults = {field.name: field.default for field in dataclasses.fields(config)}
-    return [name for name in names if getattr(config, name) != defaults[name]]
+    recipe = recipe or {}
+    return [
+        name
+        for name in names
+        if getattr(config, name) != defaults[name] and (name not in recipe or getattr(config, name) != recipe[name])
+    ]
 
 
 def setting_words(names: Sequence[str]) -> tuple[str, str]:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from components.common.config import check_fields
+from components.common.config import changed_fields, check_fields, setting_words
 from components.common.storage import is_remote
 from components.train.presets import LENGTH_FIELDS, PRESETS
 
@@ -406,6 +406,35 @@ class TrainConfig:
                         f"{name}: {getattr(self, name)} is a local path, and a {self.launcher}'s workers run in other "
                         "pods: give a gs:// or s3:// location"
                     )
+        self._check_used()
+
+    # (settings, what they belong to, whether this config has it): a setting given (not the default or the preset's
+    # value) for what this config does not use would be ignored
+    USED_ONLY_WITH: ClassVar[tuple] = (
+        (("muon_learning_rate", "muon_momentum", "newton_schulz_steps"), "optimizer muon",
+         lambda config: config.optimizer == "muon"),
+        (("momentum",), "optimizers sgd, rmsprop and muon", lambda config: config.optimizer != "adam"
+         and config.optimizer != "adamw"),
+        (("nesterov",), "optimizers sgd and muon", lambda config: config.optimizer in ("sgd", "muon")),
+        (("boundary_epochs", "decay_factors"), "schedule piecewise", lambda config: config.schedule == "piecewise"),
+        (("triangle_start", "triangle_peak", "triangle_end"), "schedule triangular",
+         lambda config: config.schedule == "triangular"),
+        (("lookahead_start_epochs", "lookahead_decay", "lookahead_decay_power"), "lookahead_every_steps",
+         lambda config: config.lookahead_every_steps is not None),
+        (("whitening_bias_epochs",), "the airbench models' whitening layer (model airbench or airbench_muon)",
+         lambda config: config.model != "resnet"),
+    )  # fmt: skip
+
+    def _check_used(self) -> None:
+        recipe = PRESETS.get(self.preset or "", {})
+        for names, owner, has_it in self.USED_ONLY_WITH:
+            given = changed_fields(self, names, recipe)
+            if given and not has_it(self):
+                setting, them = setting_words(given)
+                raise ValueError(
+                    f"{', '.join(given)}: {setting} of {owner}, which this training does not use (optimizer "
+                    f"{self.optimizer}, schedule {self.schedule}, model {self.model}): leave {them} out"
+                )
 
     def total_steps(self, train_examples: int) -> int:
         if self.train_steps is not None:
