@@ -319,11 +319,15 @@ def check_prepare_memory(values: dict[str, Any]) -> None:
     within the bound ends the pod (OOMKilled, retried, then failed) instead of being prepared or refused."""
     from kubernetes.utils import parse_quantity
 
-    from components.prepare_data.config import MEMORY_PER_SOURCE_MEGABYTE, MINIMUM_STEP_MEMORY, step_memory_needed
+    from components.prepare_data.config import (
+        MEMORY_PER_SOURCE_MEGABYTE,
+        MINIMUM_STEP_MEMORY,
+        step_memory_needed,
+        step_memory_quantity,
+    )
 
-    needed = step_memory_needed(values["max_source_megabytes"])  # whole MiB
-    if parse_quantity(values["prepare_step_memory"]) < needed:
-        quantity = f"{needed >> 30}Gi" if needed % (1 << 30) == 0 else f"{needed >> 20}Mi"
+    if parse_quantity(values["prepare_step_memory"]) < step_memory_needed(values["max_source_megabytes"]):
+        quantity = step_memory_quantity(values["max_source_megabytes"])
         raise CommandError(
             f"prepare_step_memory: {values['prepare_step_memory']} is less than a source of up to "
             f"{values['max_source_megabytes']:,} MB (max_source_megabytes) needs, {quantity} ("

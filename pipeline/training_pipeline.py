@@ -22,7 +22,7 @@ from components.evaluate.config import EvaluateConfig
 from components.images import PUBLISHED_COMPONENT_FILES, image
 from components.predict.component import predict_component
 from components.prepare_data.component import prepare_data_component, source_fingerprint_component
-from components.prepare_data.config import PrepareDataConfig, step_memory_needed
+from components.prepare_data.config import PrepareDataConfig, step_memory_quantity
 from components.sweep.component import sweep_component
 from components.train.component import delete_training_job_component, launch_training_job_component, train_component
 from components.train.config import TrainConfig
@@ -46,7 +46,7 @@ PREPARE, TRAIN, LAUNCH, EVALUATE = (
 TRAIN_STEP_TIMEOUT_SECONDS = 7 * 24 * 3600
 LAUNCH_STEP_TIMEOUT_SECONDS = int(LAUNCH.job_timeout_seconds) + 3600
 # The prepare step's memory (request and limit) for the stage's default bound on a source (max_source_megabytes)
-PREPARE_STEP_MEMORY = f"{step_memory_needed(PREPARE.max_source_megabytes) >> 30}Gi"
+PREPARE_STEP_MEMORY = step_memory_quantity(PREPARE.max_source_megabytes)
 
 
 def with_pod_settings(task: dsl.PipelineTask, secret_name, image_pull_secret) -> dsl.PipelineTask:
@@ -366,8 +366,8 @@ def cifar10_pipeline(
         registered_model_name: The registered model the promoted versions are registered under.
         object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
         synthetic_train_per_class: source=synthetic: training images per class.
-        max_source_megabytes: The most the source may hold, unpacked, in MB (CIFAR-10 is 180 MB); a larger one is
-            refused. Raise it with prepare_step_memory, at 8 MB of memory for each MB.
+        max_source_megabytes: The most the source may hold, unpacked and its images decoded, in MB (CIFAR-10 is 180
+            MB); a larger one is refused. Raise it with prepare_step_memory, at 8 MB of memory for each MB.
         prepare_step_memory: Memory request and limit of the prepare step's pod (at least 8 MB for each MB of
             max_source_megabytes).
     """

@@ -30,7 +30,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -160,8 +160,7 @@ def find_images(config: PredictConfig) -> Images:
                 "were bounded and checked when it was prepared): leave it out"
             )
         return _dataset_images(source, config.split)
-    default_split = next(item.default for item in fields(PredictConfig) if item.name == "split")
-    if config.split != default_split:  # a folder has no splits: every image below it is scored
+    if changed_fields(config, ("split",)):  # a folder has no splits: every image below it is scored
         raise PredictError(
             f"split: {config.split!r} chooses a prepared dataset's split, and {source} is a folder of images (every "
             "image below it is scored): leave it out"

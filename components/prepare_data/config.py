@@ -26,6 +26,12 @@ def step_memory_needed(max_source_megabytes: int) -> int:
     return max(MINIMUM_STEP_MEMORY, MEMORY_PER_SOURCE_MEGABYTE * (max_source_megabytes << 20))
 
 
+def step_memory_quantity(max_source_megabytes: int) -> str:
+    """step_memory_needed as a Kubernetes quantity (whole MiB): "8Gi", "12000Mi"."""
+    needed = step_memory_needed(max_source_megabytes)
+    return f"{needed >> 30}Gi" if needed % (1 << 30) == 0 else f"{needed >> 20}Mi"
+
+
 @dataclass(frozen=True)
 class PrepareDataConfig:
     output: str = field(metadata={"help": "output folder, gs:// or s3:// prefix for the shards and manifest"})

@@ -413,8 +413,8 @@ class TrainConfig:
     USED_ONLY_WITH: ClassVar[tuple] = (
         (("muon_learning_rate", "muon_momentum", "newton_schulz_steps"), "optimizer muon",
          lambda config: config.optimizer == "muon"),
-        (("momentum",), "optimizers sgd, rmsprop and muon", lambda config: config.optimizer != "adam"
-         and config.optimizer != "adamw"),
+        (("momentum",), "optimizers sgd, rmsprop and muon",
+         lambda config: config.optimizer in ("sgd", "rmsprop", "muon")),
         (("nesterov",), "optimizers sgd and muon", lambda config: config.optimizer in ("sgd", "muon")),
         (("boundary_epochs", "decay_factors"), "schedule piecewise", lambda config: config.schedule == "piecewise"),
         (("triangle_start", "triangle_peak", "triangle_end"), "schedule triangular",
