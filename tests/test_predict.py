@@ -287,6 +287,69 @@ def test_an_image_files_bound_given_for_a_prepared_dataset_is_refused_not_ignore
     assert list(tmp_path.iterdir()) == []
 
 
+def test_each_line_is_what_json_writes_for_any_name_and_probability(tmp_path):
+    """The lines are written directly, not by json.dumps: they must be its lines, whatever the image's name or the
+    classes' (quotes, backslashes, control characters, non-ASCII, an undecodable byte kept as a surrogate) and
+    whatever the probabilities (ties, zeros, tiny values, values that round up)."""
+    names = ["plain", 'a "quoted" class', "back\\slash", "tab\tand\nnewline", "caf\u00e9", "\U0001f600", "", "7"]
+    keys = ['dir/"odd" name.png', "back\\slash.png", "caf\udce9.png", "\u00fcber.png", "ctrl\x01.png", "plain.png"]
+    rows = np.random.default_rng(7).dirichlet(np.full(len(names), 0.3), size=len(keys)).astype(np.float32)
+    rows[1] = 1.0 / len(names)  # ties: kept in class order
+    rows[2] = np.eye(len(names), dtype=np.float32)[3]
+    rows[3, :2] = [0.4999995, 1e-12]
+    written, expected = predicting.Tally(3), predicting.Tally(3)
+    lines = predicting._lines(keys, rows, names, 5, written)
+    for key, row, line in zip(keys, rows, lines, strict=True):
+        order = np.argsort(-row, kind="stable")[:5]
+        top = [{"class": names[i], "index": int(i), "probability": round(float(row[i]), 6)} for i in order]
+        expected.add(key, top[0]["class"], top[0]["probability"])
+        assert line == json.dumps({"image": key, "top": top}) + "\n"
+    assert written == expected
+    output = tmp_path / "lines.jsonl"
+    output.write_text("".join(lines))
+    assert [line["image"] for line in predicting.read_predictions(str(output))] == keys  # each passes the schema
+
+
+def test_a_model_that_gives_no_numbers_stops_the_job_with_one_line_and_keeps_what_it_scored(
+    promoted, synthetic_data, tmp_path, monkeypatch, capsys
+):
+    """A damaged or diverged model whose probabilities are NaN: exit 2 naming the model and the first image, and
+    the batches scored before it stay in the output for the next run to continue."""
+    root, _evaluation = promoted
+    opened = predicting.open_model
+
+    def damaged(location):
+        model = opened(location)
+        calls, served = [], model.serve
+
+        def serve(images):
+            calls.append(len(images))
+            probabilities = served(images)
+            if len(calls) == 2:
+                probabilities[3, 1] = np.nan
+            return probabilities
+
+        model.serve = serve
+        return model
+
+    monkeypatch.setattr(predicting, "open_model", damaged)
+    output = tmp_path / "predictions.jsonl"
+    arguments = ["--model", str(root), "--images", str(synthetic_data), "--output", str(output), "--batch-size", "8"]
+    assert predict_main(arguments) == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if " INFO " not in line]
+    from components.common.dataset import open_dataset
+
+    ids = [
+        i.decode()
+        for _x, _y, batch in open_dataset(synthetic_data).tf_dataset("eval", 1000, True)
+        for i in batch.numpy()
+    ]
+    assert len(error) == 1 and str(root) in error[0]
+    assert f"gives probabilities that are not numbers (NaN or infinite) for {ids[8 + 3]};" in error[0]
+    kept = lines_of(output)
+    assert [line["image"] for line in kept] == ids[:8]
+
+
 def test_any_file_name_can_be_reported(promoted, tmp_path):
     root, _evaluation = promoted
     images = tmp_path / "images"

@@ -285,12 +285,18 @@ def _fitted(image: np.ndarray, model: ServedModel, resize: bool) -> tuple[np.nda
 def _lines(keys: list[str], probabilities: np.ndarray, names: list[str], top_k: int, tally: Tally) -> list[str]:
     """One JSON line per image, its top `top_k` classes; each added to `tally` as its line says it."""
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+    classes = [json.dumps(name) for name in names]
     lines = []
-    for key, row, chosen in zip(keys, probabilities, order, strict=True):
-        top = [{"class": names[index], "index": int(index), "probability": round(float(row[index]), 6)}
-               for index in chosen]  # fmt: skip
-        tally.add(key, top[0]["class"], top[0]["probability"])
-        lines.append(json.dumps({"image": key, "top": top}) + "\n")
+    # The line json.dumps would write ({"image": ..., "top": [{"class": ..., "index": ..., "probability": ...}]}),
+    # written directly: half the time, a tenth of a second in 20,000 images.
+    for key, row, chosen in zip(keys, probabilities.tolist(), order.tolist(), strict=True):
+        top = [(index, round(row[index], 6)) for index in chosen]
+        tally.add(key, names[top[0][0]], top[0][1])
+        entries = ", ".join(
+            f'{{"class": {classes[index]}, "index": {index}, "probability": {probability!r}}}'
+            for index, probability in top
+        )
+        lines.append(f'{{"image": {json.dumps(key)}, "top": [{entries}]}}\n')
     return lines
 
 
@@ -414,7 +420,14 @@ def _score(config: PredictConfig, model: ServedModel, images: Images) -> tuple[d
                 progress.advance(1)
                 skipped += 1
                 continue
-            output.writelines(_lines(keys, model.serve(detail), model.label_names, config.top_k, tally))
+            probabilities = model.serve(detail)
+            if not np.isfinite(probabilities).all():
+                first = keys[int(np.flatnonzero(~np.isfinite(probabilities).all(axis=1))[0])]
+                raise PredictError(
+                    f"model: {model.location} gives probabilities that are not numbers (NaN or infinite) for "
+                    f"{outputs.printable(first)}; a damaged or diverged model (the images scored before it are kept)"
+                )
+            output.writelines(_lines(keys, probabilities, model.label_names, config.top_k, tally))
             output.flush()
             progress.advance(len(keys))
     seconds = time.monotonic() - started
