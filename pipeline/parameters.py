@@ -167,7 +167,24 @@ def _check_values(values: dict[str, Any]):
         config_from_parameters(LaunchConfig, launch, "pipeline parameters")
     except ValueError as error:
         raise CommandError(str(error)) from error
+    _check_trials(values, train)
     return config
+
+
+def _check_trials(values: dict[str, Any], train: dict[str, Any]) -> None:
+    """A search's trials as the sweep step checks them before its first: the training settings with each choice
+    and bound of the space (a setting the space draws may be one the training given would not use)."""
+    if not values.get("space"):
+        return
+    from components.common.kfp_parameters import config_from_parameters
+    from components.sweep.space import parse_space
+    from components.train.config import TrainConfig
+
+    for corner in parse_space(values["space"], "space").corners():
+        try:
+            config_from_parameters(TrainConfig, {**train, **corner}, "pipeline parameters")
+        except ValueError as error:
+            raise CommandError(f"space: a trial with {json.dumps(corner)} would be refused: {error}") from error
 
 
 PREPARE_PARAMETERS = (

@@ -234,6 +234,43 @@ def test_the_sweep_pipeline_is_compiled_with_the_training_pipelines_parameters_a
         check_parameters(cifar10_sweep, {**used, "startup_trials": 2})
 
 
+def test_a_space_whose_draws_a_trial_would_refuse_is_refused_before_any_trial_in_one_line(split_data, tmp_path,
+                                                                                            capfd):  # fmt: skip
+    """A setting's use can depend on another: momentum is the SGD family's. A space drawing adam beside a fixed
+    momentum, or drawing both, would have a trial refused at its launch, later in the search: the sweep step and the
+    pipeline's check before a run refuse it at once, naming the combination, and create nothing."""
+    from pipeline.sweep_pipeline import cifar10_sweep
+
+    optimizers = {"optimizer": {"choices": ["sgd", "adam"]}}
+    both = {**optimizers, "momentum": {"low": 0.8, "high": 0.95}}
+    for space, options in ((optimizers, {**TINY, "momentum": 0.8}), (both, TINY)):
+        sweep_dir = tmp_path / f"sweep-{len(space)}"
+        assert sweep_main(arguments(split_data, sweep_dir, space, trials=2, train_options=options)) == 2
+        error = [line for line in capfd.readouterr().err.splitlines() if " INFO " not in line]
+        assert len(error) == 1 and 'space: a trial with {"optimizer": "adam"' in error[0]
+        assert "momentum: a setting of optimizers sgd, rmsprop and muon, which this training does not use" in error[0]
+        assert not sweep_dir.exists()
+        given = {"space": space} | ({"train_options": {"momentum": 0.8}} if "momentum" not in space else {})
+        with pytest.raises(
+            CommandError, match=r'^space: a trial with \{"optimizer": "adam".* would be refused: .*momentum: a setting'
+        ):
+            check_parameters(cifar10_sweep, given)
+    # the same choices without the setting only some of them use: searched as before
+    check_parameters(cifar10_sweep, {"space": {**optimizers, "learning_rate": {"low": 0.01, "high": 0.1}}})
+    corners = parse_space({**both, "depth": {"choices": [8, 14]}}, "space").corners()
+    assert len(corners) == 8 and corners[0] == {"optimizer": "sgd", "momentum": 0.8, "depth": 8}
+    # beyond the limit of combinations: each value once, the others at their first
+    wide = parse_space({**optimizers, "depth": {"choices": [8, 14, 20]}, "weight_decay": {"choices": [0, 5e-4]}}, "s")
+    assert len(wide.corners()) == 12
+    assert wide.corners(limit=5) == [
+        {"optimizer": "sgd", "depth": 8, "weight_decay": 0},
+        {"optimizer": "adam", "depth": 8, "weight_decay": 0},
+        {"optimizer": "sgd", "depth": 14, "weight_decay": 0},
+        {"optimizer": "sgd", "depth": 20, "weight_decay": 0},
+        {"optimizer": "sgd", "depth": 8, "weight_decay": 5e-4},
+    ]
+
+
 def test_the_documented_space_is_the_same_space_after_kfps_struct():
     """docs/sweep.md's space, as the sweep step receives it from a KFP dict parameter (every number a double)."""
     import re

@@ -17,6 +17,7 @@ Struct), so `depth: {low: 8, high: 20}` reaches the sweep step as 8.0 and 20.0, 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from components.common.values import shown
 NOT_SEARCHABLE = ("data", "model_dir", "cache_dir", "launcher", "workers", "warm_start", "train_on", "preset")
 MAX_SETTINGS = 32
 MAX_CHOICES = 1000
+
+
+MAX_CORNERS = 256  # combinations of the space's values checked before a search, beyond which each value alone
 
 
 class SearchSpaceError(ValueError):
@@ -81,6 +85,18 @@ class SearchSpace:
                 entry |= {"step": dimension.step} if dimension.step is not None else {}
                 described[dimension.name] = entry
         return described
+
+    def corners(self, limit: int = MAX_CORNERS) -> list[dict[str, Any]]:
+        """Trials' settings that between them hold every choice and both bounds of every range, first the first of
+        each: every combination when there are at most `limit`, else each dimension's values with the others at
+        their first. A setting's use depends on another (momentum on the optimizer, a schedule's settings on the
+        schedule), so a space is checked in combination, not one setting at a time."""
+        values = [list(d.choices) if d.choices is not None else [d.low, d.high] for d in self.dimensions]
+        names = [dimension.name for dimension in self.dimensions]
+        if math.prod(len(each) for each in values) <= limit:
+            return [dict(zip(names, combination, strict=True)) for combination in itertools.product(*values)]
+        first = {name: each[0] for name, each in zip(names, values, strict=True)}
+        return [first] + [first | {name: value} for name, each in zip(names, values, strict=True) for value in each[1:]]
 
 
 def _number(value: Any) -> bool:

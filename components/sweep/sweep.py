@@ -286,9 +286,13 @@ class Sweep:
                 f"data: {config.data} has no validation split: a search is measured on one (prepare the data with "
                 "--validation-fraction, e.g. 0.1); the test split is kept for the final model"
             )
-        first = {dimension.name: dimension.low if dimension.choices is None else dimension.choices[0]
-                 for dimension in self.space.dimensions}  # fmt: skip
+        first, *others = self.space.corners()
         trial_settings(config, first, config.sweep_dir, config.seed)  # train_options as a trial checks them
+        for corner in others:  # and with each choice and bound of the space: a trial must not fail on its draw
+            try:
+                trial_settings(config, corner, config.sweep_dir, config.seed)
+            except SweepError as error:
+                raise SweepError(f"space: a trial with {json.dumps(corner)} would be refused: {error}") from None
         self.folder = SweepFolder(config.sweep_dir, config.cache_dir)
         self.folder.claim()
         try:
