@@ -177,14 +177,14 @@ def _check_trials(values: dict[str, Any], train: dict[str, Any]) -> None:
     if not values.get("space"):
         return
     from components.common.kfp_parameters import config_from_parameters
-    from components.sweep.space import parse_space
+    from components.sweep.space import parse_space, refused_trial
     from components.train.config import TrainConfig
 
     for corner in parse_space(values["space"], "space").corners():
         try:
             config_from_parameters(TrainConfig, {**train, **corner}, "pipeline parameters")
         except ValueError as error:
-            raise CommandError(f"space: a trial with {json.dumps(corner)} would be refused: {error}") from error
+            raise CommandError(refused_trial(corner, error)) from error
 
 
 PREPARE_PARAMETERS = (

@@ -421,8 +421,9 @@ def _score(config: PredictConfig, model: ServedModel, images: Images) -> tuple[d
                 skipped += 1
                 continue
             probabilities = model.serve(detail)
-            if not np.isfinite(probabilities).all():
-                first = keys[int(np.flatnonzero(~np.isfinite(probabilities).all(axis=1))[0])]
+            finite = np.isfinite(probabilities).all(axis=1)
+            if not finite.all():
+                first = keys[int(np.argmin(finite))]
                 raise PredictError(
                     f"model: {model.location} gives probabilities that are not numbers (NaN or infinite) for "
                     f"{outputs.printable(first)}; a damaged or diverged model (the images scored before it are kept)"

@@ -99,6 +99,12 @@ class SearchSpace:
         return [first] + [first | {name: value} for name, each in zip(names, values, strict=True) for value in each[1:]]
 
 
+def refused_trial(corner: dict[str, Any], error: Exception) -> str:
+    """The one line refusing a space one of whose `corners` a trial would refuse (the sweep step's and the check
+    before a run's)."""
+    return f"space: a trial with {json.dumps(corner)} would be refused: {error}"
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

@@ -55,7 +55,7 @@ from components.common.dataset import default_cache_dir, read_manifest
 from components.common.model_directory import VALIDATION_CURVE, VALIDATION_CURVE_SCHEMA
 from components.common.progress import format_duration
 from components.sweep.config import SweepConfig
-from components.sweep.space import SearchSpace, parse_space, read_space
+from components.sweep.space import SearchSpace, parse_space, read_space, refused_trial
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ class Sweep:
             try:
                 trial_settings(config, corner, config.sweep_dir, config.seed)
             except SweepError as error:
-                raise SweepError(f"space: a trial with {json.dumps(corner)} would be refused: {error}") from None
+                raise SweepError(refused_trial(corner, error)) from None
         self.folder = SweepFolder(config.sweep_dir, config.cache_dir)
         self.folder.claim()
         try:
