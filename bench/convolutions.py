@@ -1,7 +1,8 @@
 """A preset's convolutions one by one, at its batch: forward, input gradient and kernel gradient (oneDNN's, and
-one matrix product per kernel tap, components/common/model.py's `_filter_gradient_by_taps`), timed in the same
-process run in alternating order, with the peak of the precision (bench/flops.py); prints each one's GFLOP/s, the
-taps' speed-up over oneDNN's kernel gradient, and which of the two the network's layer takes in training.
+one matrix product per kernel tap, components/common/model.py's `_filter_gradient_by_taps`, over chunks of the
+batch as the layer takes it and over the whole batch at once), timed in the same process run in alternating order,
+with the peak of the precision (bench/flops.py); prints each one's GFLOP/s, the taps' speed-up over oneDNN's kernel
+gradient and the chunks' over the whole batch, and which of the two the network's layer takes in training.
 
     .venv/bin/python bench/convolutions.py [--preset cifar10_speedrun] [--precisions mixed_bfloat16 float32]
 """
@@ -22,7 +23,8 @@ from bench import flops, timing  # noqa: E402
 from bench.accuracy import config_model_spec, full_training_set  # noqa: E402
 from bench.step_profile import precision_policy  # noqa: E402
 
-PASSES = ("forward", "input gradient", "kernel gradient", "kernel gradient by taps")
+WHOLE_BATCH = 2**62  # a chunk size no batch reaches
+PASSES = ("forward", "input gradient", "kernel gradient", "kernel gradient by taps", "by taps, the whole batch")
 
 
 def convolution_passes(inputs, kernel, upstream) -> dict:
@@ -50,6 +52,9 @@ def convolution_passes(inputs, kernel, upstream) -> dict:
             )
         ),
         "kernel gradient by taps": timed(lambda: _filter_gradient_by_taps(inputs, upstream, kernel.shape)),
+        "by taps, the whole batch": timed(
+            lambda: _filter_gradient_by_taps(inputs, upstream, kernel.shape, chunk_bytes=WHOLE_BATCH)
+        ),
     }
 
 
@@ -83,8 +88,8 @@ def main() -> None:
         ]
         print(f"\n{arguments.preset} in {precision}, batch {batch}; peak {flops.peak_flops(dtype) / 1e9:.0f} GFLOP/s")
         print("| convolution | image, channels | " + " | ".join(f"{name} ms (GFLOP/s)" for name in PASSES)
-              + " | taps' speed-up | the layer takes |")  # fmt: skip
-        print("|---|---|" + "---|" * len(PASSES) + "---|---|")
+              + " | taps' speed-up | chunks' speed-up | the layer takes |")  # fmt: skip
+        print("|---|---|" + "---|" * len(PASSES) + "---|---|---|")
         for layer in layers:
             _, height, width, in_channels = layer.input.shape
             rows, columns, _, out_channels = layer.kernel.shape
@@ -102,8 +107,9 @@ def main() -> None:
             by_taps = getattr(layer, "_by_taps", None)  # a SmallImageConv2D's choice
             taken = "taps" if by_taps and by_taps(inputs, training=True) else "oneDNN's"
             speed_up = median["kernel gradient"] / median["kernel gradient by taps"]
+            chunks_speed_up = median["by taps, the whole batch"] / median["kernel gradient by taps"]
             print(f"| {layer.name} | {height}x{width}, {in_channels}->{out_channels} | {cells} | {speed_up:.2f}x "
-                  f"| {taken} |", flush=True)  # fmt: skip
+                  f"| {chunks_speed_up:.2f}x | {taken} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -457,6 +457,35 @@ def test_the_small_image_convolution_trains_as_keras_own_in_bfloat16():
         keras.mixed_precision.set_global_policy("float32")
 
 
+def test_the_per_tap_kernel_gradient_over_chunks_of_the_batch_is_the_whole_batch_gradient():
+    """The per-tap kernel gradient taken over chunks of the batch (uneven ones included) and summed is the
+    convolution's kernel gradient, as is the one taken in one piece when the batch is unknown while tracing."""
+    from components.common.model import _batch_chunk_sizes, _filter_gradient_by_taps
+
+    inputs = tf.cast(tf.random.stateless_normal([7, 5, 5, 8], seed=[5, 6]), tf.bfloat16)
+    upstream = tf.cast(tf.random.stateless_normal([7, 5, 5, 16], seed=[7, 8]), tf.bfloat16)
+    expected = tf.raw_ops.Conv2DBackpropFilter(
+        input=tf.cast(inputs, tf.float32), filter_sizes=[3, 3, 8, 16], out_backprop=tf.cast(upstream, tf.float32),
+        strides=[1, 1, 1, 1], padding="SAME",
+    ).numpy()  # fmt: skip
+    image_bytes = 5 * 5 * 8 * 2
+    assert _batch_chunk_sizes(inputs, 2 * image_bytes) == [2, 2, 2, 1]
+    assert _batch_chunk_sizes(inputs, 100 * image_bytes) == [7]
+    unknown_batch = tf.function(
+        lambda images, gradients: _filter_gradient_by_taps(images, gradients, [3, 3, 8, 16], image_bytes),
+        input_signature=[tf.TensorSpec([None, 5, 5, 8], tf.bfloat16), tf.TensorSpec([None, 5, 5, 16], tf.bfloat16)],
+    )
+    for gradient in (
+        _filter_gradient_by_taps(inputs, upstream, [3, 3, 8, 16], 2 * image_bytes),
+        _filter_gradient_by_taps(inputs, upstream, [3, 3, 8, 16], image_bytes),
+        unknown_batch(inputs, upstream),
+    ):
+        assert gradient.dtype == tf.bfloat16 and gradient.shape == (3, 3, 8, 16)
+        np.testing.assert_allclose(
+            tf.cast(gradient, tf.float32).numpy(), expected, rtol=2**-7, atol=2**-7 * np.abs(expected).max()
+        )
+
+
 def test_the_small_image_convolution_takes_its_own_gradient_only_where_it_pays():
     """Training in bfloat16 on images of at most 7x7 pixels, stride 1, 'same': the per-tap kernel gradient; float32,
     larger images, another stride or padding, and inference: Keras's own convolution."""

@@ -241,10 +241,41 @@ class Gelu(keras.layers.Activation):
 SMALL_IMAGE_PIXELS = 49  # up to 7x7: where oneDNN's filter gradient is slower than the per-tap matrix products
 
 
-def _filter_gradient_by_taps(inputs, upstream, kernel_shape):
+TAP_CHUNK_BYTES = 2 * 2**20  # a chunk of the batch whose input, upstream gradient and shifted copy stay in cache
+
+
+def _batch_chunk_sizes(inputs, chunk_bytes: int) -> list[int]:
+    """The batch split into nearly equal chunks of about `chunk_bytes` of `inputs` each (one chunk when the batch
+    is not known while tracing)."""
+    batch = inputs.shape[0]
+    if batch is None:
+        return [-1]
+    image_bytes = inputs.shape[1:].num_elements() * inputs.dtype.size
+    chunks = max(1, min(batch, round(batch * image_bytes / chunk_bytes)))
+    return [batch // chunks + (1 if index < batch % chunks else 0) for index in range(chunks)]
+
+
+def _filter_gradient_by_taps(inputs, upstream, kernel_shape, chunk_bytes: int | None = None):
     """The kernel's gradient of a stride-1 'same' convolution as one matrix product per kernel tap: the input
     shifted by the tap (of the zero-padded input), as a (pixels x in-channels) matrix, transposed, times the
-    upstream gradient as (pixels x out-channels)."""
+    upstream gradient as (pixels x out-channels). Taken over chunks of the batch of about `chunk_bytes` of input
+    each (TAP_CHUNK_BYTES by default), one after another, summed in float32, so that a chunk is still in cache
+    from one tap's product to the next: 1.2-1.4x the whole batch's rate at 7x7 and 3x3 images of 256 channels
+    (bench/convolutions.py)."""
+    sizes = _batch_chunk_sizes(inputs, chunk_bytes or TAP_CHUNK_BYTES)
+    if len(sizes) == 1:
+        return _chunk_filter_gradient_by_taps(inputs, upstream, kernel_shape)
+    total = None
+    for chunk_inputs, chunk_upstream in zip(tf.split(inputs, sizes), tf.split(upstream, sizes), strict=True):
+        if total is not None:  # one chunk after another: run side by side, they evict each other from the cache
+            with tf.control_dependencies([total]):
+                chunk_inputs, chunk_upstream = tf.identity(chunk_inputs), tf.identity(chunk_upstream)
+        part = tf.cast(_chunk_filter_gradient_by_taps(chunk_inputs, chunk_upstream, kernel_shape), tf.float32)
+        total = part if total is None else total + part
+    return tf.cast(total, inputs.dtype)
+
+
+def _chunk_filter_gradient_by_taps(inputs, upstream, kernel_shape):
     rows, columns, in_channels, out_channels = kernel_shape
     height, width = inputs.shape[1], inputs.shape[2]
     padded = tf.pad(inputs, [[0, 0], [rows // 2, rows // 2], [columns // 2, columns // 2], [0, 0]])
