@@ -260,8 +260,8 @@ def _filter_gradient_by_taps(inputs, upstream, kernel_shape, chunk_bytes: int | 
     shifted by the tap (of the zero-padded input), as a (pixels x in-channels) matrix, transposed, times the
     upstream gradient as (pixels x out-channels). Taken over chunks of the batch of about `chunk_bytes` of input
     each (TAP_CHUNK_BYTES by default), one after another, summed in float32, so that a chunk is still in cache
-    from one tap's product to the next: 1.2-1.4x the whole batch's rate at 7x7 and 3x3 images of 256 channels
-    (bench/convolutions.py)."""
+    from one tap's product to the next: 1.22-1.26x the whole batch's rate at 7x7 images of 256 channels, 1.05x at
+    3x3 (bench/convolutions.py)."""
     sizes = _batch_chunk_sizes(inputs, chunk_bytes or TAP_CHUNK_BYTES)
     if len(sizes) == 1:
         return _chunk_filter_gradient_by_taps(inputs, upstream, kernel_shape)
