@@ -458,8 +458,9 @@ def test_the_small_image_convolution_trains_as_keras_own_in_bfloat16():
 
 
 def test_the_per_tap_kernel_gradient_over_chunks_of_the_batch_is_the_whole_batch_gradient():
-    """The per-tap kernel gradient taken over chunks of the batch (uneven ones included) and summed is the
-    convolution's kernel gradient, as is the one taken in one piece when the batch is unknown while tracing."""
+    """The per-tap kernel gradient taken over chunks of the batch (uneven ones included; eagerly, and traced, where
+    the chunks are ordered one after another) and summed is the convolution's kernel gradient, as is the one taken
+    in one piece when the batch is unknown while tracing."""
     from components.common.model import _batch_chunk_sizes, _filter_gradient_by_taps
 
     inputs = tf.cast(tf.random.stateless_normal([7, 5, 5, 8], seed=[5, 6]), tf.bfloat16)
@@ -478,6 +479,7 @@ def test_the_per_tap_kernel_gradient_over_chunks_of_the_batch_is_the_whole_batch
     for gradient in (
         _filter_gradient_by_taps(inputs, upstream, [3, 3, 8, 16], 2 * image_bytes),
         _filter_gradient_by_taps(inputs, upstream, [3, 3, 8, 16], image_bytes),
+        tf.function(lambda: _filter_gradient_by_taps(inputs, upstream, [3, 3, 8, 16], 2 * image_bytes))(),
         unknown_batch(inputs, upstream),
     ):
         assert gradient.dtype == tf.bfloat16 and gradient.shape == (3, 3, 8, 16)
