@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import socket
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 REPOSITORY = Path(__file__).resolve().parents[1]
 LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 BATCH_NAMES = [f"data_batch_{index}" for index in range(1, 6)] + ["test_batch"]
+_REFUSING_SOCKETS: list[socket.socket] = []
 
 
 @dataclass
@@ -299,3 +301,13 @@ def self_signed_certificate(folder) -> tuple[str, str]:
         check=True, capture_output=True,
     )  # fmt: skip
     return str(certificate), str(key)
+
+
+def refused_port() -> int:
+    """A port on 127.0.0.1 where nothing listens for the rest of this test process: bound and never listening, so a
+    connection is refused, and held, so that no other process (another test's server) can take it in the meantime
+    (a port closed again after the probe can be)."""
+    handle = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    handle.bind(("127.0.0.1", 0))
+    _REFUSING_SOCKETS.append(handle)
+    return handle.getsockname()[1]

@@ -22,6 +22,7 @@ from components.train.launch_config import LaunchConfig
 from pipeline import commands, local_run
 from pipeline.parameters import CommandError
 from pipeline.training_pipeline import cifar10_pipeline
+from tests.builders import refused_port
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SMALL = {
@@ -367,19 +368,11 @@ def test_the_train_steps_parameters_are_one_list():
         assert passed - resources == set(TRAINING) | {"run_id"}, sub_pipeline
 
 
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # closed once the block ends: nothing listens there
-
-
 @pytest.mark.parametrize(
     ("options", "problem"),
     [
         (["--source", "/no/such/cifar-10-python.tar.gz"], r"source: /no/such/cifar-10-python\.tar\.gz does not exist"),
-        (["--source", f"http://127.0.0.1:{_closed_port()}/cifar-10-python.tar.gz"],
+        (["--source", f"http://127.0.0.1:{refused_port()}/cifar-10-python.tar.gz"],
          r"source: cannot reach 127\.0\.0\.1 .*download .* elsewhere and give its path: make local-run "
          r"SOURCE=/path/to/cifar-10-python\.tar\.gz"),
         (["--workers", "0"], r"workers: 0 is not in \[1, 4096\]"),

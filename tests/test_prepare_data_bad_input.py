@@ -6,7 +6,6 @@ import io
 import os
 import pickle
 import re
-import socket
 import tarfile
 
 import numpy as np
@@ -331,10 +330,7 @@ def test_missing_local_source(tmp_path):
 
 
 def test_unreachable_url_says_how_to_pass_a_local_file(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed once the block ends: nothing listens there
-    url = f"http://127.0.0.1:{port}/cifar-10-python.tar.gz"
+    url = f"http://127.0.0.1:{builders.refused_port()}/cifar-10-python.tar.gz"
     assert_rejected(tmp_path, url, rf"could not download {url}: .*--source /path/to/cifar-10-python\.tar\.gz")
 
 

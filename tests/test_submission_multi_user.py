@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import ssl
 import threading
 import time
@@ -17,7 +16,7 @@ import pytest
 
 from pipeline import commands, kfp_endpoint
 from pipeline.training_pipeline import cifar10_pipeline
-from tests.builders import self_signed_certificate
+from tests.builders import refused_port, self_signed_certificate
 from tests.fake_kfp_api import API, FakeKfpApi
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.alice-default-editor.c2lnbmF0dXJl"
@@ -138,12 +137,6 @@ def test_in_a_pod_the_projected_token_and_the_pods_namespace_are_used(kubeflow, 
     assert len(kubeflow.bodies("POST", f"{API}/runs")) == 1
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     ("setting", "expected"),
     [
@@ -181,7 +174,7 @@ def test_each_refusal_is_one_line_in_seconds_and_sends_nothing(kubeflow, monkeyp
     if "host" in setting:
         target = setting["host"]
     if setting.get("closed"):
-        target = f"http://127.0.0.1:{_closed_port()}/pipeline"
+        target = f"http://127.0.0.1:{refused_port()}/pipeline"
     started = time.monotonic()
     assert run(target, *arguments) == 2
     assert time.monotonic() - started < 10, "no 25 s of kfp's health-check retries"
