@@ -317,9 +317,9 @@ def _worker_environment(addresses: list[str], index: int) -> dict[str, str]:
 def test_a_worker_whose_peers_never_come_gives_up_naming_them(synthetic_data, tmp_path):
     from components.train.launch_local import free_ports
 
+    addresses = [f"127.0.0.1:{port}" for port in (free_ports(1)[0], refused_port(), refused_port())]
     config = tiny_train_config(synthetic_data, tmp_path / "model", workers=3, batch_size=30, peer_timeout_seconds=4)
     started = time.monotonic()
-    addresses = [f"127.0.0.1:{port}" for port in (free_ports(1)[0], refused_port(), refused_port())]
     completed = subprocess.run(
         train_command(config), cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
         env=_worker_environment(addresses, 0),
@@ -336,8 +336,8 @@ def test_a_worker_whose_peers_never_come_gives_up_naming_them(synthetic_data, tm
 def test_sigterm_while_a_worker_waits_for_its_peers_exits_143_at_once(synthetic_data, tmp_path):
     from components.train.launch_local import free_ports
 
-    config = tiny_train_config(synthetic_data, tmp_path / "model", workers=2)
     addresses = [f"127.0.0.1:{port}" for port in (refused_port(), free_ports(1)[0])]
+    config = tiny_train_config(synthetic_data, tmp_path / "model", workers=2)
     process = subprocess.Popen(
         train_command(config), cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=_worker_environment(addresses, 1),
