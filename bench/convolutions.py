@@ -1,8 +1,9 @@
-"""A preset's convolutions one by one, at its batch: forward, input gradient and kernel gradient (oneDNN's, and
-one matrix product per kernel tap, components/common/model.py's `_filter_gradient_by_taps`, over chunks of the
-batch as the layer takes it and over the whole batch at once), timed in the same process run in alternating order,
-with the peak of the precision (bench/flops.py); prints each one's GFLOP/s, the taps' speed-up over oneDNN's kernel
-gradient and the chunks' over the whole batch, and which of the two the network's layer takes in training.
+"""A preset's convolutions one by one, at its batch: forward, input gradient and kernel gradient (oneDNN's; one
+matrix product per kernel tap, components/common/model.py's `_filter_gradient_by_taps`, over chunks of the batch as
+the layer takes it and over the whole batch at once; and, in bfloat16 where this CPU runs it, the project's compiled
+kernel, components/common/compiled_kernels.py), timed in the same process run in alternating order, with the peak
+of the precision (bench/flops.py); prints each one's GFLOP/s, the taps' and the compiled kernel's speed-up over
+oneDNN's kernel gradient and the chunks' over the whole batch, and which one the network's layer takes in training.
 
     .venv/bin/python bench/convolutions.py [--preset cifar10_speedrun] [--precisions mixed_bfloat16 float32]
 """
@@ -25,6 +26,7 @@ from bench.step_profile import precision_policy  # noqa: E402
 
 WHOLE_BATCH = 2**62  # a chunk size no batch reaches
 PASSES = ("forward", "input gradient", "kernel gradient", "kernel gradient by taps", "by taps, the whole batch")
+COMPILED = "kernel gradient, compiled"
 
 
 def convolution_passes(inputs, kernel, upstream) -> dict:
@@ -32,14 +34,24 @@ def convolution_passes(inputs, kernel, upstream) -> dict:
     for bench/timing.py; the whole pass still runs)."""
     import tensorflow as tf
 
-    from components.common.model import _filter_gradient_by_taps
+    from components.common.compiled_kernels import kernel_gradient_op
+    from components.common.model import (
+        COMPILED_OUT_CHANNELS_MULTIPLE,
+        _compiled_filter_gradient,
+        _filter_gradient_by_taps,
+    )
 
     strides = [1, 1, 1, 1]
 
     def timed(compute):
         return tf.function(lambda: tf.cast(tf.reshape(compute(), [-1])[0], tf.float32))
 
+    compiled = {}
+    fits = inputs.dtype == tf.bfloat16 and kernel.shape[-1] % COMPILED_OUT_CHANNELS_MULTIPLE == 0
+    if fits and kernel_gradient_op() is not None:
+        compiled[COMPILED] = timed(lambda: _compiled_filter_gradient(inputs, upstream, kernel.shape))
     return {
+        **compiled,
         "forward": timed(lambda: tf.nn.conv2d(inputs, kernel, 1, "SAME")),
         "input gradient": timed(
             lambda: tf.raw_ops.Conv2DBackpropInput(
@@ -87,9 +99,10 @@ def main() -> None:
             if isinstance(layer, keras.layers.Conv2D) and tuple(layer.strides) == (1, 1) and layer.padding == "same"
         ]
         print(f"\n{arguments.preset} in {precision}, batch {batch}; peak {flops.peak_flops(dtype) / 1e9:.0f} GFLOP/s")
-        print("| convolution | image, channels | " + " | ".join(f"{name} ms (GFLOP/s)" for name in PASSES)
-              + " | taps' speed-up | chunks' speed-up | the layer takes |")  # fmt: skip
-        print("|---|---|" + "---|" * len(PASSES) + "---|---|---|")
+        table = (*PASSES, COMPILED)
+        print("| convolution | image, channels | " + " | ".join(f"{name} ms (GFLOP/s)" for name in table)
+              + " | taps' speed-up | compiled's speed-up | chunks' speed-up | the layer takes |")  # fmt: skip
+        print("|---|---|" + "---|" * len(table) + "---|---|---|---|")
         for layer in layers:
             _, height, width, in_channels = layer.input.shape
             rows, columns, _, out_channels = layer.kernel.shape
@@ -97,19 +110,23 @@ def main() -> None:
             kernel = tf.cast(tf.random.normal([rows, columns, in_channels, out_channels]) * 0.05, dtype)
             upstream = tf.cast(tf.random.normal([batch, height, width, out_channels]), dtype)
             passes = convolution_passes(inputs, kernel, upstream)
-            seconds: dict[str, list[float]] = {name: [] for name in PASSES}
+            seconds: dict[str, list[float]] = {name: [] for name in passes}
             for round_number in range(1, arguments.rounds + 1):
-                for name in PASSES if round_number % 2 else reversed(PASSES):
+                for name in list(passes) if round_number % 2 else reversed(list(passes)):
                     seconds[name] += timing.call_window_seconds(passes[name], arguments.window_steps, 2)
             median = {name: statistics.median(values) for name, values in seconds.items()}
             work = 2 * batch * height * width * in_channels * out_channels * rows * columns
-            cells = " | ".join(f"{1000 * median[name]:.1f} ({work / median[name] / 1e9:.0f})" for name in PASSES)
-            by_taps = getattr(layer, "_by_taps", None)  # a SmallImageConv2D's choice
-            taken = "taps" if by_taps and by_taps(inputs, training=True) else "oneDNN's"
+            cells = " | ".join(
+                f"{1000 * median[name]:.1f} ({work / median[name] / 1e9:.0f})" if name in median else "-"
+                for name in table
+            )
+            choose = getattr(layer, "_kernel_gradient", None)  # a SmallImageConv2D's choice
+            taken = {"taps": "taps", "compiled": "compiled"}.get(choose and choose(inputs, training=True), "oneDNN's")
             speed_up = median["kernel gradient"] / median["kernel gradient by taps"]
+            compiled_speed_up = f"{median['kernel gradient'] / median[COMPILED]:.2f}x" if COMPILED in median else "-"
             chunks_speed_up = median["by taps, the whole batch"] / median["kernel gradient by taps"]
             print(f"| {layer.name} | {height}x{width}, {in_channels}->{out_channels} | {cells} | {speed_up:.2f}x "
-                  f"| {chunks_speed_up:.2f}x | {taken} |", flush=True)  # fmt: skip
+                  f"| {compiled_speed_up} | {chunks_speed_up:.2f}x | {taken} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--window-steps", type=int, default=3)
     parser.add_argument("--windows", type=int, default=2)
     arguments = parser.parse_args()
+    print(timing.threads_as_training(arguments.precisions), flush=True)
 
     from components.common.config import config_from_mapping
     from components.common.model import build_model

@@ -16,6 +16,22 @@ from collections.abc import Callable
 RATE = re.compile(r"step \d+/\d+ .* ([\d.]+) examples/s")
 
 
+def threads_as_training(precisions: list[str]) -> str:
+    """TensorFlow's op threads set as the training sets them in `precisions` (components/common/compiled_kernels.py's
+    settle_op_threads: one op at a time where the compiled kernel gradient runs) when every precision timed is the
+    same one; call it before TensorFlow runs an op. Returns what they are, for the benchmark to print."""
+    import tensorflow as tf
+
+    from components.common.compiled_kernels import settle_op_threads
+    from components.train.precision import resolve
+
+    resolved = {resolve(precision) for precision in precisions}
+    if len(resolved) == 1:
+        settle_op_threads(resolved.pop())
+    inter_op = tf.config.threading.get_inter_op_parallelism_threads()
+    return f"TensorFlow's inter-op threads: {inter_op or 'its default (one per core)'}"
+
+
 def steady_variables(model, config) -> list:
     """The variables whose gradients the training loop computes in its steady state: the model's trainable ones, but
     the whitening bias when the recipe stops it after `whitening_bias_epochs` (components/train/step.py)."""

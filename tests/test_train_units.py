@@ -423,24 +423,32 @@ def test_the_per_tap_kernel_gradient_is_the_convolutions(dtype, image, kernel, c
         np.testing.assert_allclose(ours, theirs, rtol=tolerance, atol=tolerance * np.abs(theirs).max())
 
 
-def test_the_small_image_convolution_trains_as_keras_own_in_bfloat16():
-    """The layer in mixed bfloat16 (where it takes the per-tap gradient): Keras's Conv2D's output and gradients,
-    its kernel's gradient reaching the float32 variable; it saves and loads as itself."""
+@pytest.mark.parametrize(
+    ("image", "out_channels", "kernel_gradient"),
+    [(7, 16, "taps"), (7, 32, "compiled"), (15, 64, "compiled")],
+)  # fmt: skip
+def test_the_small_image_convolution_trains_as_keras_own_in_bfloat16(image, out_channels, kernel_gradient):
+    """The layer in mixed bfloat16 (where it takes its own kernel gradient: the compiled one where this CPU runs it,
+    else the per-tap one on small images): Keras's Conv2D's output and gradients, its kernel's gradient reaching the
+    float32 variable; it saves and loads as itself."""
     import keras
 
+    from components.common.compiled_kernels import kernel_gradient_op
     from components.common.model import SmallImageConv2D
 
+    if kernel_gradient == "compiled" and kernel_gradient_op() is None:
+        kernel_gradient = "taps" if image * image <= 49 else None
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
-        inputs = tf.cast(tf.random.stateless_normal([6, 7, 7, 8], seed=[1, 2]), tf.bfloat16)
-        upstream = tf.cast(tf.random.stateless_normal([6, 7, 7, 16], seed=[3, 4]), tf.bfloat16)
+        inputs = tf.cast(tf.random.stateless_normal([6, image, image, 8], seed=[1, 2]), tf.bfloat16)
+        upstream = tf.cast(tf.random.stateless_normal([6, image, image, out_channels], seed=[3, 4]), tf.bfloat16)
         layers = []
         for cls in (SmallImageConv2D, keras.layers.Conv2D):
-            layer = cls(16, 3, padding="same", use_bias=False, kernel_initializer="he_normal")
+            layer = cls(out_channels, 3, padding="same", use_bias=False, kernel_initializer="he_normal")
             layer.build(inputs.shape)
             layers.append(layer)
         layers[1].set_weights(layers[0].get_weights())
-        assert layers[0]._by_taps(inputs, True)
+        assert layers[0]._kernel_gradient(inputs, True) == kernel_gradient
         results = []
         for layer in layers:
             with tf.GradientTape() as tape:
@@ -488,29 +496,37 @@ def test_the_per_tap_kernel_gradient_over_chunks_of_the_batch_is_the_whole_batch
         )
 
 
-def test_the_small_image_convolution_takes_its_own_gradient_only_where_it_pays():
-    """Training in bfloat16 on images of at most 7x7 pixels, stride 1, 'same': the per-tap kernel gradient; float32,
-    larger images, another stride or padding, and inference: Keras's own convolution."""
+@pytest.mark.parametrize("compiled_runs", [True, False])
+def test_the_small_image_convolution_takes_its_own_gradient_only_where_it_pays(monkeypatch, compiled_runs):
+    """Training in bfloat16, stride 1, 'same': the compiled kernel gradient where the CPU runs it, for out channels a
+    multiple of 32, at any image size; else the per-tap one on images of at most 7x7 pixels. Float32, another stride
+    or padding, an even kernel, a bias, and inference: Keras's own convolution."""
     import keras
 
+    from components.common import compiled_kernels
     from components.common.model import SmallImageConv2D
 
-    def by_taps(image, training=True, dtype="mixed_bfloat16", **options):
-        layer = SmallImageConv2D(4, 3, use_bias=False, dtype=dtype, **{"padding": "same", **options})
-        return layer._by_taps(tf.zeros([2, image, image, 3], layer.compute_dtype), training)
+    monkeypatch.setattr(
+        compiled_kernels, "kernel_gradient_op", lambda: (lambda *_, **__: None) if compiled_runs else None
+    )
 
-    assert by_taps(7) and by_taps(3)
-    assert not by_taps(8)
-    assert not by_taps(7, dtype="float32")
-    assert not by_taps(7, training=False)
-    assert not by_taps(7, strides=2)
-    assert not by_taps(7, padding="valid")
-    assert not by_taps(7, dilation_rate=2)
+    def taken(image, filters=32, training=True, dtype="mixed_bfloat16", **options):
+        layer = SmallImageConv2D(filters, 3, use_bias=False, dtype=dtype, **{"padding": "same", **options})
+        return layer._kernel_gradient(tf.zeros([2, image, image, 3], layer.compute_dtype), training)
+
+    own = "compiled" if compiled_runs else "taps"
+    assert taken(7) == own and taken(3) == own
+    assert taken(32) == ("compiled" if compiled_runs else None)
+    assert taken(7, filters=4) == "taps" and taken(8, filters=4) is None
+    for other in (
+        {"dtype": "float32"}, {"training": False}, {"strides": 2}, {"padding": "valid"}, {"dilation_rate": 2}
+    ):  # fmt: skip
+        assert taken(7, **other) is None
     for layer in (  # an even kernel; a bias
-        SmallImageConv2D(4, 2, padding="same", use_bias=False, dtype="mixed_bfloat16"),
-        SmallImageConv2D(4, 3, padding="same", dtype="mixed_bfloat16"),
+        SmallImageConv2D(32, 2, padding="same", use_bias=False, dtype="mixed_bfloat16"),
+        SmallImageConv2D(32, 3, padding="same", dtype="mixed_bfloat16"),
     ):
-        assert not layer._by_taps(tf.zeros([2, 7, 7, 3], tf.bfloat16), True)
+        assert layer._kernel_gradient(tf.zeros([2, 7, 7, 3], tf.bfloat16), True) is None
     assert isinstance(SmallImageConv2D(4, 3), keras.layers.Conv2D)
 
 

@@ -239,6 +239,7 @@ class Gelu(keras.layers.Activation):
 
 
 SMALL_IMAGE_PIXELS = 49  # up to 7x7: where oneDNN's filter gradient is slower than the per-tap matrix products
+COMPILED_OUT_CHANNELS_MULTIPLE = 32  # the compiled kernel gradient's register tile is 32 out channels wide
 
 
 TAP_CHUNK_BYTES = 2 * 2**20  # a chunk of the batch whose input, upstream gradient and shifted copy stay in cache
@@ -292,8 +293,17 @@ def _chunk_filter_gradient_by_taps(inputs, upstream, kernel_shape):
     return tf.reshape(tf.stack(taps), kernel_shape)
 
 
-def _tap_convolution(inputs, kernel):
-    """A stride-1 'same' convolution whose kernel gradient is `_filter_gradient_by_taps`."""
+def _compiled_filter_gradient(inputs, upstream, kernel_shape):
+    """The kernel's gradient of a stride-1 'same' convolution in bfloat16 by the project's compiled AVX512-BF16
+    kernel (components/common/compiled_kernels.py), summed in float32."""
+    from components.common.compiled_kernels import kernel_gradient_op
+
+    gradient = kernel_gradient_op()(inputs, upstream, kernel_size=list(kernel_shape[:2]))
+    return tf.cast(gradient, inputs.dtype)
+
+
+def _convolution_with_filter_gradient(inputs, kernel, filter_gradient):
+    """A stride-1 'same' convolution whose kernel gradient is `filter_gradient(inputs, upstream, kernel_shape)`."""
 
     @tf.custom_gradient
     def convolve(inputs, kernel):
@@ -302,23 +312,50 @@ def _tap_convolution(inputs, kernel):
                 input_sizes=tf.shape(inputs), filter=kernel, out_backprop=upstream, strides=[1, 1, 1, 1],
                 padding="SAME",
             )  # fmt: skip
-            return input_gradient, _filter_gradient_by_taps(inputs, upstream, kernel.shape)
+            return input_gradient, filter_gradient(inputs, upstream, kernel.shape)
 
         return tf.nn.conv2d(inputs, kernel, 1, "SAME"), gradient
 
     return convolve(inputs, kernel)
 
 
+def _tap_convolution(inputs, kernel):
+    """A stride-1 'same' convolution whose kernel gradient is `_filter_gradient_by_taps`."""
+    return _convolution_with_filter_gradient(inputs, kernel, _filter_gradient_by_taps)
+
+
+def _compiled_convolution(inputs, kernel):
+    """A stride-1 'same' convolution whose kernel gradient is `_compiled_filter_gradient`."""
+    return _convolution_with_filter_gradient(inputs, kernel, _compiled_filter_gradient)
+
+
 @keras.saving.register_keras_serializable(package="cifar10_pipeline")
 class SmallImageConv2D(keras.layers.Conv2D):
-    """Keras's Conv2D, the same weights and arithmetic, whose kernel gradient in bfloat16 training on a CPU, for
-    images of at most SMALL_IMAGE_PIXELS pixels (a stride-1 'same' convolution of odd kernel, channels last, no
-    bias), is one matrix product per kernel tap: oneDNN's own bfloat16 filter gradient reaches a fraction of its
-    forward pass's rate on such images (7x7: 540 against 2,100 GFLOP/s; 3x3: 210 against 1,470; each layer's
-    passes in bench/convolutions.py). In float32 the per-tap products are no faster, so, as everything else
-    (inference, a GPU, larger images), it is Keras's call."""
+    """Keras's Conv2D, the same weights and arithmetic, whose kernel gradient in bfloat16 training on a CPU (a
+    stride-1 'same' convolution of odd kernel, channels last, no bias) is its own, where oneDNN's bfloat16 filter
+    gradient reaches a fraction of its forward pass's rate (each layer's passes in bench/convolutions.py):
+    - on a CPU with AVX512-BF16 and without AMX, for out channels a multiple of COMPILED_OUT_CHANNELS_MULTIPLE, the
+      project's compiled kernel (components/common/compiled_kernels.py; 15x15, 64 -> 256: 840 against 590 GFLOP/s;
+      7x7, 256 -> 256: 810 against 490);
+    - else, for images of at most SMALL_IMAGE_PIXELS pixels, one matrix product per kernel tap (on an AMX CPU, 7x7:
+      540 against 2,100 GFLOP/s for the forward pass; 3x3: 210 against 1,470).
+    In float32 neither is faster, so, as everything else (inference, a GPU, larger images elsewhere), it is Keras's
+    call."""
 
-    def _by_taps(self, inputs, training) -> bool:
+    def _kernel_gradient(self, inputs, training) -> str | None:
+        """'compiled', 'taps', or None (Keras's convolution) for this input in this mode."""
+        if not self._own_gradient_applies(inputs, training):
+            return None
+        if self.filters % COMPILED_OUT_CHANNELS_MULTIPLE == 0:
+            from components.common.compiled_kernels import kernel_gradient_op
+
+            if kernel_gradient_op() is not None:
+                return "compiled"
+        if inputs.shape[1] * inputs.shape[2] <= SMALL_IMAGE_PIXELS:
+            return "taps"
+        return None
+
+    def _own_gradient_applies(self, inputs, training) -> bool:
         rows, columns = self.kernel_size
         return bool(
             training
@@ -334,13 +371,16 @@ class SmallImageConv2D(keras.layers.Conv2D):
             and columns % 2 == 1
             and inputs.shape[1] is not None
             and inputs.shape[2] is not None
-            and inputs.shape[1] * inputs.shape[2] <= SMALL_IMAGE_PIXELS
+            and inputs.shape[-1] is not None
             and self.compute_dtype == "bfloat16"
             and not tf.config.list_logical_devices("GPU")
         )
 
     def call(self, inputs, training=None):
-        if self._by_taps(inputs, training):
+        kernel_gradient = self._kernel_gradient(inputs, training)
+        if kernel_gradient == "compiled":
+            return _compiled_convolution(inputs, tf.cast(self.kernel, inputs.dtype))
+        if kernel_gradient == "taps":
             return _tap_convolution(inputs, tf.cast(self.kernel, inputs.dtype))
         return super().call(inputs)
 

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from components.common import storage
+from components.common.compiled_kernels import settle_op_threads
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
 from components.common.model import ModelSpec, build_model, variable_name, weights_sha256, whitening_layer
@@ -115,6 +116,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig):
         config = dataclasses.replace(config, precision=resolve_precision(config.precision))  # auto: by the hardware
+        settle_op_threads(config.precision)  # before TensorFlow runs an op
         self.config = config
         self.termination = Termination().install()  # from here on, a SIGTERM is never lost
         keras.utils.set_random_seed(config.seed)

@@ -7,26 +7,15 @@ CPU has AMX-BF16 or AVX512-BF16 (Intel Sapphire Rapids and later, AMD Zen 4 and 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+
+from components.common.compiled_kernels import cpu_flags
 
 logger = logging.getLogger(__name__)
 
 CPU_BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The CPU's feature flags (Linux), empty where they cannot be read."""
-    try:
-        text = cpuinfo.read_text(errors="replace")  # reader: the kernel's cpu feature list
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
-
-
-def bfloat16_unit(gpu_capabilities: list[tuple[int, int]], flags: set[str]) -> str | None:
+def bfloat16_unit(gpu_capabilities: list[tuple[int, int]], flags: frozenset[str]) -> str | None:
     """What multiplies bfloat16 natively here, or None: the GPUs (all of capability >= 8.0) when there are any,
     else the CPU's flags."""
     if gpu_capabilities:

@@ -1,0 +1,171 @@
+"""The project's own compiled kernel: the bfloat16 kernel gradient of a stride-1 'same' convolution, with AVX512-BF16
+dot products (kernels/kernel_gradient.cc), a TensorFlow op built against the installed TensorFlow by the system's
+C++ compiler. TensorFlow's (oneDNN's) bfloat16 kernel gradient runs at 170-540 GFLOP/s on the network's layers of
+64 and more input channels where this one runs at 680-830 on the same CPU (bench/convolutions.py).
+
+`make install` builds it (`python -m components.common.compiled_kernels`) next to its source, in kernels/.build/;
+the training image builds it there too. Where that was not done, the first training step that wants it builds it
+into the user's cache (a few seconds). Where it cannot be built or loaded (no compiler, another TensorFlow), or the
+CPU lacks AVX512-BF16, or has AMX (whose tile units oneDNN's kernels use), training takes TensorFlow's kernels, as
+before, and says why once.
+
+    python -m components.common.compiled_kernels    # build it now; prints where, or why not
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels") / "kernel_gradient.cc"
+BUILT_BESIDE_SOURCE = SOURCE.parent / ".build"  # make install's and the image's; hidden: no part of an image tag
+NEEDED_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512_bf16"})
+TILE_UNIT_FLAG = "amx_bf16"  # oneDNN's kernels run on AMX tiles there; this kernel has not been measured against them
+COMPILE_SECONDS = 300
+
+
+class BuildError(RuntimeError):
+    """The compiler is missing or refused the source (the message says which, with its last lines)."""
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags (Linux), empty where they cannot be read."""
+    try:
+        text = cpuinfo.read_text(errors="replace")  # reader: the kernel's cpu feature list
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cpu_problem(flags: frozenset[str]) -> str | None:
+    """Why this kernel is not for a CPU with these flags, or None when it is."""
+    missing = sorted(NEEDED_CPU_FLAGS - flags)
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    if TILE_UNIT_FLAG in flags:
+        return "the CPU has AMX tile units, which oneDNN's own kernels use"
+    return None
+
+
+def _compile_flags() -> list[str]:
+    import tensorflow as tf
+
+    return ["-shared", "-fPIC", "-O3", "-w", *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+
+
+def library_name() -> str:
+    """The library's file name, keyed on the source and the TensorFlow it is built against (a library built
+    against another TensorFlow, or an older source, is never loaded)."""
+    import tensorflow as tf
+
+    digest = hashlib.sha256(SOURCE.read_bytes())  # reader: the project's own kernel source
+    digest.update(f"\0{tf.__version__}\0{tf.__git_version__}\0{' '.join(_compile_flags())}".encode())
+    return f"kernel_gradient-{digest.hexdigest()[:16]}.so"
+
+
+def cache_directory() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cifar10-pipeline" / "kernels"
+
+
+def build(directory: Path) -> Path:
+    """Compile the kernel into `directory` (written under a temporary name, then renamed: a library there is
+    whole, whoever else builds it at the same time). Raises BuildError."""
+    compiler = os.environ.get("CXX") or "g++"
+    if not shutil.which(compiler):
+        raise BuildError(f"no C++ compiler {compiler!r} on the PATH (set CXX to another)")
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / library_name()
+    descriptor, partial = tempfile.mkstemp(prefix=".partial-", suffix=".so", dir=directory)
+    os.close(descriptor)
+    try:
+        command = [compiler, str(SOURCE), "-o", partial, *_compile_flags()]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_SECONDS, check=False)
+        if result.returncode != 0:
+            last_lines = " | ".join(result.stderr.strip().splitlines()[-3:])
+            raise BuildError(f"{compiler} could not build {SOURCE.name} (exit {result.returncode}): {last_lines}")
+        os.chmod(partial, 0o755)  # readable by every user (an image builds it as root, runs it as another)
+        os.replace(partial, target)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return target
+
+
+def _library() -> Path:
+    """The built library: make install's, else the cache's, else built into the cache now."""
+    name = library_name()
+    for directory in (BUILT_BESIDE_SOURCE, cache_directory()):
+        if (directory / name).is_file():
+            return directory / name
+    logger.info("building the compiled kernel gradient into %s (once for this TensorFlow)", cache_directory())
+    return build(cache_directory())
+
+
+@functools.cache
+def kernel_gradient_op():
+    """The op `KernelGradientBf16(input, upstream, kernel_size) -> float32 gradient`, or None where this CPU or this
+    installation cannot run it (logged once, with the reason)."""
+    problem = cpu_problem(cpu_flags())
+    if problem:
+        logger.info("the convolutions' kernel gradient is TensorFlow's: %s", problem)
+        return None
+    import tensorflow as tf
+
+    try:
+        operation = tf.load_op_library(str(_library())).kernel_gradient_bf16
+    except (BuildError, OSError, subprocess.SubprocessError, tf.errors.OpError) as error:
+        logger.warning("the convolutions' kernel gradient is TensorFlow's, slower: %s", error)
+        return None
+    logger.info("the convolutions' kernel gradient is the compiled AVX512-BF16 one")
+    return operation
+
+
+def settle_op_threads(precision: str) -> None:
+    """Training in bfloat16 on a CPU that runs the compiled kernel: TensorFlow runs one op at a time (inter-op
+    threads 1), each on all its threads, unless TF_NUM_INTEROP_THREADS says otherwise. Two ops side by side each
+    split over the same cores, and the kernel gradient, side by side with the next layer's input gradient, runs
+    slower than both in turn (bench/step_profile.py, fast in bfloat16: loop 1,389 ms a step in turn, about 1,480
+    side by side). Call it before TensorFlow runs its first op; it is too late after, and then says so."""
+    import tensorflow as tf
+
+    if precision != "mixed_bfloat16" or os.environ.get("TF_NUM_INTEROP_THREADS"):
+        return
+    if tf.config.list_physical_devices("GPU") or kernel_gradient_op() is None:
+        return
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError as error:  # TensorFlow's runtime already started
+        logger.warning("TensorFlow's ops stay side by side, the compiled kernel gradient slower: %s", error)
+        return
+    logger.info("TensorFlow runs one op at a time, each on every core (the compiled kernel gradient's best)")
+
+
+def main() -> int:
+    """Build the kernel beside its source (make install). A machine that cannot is told why and goes on: the
+    training then takes TensorFlow's kernels."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        target = build(BUILT_BESIDE_SOURCE)
+    except (BuildError, OSError, subprocess.SubprocessError) as error:
+        print(f"compiled kernel not built, training will take TensorFlow's kernels: {error}", file=sys.stderr)
+        return 0
+    problem = cpu_problem(cpu_flags())
+    note = f" (not used on this machine: {problem})" if problem else ""
+    print(f"compiled kernel built: {target}{note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
