@@ -30,6 +30,7 @@ install:
 	$(BIN)/pip install --quiet --upgrade "pip>=24"
 	$(BIN)/pip install --quiet -r $(ROOT)requirements-dev.txt -c $(ROOT)constraints.txt
 	$(BIN)/pip install --quiet --no-deps -e $(ROOT)
+	cd $(ROOT) && $(BIN)/python -m components.common.compiled_kernels
 
 constraints:
 	cd $(ROOT) && rm -rf .venv-pin && $(PYTHON) -m venv .venv-pin && .venv-pin/bin/pip install --quiet -r requirements-dev.txt

@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -64,10 +63,13 @@ inline void Interleave(const uint16_t* a, const uint16_t* b, int n, uint32_t* ou
   }
 }
 
-// The same for n values from a and b where only the elements set in the 32-bit masks (one a block of 32) are read
-// and the rest are zeros; a and b may point outside their tensor where every element there is masked.
-inline void InterleaveMasked(const uint16_t* a, const uint32_t* a_masks, const uint16_t* b, const uint32_t* b_masks,
-                             int n, uint32_t* out) {
+// Interleave n bfloat16 values of a and b, reading only the elements set in the 32-bit masks (one a block of 32;
+// the rest are zeros, so a and b may point outside their tensor where every element there is masked), into the
+// packed panels of kPanel pairs each: pair c goes to panels[(c / kPanel) * panel_stride + c % kPanel].
+template <int kPanel>
+inline void InterleaveIntoPanels(const uint16_t* a, const uint32_t* a_masks, const uint16_t* b,
+                                 const uint32_t* b_masks, int n, uint32_t* panels, int64_t panel_stride) {
+  static_assert(kPanel == 8, "a zmm of 16 pairs fills two panels of 8");
   const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
                                        5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i high = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
@@ -75,12 +77,15 @@ inline void InterleaveMasked(const uint16_t* a, const uint32_t* a_masks, const u
   for (int c = 0, block = 0; c < n; c += 32, ++block) {
     const __m512i va = _mm512_maskz_loadu_epi16(a_masks[block], a + c);
     const __m512i vb = _mm512_maskz_loadu_epi16(b_masks[block], b + c);
-    _mm512_storeu_si512(out + c, _mm512_permutex2var_epi16(va, low, vb));
-    _mm512_storeu_si512(out + c + 16, _mm512_permutex2var_epi16(va, high, vb));
+    const __m512i first = _mm512_permutex2var_epi16(va, low, vb), second = _mm512_permutex2var_epi16(va, high, vb);
+    uint32_t* panel = panels + (c / kPanel) * panel_stride;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel), _mm512_castsi512_si256(first));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + panel_stride), _mm512_extracti64x4_epi64(first, 1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + 2 * panel_stride), _mm512_castsi512_si256(second));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + 3 * panel_stride), _mm512_extracti64x4_epi64(second, 1));
   }
 }
 
-// C[rows x 16*Z] += A[pairs x M] (packed) times B[pairs x 16*Z] (packed), in registers over all the pairs.
 // Not inlined: compiled alone, its M x Z accumulators stay in registers (inlined into Accumulate, GCC spilled them
 // to the stack inside the loop, 2.7x slower).
 template <int M, int Z>
@@ -134,8 +139,8 @@ void Accumulate(const uint16_t* input, const uint16_t* upstream, const Shape& s,
   // A panel's stride is not a multiple of 4 KB, so that a pair's values, written to every panel, fall in
   // different sets of the L1 cache (at 4 KB, 24 panels of 8 evict one another from a 12-way set: 3x slower).
   const int64_t panel_stride = kPairsPerChunk * M + 16;
-  auto* packed_input = static_cast<uint32_t*>(std::aligned_alloc(64, 4 * panel_stride * panels));
-  auto* pair_row = static_cast<uint32_t*>(std::aligned_alloc(64, 4 * (panels * M + mask_blocks * 32 + 32)));
+  // Whole blocks of 32 values are written (4 panels each), zeros past the row's values.
+  auto* packed_input = static_cast<uint32_t*>(std::aligned_alloc(64, 4 * panel_stride * mask_blocks * 32 / M));
   std::vector<int64_t> pixel_h(2 * kPairsPerChunk), pixel_w(2 * kPairsPerChunk);
   for (int64_t first = next->fetch_add(run); first < s.images; first = next->fetch_add(run)) {
     const int64_t begin = first * pixels, end = std::min(first + run, s.images) * pixels;
@@ -172,10 +177,8 @@ void Accumulate(const uint16_t* input, const uint16_t* upstream, const Shape& s,
                                                         offset * static_cast<intptr_t>(sizeof(uint16_t)));
             row_masks[j] = masks.data() + pattern * mask_blocks;
           }
-          InterleaveMasked(rows[0], row_masks[0], rows[1], row_masks[1], static_cast<int>(row_values), pair_row);
-          for (int64_t c = row_values; c < panels * M; ++c) pair_row[c] = 0;
-          for (int64_t panel = 0; panel < panels; ++panel)
-            std::memcpy(packed_input + panel * panel_stride + k * M, pair_row + panel * M, 4 * M);
+          InterleaveIntoPanels<M>(rows[0], row_masks[0], rows[1], row_masks[1], static_cast<int>(row_values),
+                                  packed_input + k * M, panel_stride);
         }
         float* kernel_row = gradient + r * row_values * out;
         for (int64_t block = 0; block < blocks; ++block)
@@ -188,7 +191,6 @@ void Accumulate(const uint16_t* input, const uint16_t* upstream, const Shape& s,
   }
   std::free(packed_upstream);
   std::free(packed_input);
-  std::free(pair_row);
 }
 
 #pragma GCC pop_options
