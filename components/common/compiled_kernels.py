@@ -1,7 +1,7 @@
 """The project's own compiled kernel: the bfloat16 kernel gradient of a stride-1 'same' convolution, with AVX512-BF16
 dot products (kernels/kernel_gradient.cc), a TensorFlow op built against the installed TensorFlow by the system's
-C++ compiler. TensorFlow's (oneDNN's) bfloat16 kernel gradient runs at 170-540 GFLOP/s on the network's layers of
-64 and more input channels where this one runs at 680-830 on the same CPU (bench/convolutions.py).
+C++ compiler. TensorFlow's (oneDNN's) bfloat16 kernel gradient runs at 250-598 GFLOP/s on the fast preset's
+layers where this one runs at 630-861 on the same CPU (bench/convolutions.py).
 
 `make install` builds it (`python -m components.common.compiled_kernels`) next to its source, in kernels/.build/;
 the training image builds it there too. Where that was not done, the first training step that wants it builds it
@@ -136,8 +136,8 @@ def settle_op_threads(precision: str) -> None:
     """Training in bfloat16 on a CPU that runs the compiled kernel: TensorFlow runs one op at a time (inter-op
     threads 1), each on all its threads, unless TF_NUM_INTEROP_THREADS says otherwise. Two ops side by side each
     split over the same cores, and the kernel gradient, side by side with the next layer's input gradient, runs
-    slower than both in turn (bench/step_profile.py, fast in bfloat16: loop 1,389 ms a step in turn, about 1,480
-    side by side). Call it before TensorFlow runs its first op; it is too late after, and then says so."""
+    slower than both in turn (the fast preset's gradients step in bfloat16: 1,415-1,444 ms in turn, 1,458-1,506 side
+    by side; docs/benchmarks.md). Call it before TensorFlow runs its first op; it is too late after, and says so."""
     import tensorflow as tf
 
     if precision != "mixed_bfloat16" or os.environ.get("TF_NUM_INTEROP_THREADS"):

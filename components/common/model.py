@@ -335,8 +335,8 @@ class SmallImageConv2D(keras.layers.Conv2D):
     stride-1 'same' convolution of odd kernel, channels last, no bias) is its own, where oneDNN's bfloat16 filter
     gradient reaches a fraction of its forward pass's rate (each layer's passes in bench/convolutions.py):
     - on a CPU with AVX512-BF16 and without AMX, for out channels a multiple of COMPILED_OUT_CHANNELS_MULTIPLE, the
-      project's compiled kernel (components/common/compiled_kernels.py; 15x15, 64 -> 256: 840 against 590 GFLOP/s;
-      7x7, 256 -> 256: 810 against 490);
+      project's compiled kernel (components/common/compiled_kernels.py; 15x15, 64 -> 256: 861 against 598 GFLOP/s;
+      7x7, 256 -> 256: 842 against 385-411);
     - else, for images of at most SMALL_IMAGE_PIXELS pixels, one matrix product per kernel tap (on an AMX CPU, 7x7:
       540 against 2,100 GFLOP/s for the forward pass; 3x3: 210 against 1,470).
     In float32 neither is faster, so, as everything else (inference, a GPU, larger images elsewhere), it is Keras's

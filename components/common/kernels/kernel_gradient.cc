@@ -10,7 +10,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -32,14 +31,21 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 
 constexpr int kPairsPerChunk = 128;  // pixel pairs of a packed chunk (bench: 128 beats 256 and 512 at 7x7 and 3x3)
-constexpr int64_t kRunPixels = 4096;  // pixels of a run of images a thread takes at a time
+constexpr int64_t kRunPixels = 4096;  // pixels of a run of images a thread takes in its turn
+
+// The permutations of VPERMT2W that interleave the first and the second 16 values of two vectors of 32 bfloat16.
+inline __m512i FirstPairs() {
+  return _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35,
+                          3, 34, 2, 33, 1, 32, 0);
+}
+inline __m512i SecondPairs() {
+  return _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54, 22, 53, 21, 52,
+                          20, 51, 19, 50, 18, 49, 17, 48, 16);
+}
 
 // Interleave n bfloat16 values of rows a and b (null: zeros) into n 32-bit pairs (a[c], b[c]) at out.
 inline void Interleave(const uint16_t* a, const uint16_t* b, int n, uint32_t* out) {
-  const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                       5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i high = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
-                                        22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+  const __m512i low = FirstPairs(), high = SecondPairs();
   int c = 0;
   for (; c + 32 <= n; c += 32) {
     const __m512i va = a ? _mm512_loadu_si512(a + c) : _mm512_setzero_si512();
@@ -70,10 +76,7 @@ template <int kPanel>
 inline void InterleaveIntoPanels(const uint16_t* a, const uint32_t* a_masks, const uint16_t* b,
                                  const uint32_t* b_masks, int n, uint32_t* panels, int64_t panel_stride) {
   static_assert(kPanel == 8, "a zmm of 16 pairs fills two panels of 8");
-  const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                       5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i high = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
-                                        22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+  const __m512i low = FirstPairs(), high = SecondPairs();
   for (int c = 0, block = 0; c < n; c += 32, ++block) {
     const __m512i va = _mm512_maskz_loadu_epi16(a_masks[block], a + c);
     const __m512i vb = _mm512_maskz_loadu_epi16(b_masks[block], b + c);
@@ -113,12 +116,12 @@ struct Shape {
   int64_t images, height, width, in_channels, out_channels, rows, columns;
 };
 
-// One thread's share: it takes runs of images from `next` (shared by the threads, so that a thread that starts
-// late, its core busy with another op, takes fewer) until none is left, summing into gradient (rows x columns x in x
-// out, float32, zeroed). M x 16*Z is the register tile: 8 x 32 (against 6 x 64, 10 x 32 and 12 x 32 the best or
+// One thread's share, part `part` of `parts`: runs `part`, `part + parts`, ... of `run` images each, summed into
+// gradient (rows x columns x in x out, float32, zeroed). Fixed by the part, not taken as they come, so that the
+// sums, and so the training, are the same from run to run (taken as they come, the last bits differed). M x 16*Z is the register tile: 8 x 32 (against 6 x 64, 10 x 32 and 12 x 32 the best or
 // level at every layer of the fast preset).
 template <int M, int Z>
-void Accumulate(const uint16_t* input, const uint16_t* upstream, const Shape& s, std::atomic<int64_t>* next,
+void Accumulate(const uint16_t* input, const uint16_t* upstream, const Shape& s, int64_t part, int64_t parts,
                 int64_t run, float* gradient) {
   constexpr int kTile = 16 * Z;
   const int64_t pixels = s.height * s.width, in = s.in_channels, out = s.out_channels;
@@ -142,7 +145,7 @@ void Accumulate(const uint16_t* input, const uint16_t* upstream, const Shape& s,
   // Whole blocks of 32 values are written (4 panels each), zeros past the row's values.
   auto* packed_input = static_cast<uint32_t*>(std::aligned_alloc(64, 4 * panel_stride * mask_blocks * 32 / M));
   std::vector<int64_t> pixel_h(2 * kPairsPerChunk), pixel_w(2 * kPairsPerChunk);
-  for (int64_t first = next->fetch_add(run); first < s.images; first = next->fetch_add(run)) {
+  for (int64_t first = part * run; first < s.images; first += parts * run) {
     const int64_t begin = first * pixels, end = std::min(first + run, s.images) * pixels;
     for (int64_t start = begin; start < end; start += 2 * kPairsPerChunk) {
       const int pairs = static_cast<int>(std::min<int64_t>(kPairsPerChunk, (end - start + 1) / 2));
@@ -232,12 +235,11 @@ class KernelGradientBf16 : public OpKernel {
     auto* workers = context->device()->tensorflow_cpu_worker_threads()->workers;
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(workers->NumThreads(), s.images));
     std::vector<std::vector<float>> sums(parts, std::vector<float>(size, 0.0f));
-    std::atomic<int64_t> next{0};
-    // Runs of about kRunPixels pixels, at least 8 a thread: small enough to even out threads that start late.
+    // Runs of about kRunPixels pixels, at least 8 a thread, taken by the threads in turn.
     const int64_t run = std::max<int64_t>(1, std::min(kRunPixels / (s.height * s.width), s.images / (8 * parts)));
     auto work = [&](int64_t first_part, int64_t last_part) {
       for (int64_t part = first_part; part < last_part; ++part) {
-        Accumulate<8, 2>(input_data, upstream_data, s, &next, run, sums[part].data());
+        Accumulate<8, 2>(input_data, upstream_data, s, part, parts, run, sums[part].data());
       }
     };
     workers->ParallelFor(parts, /*cost_per_unit=*/int64_t{1} << 40, work);
