@@ -337,7 +337,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     data = full_training_set()
     timed_here = [*(arguments.presets if arguments.side_by_side_rounds else []), arguments.speed_preset]
-    precisions = [PRESETS[preset].get("precision", "float32") for preset in timed_here]
+    from components.train.config import TrainConfig
+
+    default = TrainConfig.__dataclass_fields__["precision"].default
+    precisions = [PRESETS[preset].get("precision", default) for preset in timed_here]
     print(timing.threads_as_training(precisions), flush=True)
 
     results_file = arguments.results or WORK / time.strftime("accuracy-%Y%m%d-%H%M%S.jsonl")

@@ -27,6 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from components.common import compiled_kernels
 from components.common.config import check_fields
 
 
@@ -296,9 +297,7 @@ def _chunk_filter_gradient_by_taps(inputs, upstream, kernel_shape):
 def _compiled_filter_gradient(inputs, upstream, kernel_shape):
     """The kernel's gradient of a stride-1 'same' convolution in bfloat16 by the project's compiled AVX512-BF16
     kernel (components/common/compiled_kernels.py), summed in float32."""
-    from components.common.compiled_kernels import kernel_gradient_op
-
-    gradient = kernel_gradient_op()(inputs, upstream, kernel_size=list(kernel_shape[:2]))
+    gradient = compiled_kernels.kernel_gradient_op()(inputs, upstream, kernel_size=list(kernel_shape[:2]))
     return tf.cast(gradient, inputs.dtype)
 
 
@@ -346,11 +345,8 @@ class SmallImageConv2D(keras.layers.Conv2D):
         """'compiled', 'taps', or None (Keras's convolution) for this input in this mode."""
         if not self._own_gradient_applies(inputs, training):
             return None
-        if self.filters % COMPILED_OUT_CHANNELS_MULTIPLE == 0:
-            from components.common.compiled_kernels import kernel_gradient_op
-
-            if kernel_gradient_op() is not None:
-                return "compiled"
+        if self.filters % COMPILED_OUT_CHANNELS_MULTIPLE == 0 and compiled_kernels.kernel_gradient_op() is not None:
+            return "compiled"
         if inputs.shape[1] * inputs.shape[2] <= SMALL_IMAGE_PIXELS:
             return "taps"
         return None
