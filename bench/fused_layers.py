@@ -1,7 +1,8 @@
 """The project's fused batch norm and GELU against Keras's own layers, in the same process run: a preset's bare
 step (forward, backward and the recipe's update on one fixed batch) and its training loop, with
-`FusedBatchNormalization` and `Gelu` (components/common/model.py) and then with keras.layers.BatchNormalization and
-Activation("gelu") in their places, in alternating order, per precision; prints the speed-up.
+`FusedBatchNormalization`, `Gelu` and `BatchNormGelu` (components/common/model.py) and then with
+keras.layers.BatchNormalization and Activation("gelu") in their places, in alternating order, per precision; prints
+the speed-up.
 
     .venv/bin/python bench/fused_layers.py [--preset cifar10_speedrun] [--precisions float32 mixed_bfloat16]
 """
@@ -29,6 +30,12 @@ def keras_gelu(name: str):
     return keras.layers.Activation("gelu", name=name)
 
 
+def keras_batch_norm_gelu(name: str, **batch_norm):
+    import keras
+
+    return keras.Sequential([keras.layers.BatchNormalization(**batch_norm), keras.layers.Activation("gelu")], name=name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cifar10_speedrun")
@@ -44,8 +51,8 @@ def main() -> None:
     from components.train.config import TrainConfig
 
     sides = {
-        "fused": (model.FusedBatchNormalization, model.Gelu),
-        "keras": (keras.layers.BatchNormalization, keras_gelu),
+        "fused": (model.FusedBatchNormalization, model.Gelu, model.BatchNormGelu),
+        "keras": (keras.layers.BatchNormalization, keras_gelu, keras_batch_norm_gelu),
     }
     data = full_training_set()
     base = config_from_mapping(TrainConfig, {"data": data, "model_dir": "unused", "preset": arguments.preset}, "bench")
@@ -56,14 +63,14 @@ def main() -> None:
             for round_number in range(1, arguments.rounds + 1):
                 order = list(sides) if round_number % 2 else list(reversed(sides))
                 for side in order:
-                    model.FusedBatchNormalization, model.Gelu = sides[side]
+                    model.FusedBatchNormalization, model.Gelu, model.BatchNormGelu = sides[side]
                     for part in arguments.parts:
                         measured = step_profile.measure(config, part, window_steps=3, windows=2)
                         seconds.setdefault((side, part), []).append(measured)
                         print(f"{precision} round {round_number}: {side} layers, {part}: "
                               f"{config.batch_size / measured:.0f} images/s", flush=True)  # fmt: skip
         finally:
-            model.FusedBatchNormalization, model.Gelu = sides["fused"]
+            model.FusedBatchNormalization, model.Gelu, model.BatchNormGelu = sides["fused"]
         for part in arguments.parts:
             fused = statistics.median(seconds[("fused", part)])
             plain = statistics.median(seconds[("keras", part)])

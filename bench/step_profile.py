@@ -64,14 +64,19 @@ def without_normalization(model):
 
 
 def activation_bytes(model, batch: int, dtype: str) -> int:
-    """Bytes of every activation layer's output (not the linear one of the logits) at `batch` in `dtype`: one pass
-    over the tensors that the batch norm + activation pairs read and write."""
+    """Bytes of every activation's output (an activation layer's, not the linear one of the logits, or a batch norm
+    + GELU layer's) at `batch` in `dtype`: one pass over the tensors that the batch norms and activations read and
+    write."""
     import math
 
     import keras
     import tensorflow as tf
 
+    from components.common.model import BatchNormGelu
+
     def activates(layer) -> bool:
+        if isinstance(layer, BatchNormGelu):
+            return True
         return isinstance(layer, keras.layers.Activation) and layer.get_config()["activation"] != "linear"
 
     size = tf.dtypes.as_dtype(dtype).size

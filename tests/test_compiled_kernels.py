@@ -1,5 +1,6 @@
-"""The compiled AVX512-BF16 kernel gradient (components/common/compiled_kernels.py): the same gradient as TensorFlow's,
-its refusals, where it is taken, and what happens where it cannot be built or run."""
+"""The compiled AVX512-BF16 kernels (components/common/compiled_kernels.py): the kernel gradient, the same as
+TensorFlow's; the batch norm + GELU, the same as the two layers; their refusals, where they are taken, and what
+happens where they cannot be built or run."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from components.common import compiled_kernels
 from tests.builders import REPOSITORY
 
 RUNS_HERE = compiled_kernels.cpu_problem(compiled_kernels.cpu_flags()) is None
-needs_the_cpu = pytest.mark.skipif(not RUNS_HERE, reason="the compiled kernel needs AVX512-BF16 without AMX")
+needs_the_cpu = pytest.mark.skipif(not RUNS_HERE, reason="the compiled kernels need AVX512-BF16 without AMX")
 
 
 def reference_gradient(inputs, upstream, kernel_size):
@@ -110,27 +111,31 @@ def test_a_missing_compiler_is_named_and_training_takes_tensorflows_gradient(tmp
 
     monkeypatch.setattr(compiled_kernels, "BUILT_BESIDE_SOURCE", tmp_path / "beside")
     monkeypatch.setattr(compiled_kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx512_bf16"}))
-    compiled_kernels.kernel_gradient_op.cache_clear()
+    compiled_kernels._operations.cache_clear()
     try:
         with caplog.at_level(logging.WARNING):
             assert compiled_kernels.kernel_gradient_op() is None
-        assert "kernel gradient is TensorFlow's, slower: no C++ compiler 'no-such-compiler'" in caplog.text
+            assert compiled_kernels.batch_norm_gelu_ops() is None
+        assert "batch norms and GELUs are TensorFlow's, slower: no C++ compiler 'no-such-compiler'" in caplog.text
+        assert caplog.text.count("no-such-compiler") == 1  # said once
     finally:
-        compiled_kernels.kernel_gradient_op.cache_clear()
+        compiled_kernels._operations.cache_clear()
 
     done = subprocess.run(
         [sys.executable, "-m", "components.common.compiled_kernels"], cwd=REPOSITORY, capture_output=True,
         text=True, env={**_environment(), "CXX": "no-such-compiler"}, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "compiled kernel not built, training will take TensorFlow's kernels: no C++ compiler" in done.stderr
+    assert "compiled kernels not built, training will take TensorFlow's kernels: no C++ compiler" in done.stderr
 
 
 def test_a_compiler_error_is_reported_with_its_last_lines(tmp_path, monkeypatch):
-    broken = tmp_path / "kernel_gradient.cc"
+    broken = tmp_path / "batch_norm_gelu.cc"
     broken.write_text("this is not C++;\n")
-    monkeypatch.setattr(compiled_kernels, "SOURCE", broken)
-    with pytest.raises(compiled_kernels.BuildError, match=r"could not build kernel_gradient.cc \(exit 1\): .*error"):
+    monkeypatch.setattr(compiled_kernels, "SOURCES", (compiled_kernels.SOURCES[0], broken))
+    with pytest.raises(
+        compiled_kernels.BuildError, match=r"could not build kernel_gradient.cc, batch_norm_gelu.cc \(exit 1\): .*error"
+    ):
         compiled_kernels.build(tmp_path / "out")
     assert [path.name for path in (tmp_path / "out").iterdir()] == []  # no partial library left
 
@@ -151,10 +156,153 @@ def test_a_build_into_the_cache_is_loaded_and_named_by_its_source_and_tensorflow
     assert not (tmp_path / "beside").exists()
     built = list(compiled_kernels.cache_directory().iterdir())
     assert [path.name for path in built] == [compiled_kernels.library_name()]
-    changed = tmp_path / "kernel_gradient.cc"
-    changed.write_text(compiled_kernels.SOURCE.read_text() + "\n// changed\n")
-    monkeypatch.setattr(compiled_kernels, "SOURCE", changed)
-    assert compiled_kernels.library_name() != built[0].name
+    for index, source in enumerate(compiled_kernels.SOURCES):  # either source changed: another library
+        changed = tmp_path / source.name
+        changed.write_text(source.read_text() + "\n// changed\n")
+        sources = list(compiled_kernels.SOURCES)
+        sources[index] = changed
+        monkeypatch.setattr(compiled_kernels, "SOURCES", tuple(sources))
+        assert compiled_kernels.library_name() != built[0].name
+        monkeypatch.undo()
+
+
+def reference_batch_norm_gelu(inputs, upstream, scale, offset, epsilon):
+    """The batch norm (statistics of the batch, biased variance) and exact GELU in float64 from the same bfloat16
+    values: outputs, the gradients to the inputs, scale and offset, the batch mean and variance."""
+    x = tf.cast(inputs, tf.float64)
+    scale, offset = tf.cast(scale, tf.float64), tf.cast(offset, tf.float64)
+    axes = list(range(len(inputs.shape) - 1))
+    with tf.GradientTape() as tape:
+        tape.watch([x, scale, offset])
+        mean, variance = tf.nn.moments(x, axes)
+        normalized = (x - mean) / tf.sqrt(variance + epsilon) * scale + offset
+        outputs = normalized * 0.5 * (1 + tf.math.erf(normalized / np.sqrt(2)))
+    gradients = tape.gradient(outputs, [x, scale, offset], output_gradients=tf.cast(upstream, tf.float64))
+    return outputs.numpy(), [gradient.numpy() for gradient in gradients], mean.numpy(), variance.numpy()
+
+
+@needs_the_cpu
+@pytest.mark.parametrize(
+    "shape",
+    [(16, 15, 15, 64),  # the fast preset's first stage, a smaller batch
+     (12, 7, 7, 256),  # its second
+     (3, 5, 4, 40),  # channels not a multiple of 16: the tail of a register
+     (1, 1, 1, 8),  # one pixel: the variance is 0
+     (700, 3, 3, 32)],  # more pixels than a thread's run, unevenly split
+)  # fmt: skip
+def test_the_compiled_batch_norm_gelu_is_the_batch_norm_and_gelu(shape):
+    """Forward: the float64 result rounded once to bfloat16 (where the two layers round twice); the statistics to
+    float32's precision. Backward: the GELU's gradient is rounded to bfloat16, as the separate GELU's is, so the
+    input gradient is within a few bfloat16 steps of the float64 one."""
+    channels = shape[-1]
+    inputs = tf.cast(tf.random.stateless_normal(shape, seed=[1, 2]) * 2 + 0.7, tf.bfloat16)
+    upstream = tf.cast(tf.random.stateless_normal(shape, seed=[3, 4]), tf.bfloat16)
+    scale = tf.random.stateless_uniform([channels], seed=[5, 6], minval=0.5, maxval=1.5)
+    offset = tf.random.stateless_normal([channels], seed=[7, 8]) * 0.3
+    epsilon = 1e-5
+    forward, backward = compiled_kernels.batch_norm_gelu_ops()
+    outputs, mean, variance = forward(inputs, scale, offset, epsilon=epsilon)
+    input_gradient, scale_gradient, offset_gradient = backward(
+        inputs, upstream, mean, variance, scale, offset, epsilon=epsilon
+    )
+    expected, (expected_input, expected_scale, expected_offset), expected_mean, expected_variance = (
+        reference_batch_norm_gelu(inputs, upstream, scale, offset, epsilon)
+    )
+    assert outputs.dtype == input_gradient.dtype == tf.bfloat16 and outputs.shape == input_gradient.shape == shape
+    np.testing.assert_allclose(mean, expected_mean, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(variance, expected_variance, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tf.cast(outputs, tf.float32), expected, rtol=2**-8, atol=1e-6)
+    largest = np.abs(expected_input).max()
+    np.testing.assert_allclose(tf.cast(input_gradient, tf.float32), expected_input, rtol=0, atol=4 * 2**-8 * largest)
+    for gradient, reference in ((scale_gradient, expected_scale), (offset_gradient, expected_offset)):
+        # sums of the bfloat16-rounded GELU gradient: within its rounding, summed over the pixels
+        pixels = np.prod(shape[:-1])
+        np.testing.assert_allclose(
+            gradient, reference, rtol=0, atol=2**-8 * np.sqrt(pixels) * (1 + np.abs(reference).max() / pixels)
+        )
+
+
+@needs_the_cpu
+def test_the_compiled_batch_norm_gelu_is_the_same_every_time():
+    """Each thread sums fixed pixels, added in a fixed order: the same to the last bit on every call."""
+    inputs = tf.cast(tf.random.stateless_normal([96, 7, 7, 64], seed=[9, 10]), tf.bfloat16)
+    upstream = tf.cast(tf.random.stateless_normal([96, 7, 7, 64], seed=[11, 12]), tf.bfloat16)
+    ones, zeros = tf.ones([64]), tf.zeros([64])
+    forward, backward = compiled_kernels.batch_norm_gelu_ops()
+
+    def both():
+        outputs, mean, variance = forward(inputs, ones, zeros, epsilon=1e-5)
+        gradients = backward(inputs, upstream, mean, variance, ones, zeros, epsilon=1e-5)
+        return [value.numpy() for value in (outputs, mean, variance, *gradients)]
+
+    first = both()
+    for _ in range(10):
+        for value, expected in zip(both(), first, strict=True):
+            assert np.array_equal(value, expected)
+
+
+@needs_the_cpu
+@pytest.mark.parametrize(
+    ("shape", "channels", "message"),
+    [([4, 3, 3, 8], 6, "one value per channel"),
+     ([0, 3, 3, 8], 8, "must have pixels"),
+     ([8], 8, "channels last")],
+)  # fmt: skip
+def test_the_compiled_batch_norm_gelu_refuses_what_it_cannot_take(shape, channels, message):
+    forward, _ = compiled_kernels.batch_norm_gelu_ops()
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
+        forward(tf.zeros(shape, tf.bfloat16), tf.ones([channels]), tf.zeros([channels]), epsilon=1e-5)
+
+
+@needs_the_cpu
+@pytest.mark.parametrize("scale", [False, True])
+def test_the_batch_norm_gelu_layer_trains_as_the_two_layers_and_infers_with_tensorflows_ops(scale):
+    """`BatchNormGelu` in bfloat16 training takes the compiled ops and matches `FusedBatchNormalization` then
+    `Gelu` (outputs, gradients, moving statistics); inference, and so the exported model, is TensorFlow's ops."""
+    import keras
+
+    from components.common.model import BatchNormGelu, FusedBatchNormalization, Gelu
+
+    inputs = tf.cast(tf.random.stateless_normal((8, 6, 6, 48), seed=(1, 2)) * 3 + 1, tf.bfloat16)
+    fused = BatchNormGelu(momentum=0.6, epsilon=1e-5, scale=scale, dtype="mixed_bfloat16")
+    separate = FusedBatchNormalization(momentum=0.6, epsilon=1e-5, scale=scale, dtype="mixed_bfloat16")
+    gelu = Gelu(dtype="mixed_bfloat16")
+    for layer in (fused, separate):
+        layer.build(inputs.shape)
+    fused.set_weights([weight + 0.1 * number for number, weight in enumerate(fused.get_weights())])
+    separate.set_weights(fused.get_weights())
+    weights = np.linspace(-1, 1, 48, dtype=np.float32)
+
+    def trained(apply, layer):
+        step = tf.function(lambda images: apply(images, training=True))
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            outputs = step(inputs)
+            loss = tf.reduce_sum(tf.cast(outputs, tf.float32) * weights)
+        graph = step.get_concrete_function(inputs).graph.as_graph_def()
+        operations = {node.op for function in graph.library.function for node in function.node_def}
+        operations |= {node.op for node in graph.node}
+        return outputs, tape.gradient(loss, [inputs, *layer.trainable_weights]), layer.get_weights(), operations
+
+    outputs, gradients, moving, operations = trained(fused, fused)
+    outputs_s, gradients_s, moving_s, _ = trained(
+        lambda images, training: gelu(separate(images, training=training), training=training), separate
+    )
+    assert "BatchNormGeluBf16" in operations
+    np.testing.assert_allclose(tf.cast(outputs, tf.float32), tf.cast(outputs_s, tf.float32), rtol=2**-7, atol=2**-7)
+    for gradient, gradient_s in zip(gradients, gradients_s, strict=True):
+        gradient, gradient_s = (np.asarray(tf.cast(value, tf.float32)) for value in (gradient, gradient_s))
+        np.testing.assert_allclose(gradient, gradient_s, rtol=0, atol=0.02 * np.abs(gradient_s).max())
+    for weight, weight_s in zip(moving, moving_s, strict=True):
+        np.testing.assert_allclose(weight, weight_s, rtol=1e-5, atol=1e-6)
+
+    inference = tf.function(lambda images: fused(images, training=False))
+    inferred = inference(inputs)
+    graph = inference.get_concrete_function(inputs).graph.as_graph_def()
+    assert not any("Bf16" in node.op for node in graph.node)
+    expected = keras.activations.gelu(tf.cast(separate(inputs, training=False), tf.float32), approximate=False)
+    np.testing.assert_allclose(tf.cast(inferred, tf.float32), expected, rtol=2**-7, atol=2**-7)
+    assert BatchNormGelu.from_config(fused.get_config()).get_config() == fused.get_config()
 
 
 def _environment() -> dict[str, str]:

@@ -1,9 +1,12 @@
-"""The project's own compiled kernel: the bfloat16 kernel gradient of a stride-1 'same' convolution, with AVX512-BF16
-dot products (kernels/kernel_gradient.cc), a TensorFlow op built against the installed TensorFlow by the system's
-C++ compiler. TensorFlow's (oneDNN's) bfloat16 kernel gradient runs at 250-598 GFLOP/s on the fast preset's
-layers where this one runs at 630-861 on the same CPU (bench/convolutions.py).
+"""The project's own compiled kernels, TensorFlow ops built against the installed TensorFlow by the system's C++
+compiler into one library, for bfloat16 training on a CPU:
+- the kernel gradient of a stride-1 'same' convolution, with AVX512-BF16 dot products (kernels/kernel_gradient.cc):
+  630-861 GFLOP/s on the fast preset's layers where TensorFlow's (oneDNN's) runs at 250-598 on the same CPU
+  (bench/convolutions.py);
+- a batch norm and the GELU after it, forward and backward, each one pass over memory where the separate ops take
+  more (kernels/batch_norm_gelu.cc).
 
-`make install` builds it (`python -m components.common.compiled_kernels`) next to its source, in kernels/.build/;
+`make install` builds it (`python -m components.common.compiled_kernels`) next to its sources, in kernels/.build/;
 the training image builds it there too. Where that was not done, the first training step that wants it builds it
 into the user's cache (a few seconds). Where it cannot be built or loaded (no compiler, another TensorFlow), or the
 CPU lacks AVX512-BF16, or has AMX (whose tile units oneDNN's kernels use), training takes TensorFlow's kernels, as
@@ -26,10 +29,11 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels") / "kernel_gradient.cc"
-BUILT_BESIDE_SOURCE = SOURCE.parent / ".build"  # make install's and the image's; hidden: no part of an image tag
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = (KERNELS / "kernel_gradient.cc", KERNELS / "batch_norm_gelu.cc")
+BUILT_BESIDE_SOURCE = KERNELS / ".build"  # make install's and the image's; hidden: no part of an image tag
 NEEDED_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512_bf16"})
-TILE_UNIT_FLAG = "amx_bf16"  # oneDNN's kernels run on AMX tiles there; this kernel has not been measured against them
+TILE_UNIT_FLAG = "amx_bf16"  # oneDNN's kernels run on AMX tiles there; these kernels have not been measured there
 COMPILE_SECONDS = 300
 
 
@@ -50,7 +54,7 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
 
 
 def cpu_problem(flags: frozenset[str]) -> str | None:
-    """Why this kernel is not for a CPU with these flags, or None when it is."""
+    """Why these kernels are not for a CPU with these flags, or None when they are."""
     missing = sorted(NEEDED_CPU_FLAGS - flags)
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
@@ -66,13 +70,15 @@ def _compile_flags() -> list[str]:
 
 
 def library_name() -> str:
-    """The library's file name, keyed on the source and the TensorFlow it is built against (a library built
-    against another TensorFlow, or an older source, is never loaded)."""
+    """The library's file name, keyed on the sources and the TensorFlow it is built against (a library built
+    against another TensorFlow, or older sources, is never loaded)."""
     import tensorflow as tf
 
-    digest = hashlib.sha256(SOURCE.read_bytes())  # reader: the project's own kernel source
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())  # reader: the project's own kernel source
     digest.update(f"\0{tf.__version__}\0{tf.__git_version__}\0{' '.join(_compile_flags())}".encode())
-    return f"kernel_gradient-{digest.hexdigest()[:16]}.so"
+    return f"kernels-{digest.hexdigest()[:16]}.so"
 
 
 def cache_directory() -> Path:
@@ -81,8 +87,8 @@ def cache_directory() -> Path:
 
 
 def build(directory: Path) -> Path:
-    """Compile the kernel into `directory` (written under a temporary name, then renamed: a library there is
-    whole, whoever else builds it at the same time). Raises BuildError."""
+    """Compile the kernels into one library in `directory` (written under a temporary name, then renamed: a library
+    there is whole, whoever else builds it at the same time). Raises BuildError."""
     compiler = os.environ.get("CXX") or "g++"
     if not shutil.which(compiler):
         raise BuildError(f"no C++ compiler {compiler!r} on the PATH (set CXX to another)")
@@ -91,11 +97,12 @@ def build(directory: Path) -> Path:
     descriptor, partial = tempfile.mkstemp(prefix=".partial-", suffix=".so", dir=directory)
     os.close(descriptor)
     try:
-        command = [compiler, str(SOURCE), "-o", partial, *_compile_flags()]
+        command = [compiler, *map(str, SOURCES), "-o", partial, *_compile_flags()]
         result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_SECONDS, check=False)
         if result.returncode != 0:
             last_lines = " | ".join(result.stderr.strip().splitlines()[-3:])
-            raise BuildError(f"{compiler} could not build {SOURCE.name} (exit {result.returncode}): {last_lines}")
+            names = ", ".join(source.name for source in SOURCES)
+            raise BuildError(f"{compiler} could not build {names} (exit {result.returncode}): {last_lines}")
         os.chmod(partial, 0o755)  # readable by every user (an image builds it as root, runs it as another)
         os.replace(partial, target)
     finally:
@@ -109,27 +116,41 @@ def _library() -> Path:
     for directory in (BUILT_BESIDE_SOURCE, cache_directory()):
         if (directory / name).is_file():
             return directory / name
-    logger.info("building the compiled kernel gradient into %s (once for this TensorFlow)", cache_directory())
+    logger.info("building the compiled kernels into %s (once for this TensorFlow)", cache_directory())
     return build(cache_directory())
 
 
 @functools.cache
-def kernel_gradient_op():
-    """The op `KernelGradientBf16(input, upstream, kernel_size) -> float32 gradient`, or None where this CPU or this
-    installation cannot run it (logged once, with the reason)."""
+def _operations():
+    """The library's ops (a module of Python wrappers), or None where this CPU or this installation cannot run them
+    (logged once, with the reason)."""
     problem = cpu_problem(cpu_flags())
     if problem:
-        logger.info("the convolutions' kernel gradient is TensorFlow's: %s", problem)
+        logger.info("the convolutions' kernel gradient, batch norms and GELUs are TensorFlow's: %s", problem)
         return None
     import tensorflow as tf
 
     try:
-        operation = tf.load_op_library(str(_library())).kernel_gradient_bf16
+        operations = tf.load_op_library(str(_library()))
     except (BuildError, OSError, subprocess.SubprocessError, tf.errors.OpError) as error:
-        logger.warning("the convolutions' kernel gradient is TensorFlow's, slower: %s", error)
+        logger.warning("the convolutions' kernel gradient, batch norms and GELUs are TensorFlow's, slower: %s", error)
         return None
-    logger.info("the convolutions' kernel gradient is the compiled AVX512-BF16 one")
-    return operation
+    logger.info("the convolutions' kernel gradient, batch norms and GELUs are the compiled AVX512-BF16 ones")
+    return operations
+
+
+def kernel_gradient_op():
+    """The op `KernelGradientBf16(input, upstream, kernel_size) -> float32 gradient`, or None where it cannot run."""
+    operations = _operations()
+    return None if operations is None else operations.kernel_gradient_bf16
+
+
+def batch_norm_gelu_ops():
+    """The ops `BatchNormGeluBf16(x, scale, offset, epsilon) -> (y, mean, variance)` and
+    `BatchNormGeluGradBf16(x, upstream, mean, variance, scale, offset, epsilon) -> (x, scale, offset gradients)`,
+    or None where they cannot run."""
+    operations = _operations()
+    return None if operations is None else (operations.batch_norm_gelu_bf16, operations.batch_norm_gelu_grad_bf16)
 
 
 def settle_op_threads(precision: str) -> None:
@@ -153,17 +174,17 @@ def settle_op_threads(precision: str) -> None:
 
 
 def main() -> int:
-    """Build the kernel beside its source (make install). A machine that cannot is told why and goes on: the
+    """Build the kernels beside their sources (make install). A machine that cannot is told why and goes on: the
     training then takes TensorFlow's kernels."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         target = build(BUILT_BESIDE_SOURCE)
     except (BuildError, OSError, subprocess.SubprocessError) as error:
-        print(f"compiled kernel not built, training will take TensorFlow's kernels: {error}", file=sys.stderr)
+        print(f"compiled kernels not built, training will take TensorFlow's kernels: {error}", file=sys.stderr)
         return 0
     problem = cpu_problem(cpu_flags())
     note = f" (not used on this machine: {problem})" if problem else ""
-    print(f"compiled kernel built: {target}{note}")
+    print(f"compiled kernels built: {target}{note}")
     return 0
 
 

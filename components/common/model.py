@@ -165,11 +165,14 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
             is_training=True,
         )
         count = tf.cast(tf.size(inputs, out_type=tf.int64) // channels, tf.float32)
-        variance = unbiased_variance * (count - 1.0) / tf.maximum(count, 1.0)
+        self._update_moving_statistics(mean, unbiased_variance * (count - 1.0) / tf.maximum(count, 1.0))
+        return outputs
+
+    def _update_moving_statistics(self, mean, variance) -> None:
+        """The moving mean and (biased) variance, Keras's way: moving * momentum + batch * (1 - momentum)."""
         momentum = self.momentum
         self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
         self.moving_variance.assign(self.moving_variance * momentum + variance * (1.0 - momentum))
-        return outputs
 
 
 _SQRT_HALF = 0.5**0.5
@@ -237,6 +240,54 @@ class Gelu(keras.layers.Activation):
         if training and keras.backend.backend() == "tensorflow":
             return _compiled_gelu(inputs)
         return super().call(inputs)
+
+
+def _compiled_batch_norm_gelu(inputs, scale, offset, epsilon: float):
+    """(y, mean, biased variance) of the compiled batch norm + GELU (components/common/compiled_kernels.py) on
+    bfloat16 `inputs`, with its gradient (to the inputs, the scale and the offset) as the backward pass."""
+    forward, backward = compiled_kernels.batch_norm_gelu_ops()
+
+    @tf.custom_gradient
+    def normalize_and_activate(inputs, scale, offset):
+        outputs, mean, variance = forward(inputs, scale, offset, epsilon=epsilon)
+
+        def gradient(upstream, *_statistics):
+            return backward(inputs, upstream, mean, variance, scale, offset, epsilon=epsilon)
+
+        return (outputs, mean, variance), gradient
+
+    return normalize_and_activate(inputs, scale, offset)
+
+
+@keras.saving.register_keras_serializable(package="cifar10_pipeline")
+class BatchNormGelu(FusedBatchNormalization):
+    """A batch norm followed by the exact GELU, as one layer: `FusedBatchNormalization` then `Gelu`, the same
+    weights and arithmetic. Training in bfloat16 on a CPU that runs the project's compiled kernels, both are one op
+    each way (components/common/kernels/batch_norm_gelu.cc), without the batch norm's output and its gradient
+    written to memory and read back between them (the fast preset's step: docs/benchmarks.md). Elsewhere, and in
+    inference, it is the two layers' own code."""
+
+    def _compiled(self, inputs, training, mask) -> bool:
+        return bool(
+            self._fused(inputs, training, mask)
+            and self.compute_dtype == "bfloat16"
+            and compiled_kernels.batch_norm_gelu_ops() is not None
+        )
+
+    def call(self, inputs, training=None, mask=None):
+        if not self._compiled(inputs, training, mask):
+            normalized = super().call(inputs, training=training, mask=mask)
+            if training and keras.backend.backend() == "tensorflow":
+                return _compiled_gelu(normalized)
+            return keras.activations.gelu(normalized, approximate=False)
+        channels = inputs.shape[-1]
+        scale = tf.cast(self.gamma, tf.float32) if self.scale else tf.ones([channels], tf.float32)
+        offset = tf.cast(self.beta, tf.float32) if self.center else tf.zeros([channels], tf.float32)
+        outputs, mean, variance = _compiled_batch_norm_gelu(
+            tf.cast(inputs, tf.bfloat16), scale, offset, float(self.epsilon)
+        )
+        self._update_moving_statistics(tf.stop_gradient(mean), tf.stop_gradient(variance))
+        return outputs
 
 
 SMALL_IMAGE_PIXELS = 49  # up to 7x7: where oneDNN's filter gradient is slower than the per-tap matrix products
@@ -491,7 +542,11 @@ class PatchWhitening(keras.layers.Layer):
         self.bias = self.add_weight(shape=(filters,), initializer="zeros", name="bias")
 
     def call(self, images):
-        standardized = (keras.ops.cast(images, self.compute_dtype) / 255.0 - self.mean) / self.std
+        # (pixels / 255 - mean) / std as one multiply and add in float32, rounded once to the compute dtype: in
+        # bfloat16, three elementwise ops in it took 16 ms of the fast preset's step, these take a few.
+        scale = 1.0 / (255.0 * keras.ops.cast(self.std, "float32"))
+        shift = -keras.ops.cast(self.mean, "float32") / keras.ops.cast(self.std, "float32")
+        standardized = keras.ops.cast(keras.ops.cast(images, "float32") * scale + shift, self.compute_dtype)
         outputs = keras.ops.conv(standardized, self.kernel, strides=1, padding="valid")
         return outputs + self.bias
 
@@ -540,17 +595,17 @@ def _airbench_group(x, filters: int, spec: ModelSpec, name: str):
             filters, 3, padding="same", use_bias=False, kernel_initializer=DiracUniform(), name=f"{name}_{suffix}"
         )
 
-    def norm(suffix):
+    def norm_gelu(suffix):
         # No learned scale: airbench's batch norm trains its bias only.
-        return FusedBatchNormalization(
+        return BatchNormGelu(
             momentum=spec.batch_norm_decay, epsilon=spec.batch_norm_epsilon, scale=False, name=f"{name}_{suffix}"
         )
 
     x = conv("conv1")(x)
     x = keras.layers.MaxPooling2D(2, name=f"{name}_pool")(x)
-    x = Gelu(name=f"{name}_gelu1")(norm("bn1")(x))
+    x = norm_gelu("bn1")(x)
     x = conv("conv2")(x)
-    return Gelu(name=f"{name}_gelu2")(norm("bn2")(x))
+    return norm_gelu("bn2")(x)
 
 
 @keras.saving.register_keras_serializable(package="cifar10_pipeline")
