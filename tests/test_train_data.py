@@ -101,16 +101,31 @@ def test_a_resumed_airbench_stream_is_the_uninterrupted_one_from_that_step_on(sy
     assert not np.array_equal(uninterrupted[4][0], uninterrupted[0][0])  # the stream does move on
 
 
-def test_airbench_augmentation_translates_with_reflected_borders():
-    images = np.random.default_rng(1).integers(0, 256, size=(32, 32, 32, 3), dtype=np.uint8)
+@pytest.mark.parametrize(
+    ("height", "width", "pad", "static"),
+    [(32, 32, 2, True), (5, 7, 1, True), (5, 7, 4, True), (6, 9, 3, False), (4, 4, 4, True)],
+)
+def test_airbench_augmentation_translates_with_reflected_borders(height, width, pad, static):
+    """Each image is a window of its reflected padding (numpy's "reflect": the edge not repeated), whether the
+    image size is known when traced or not; a pad as large as the image is refused, as tf.pad refuses it."""
+    images = np.random.default_rng(1).integers(0, 256, size=(32, height, width, 3), dtype=np.uint8)
     flip = tf.zeros([32], tf.bool)
-    shifted = data.augment_batch(tf.constant(images), tf.constant([5, 6], tf.int64), pad=2, mode="REFLECT", flip=flip)
-    padded = np.pad(images, [(0, 0), (2, 2), (2, 2), (0, 0)], mode="reflect")
+    signature = [tf.TensorSpec([None, *(images.shape[1:] if static else (None, None, 3))], tf.uint8)]
+    augment = tf.function(
+        lambda batch: data.augment_batch(batch, tf.constant([5, 6], tf.int64), pad=pad, mode="REFLECT", flip=flip),
+        input_signature=signature,
+    )
+    if pad >= min(height, width):
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            augment(tf.constant(images))
+        return
+    shifted = augment(tf.constant(images))
+    padded = np.pad(images, [(0, 0), (pad, pad), (pad, pad), (0, 0)], mode="reflect")
     for original, result in zip(padded, shifted.numpy(), strict=True):
         assert any(
-            np.array_equal(result, original[row : row + 32, column : column + 32])
-            for row in range(5)
-            for column in range(5)
+            np.array_equal(result, original[row : row + height, column : column + width])
+            for row in range(2 * pad + 1)
+            for column in range(2 * pad + 1)
         )
 
 
