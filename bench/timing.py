@@ -18,7 +18,7 @@ RATE = re.compile(r"step \d+/\d+ .* ([\d.]+) examples/s")
 
 def threads_as_training(precisions: list[str]) -> str:
     """TensorFlow's op threads set as the training sets them in `precisions` (components/common/compiled_kernels.py's
-    settle_op_threads: one op at a time where the compiled kernel gradient runs) when every precision timed is the
+    settle_op_threads: one op at a time where the compiled kernels run) when every precision timed is the
     same one; call it before TensorFlow runs an op. Returns what they are, for the benchmark to print."""
     import tensorflow as tf
 

@@ -329,3 +329,12 @@ def test_training_in_bfloat16_runs_one_op_at_a_time_where_the_kernel_runs(precis
         outputs.append(done.stdout.split()[-1])
     expected = "1" if precision == "mixed_bfloat16" and RUNS_HERE else "0"
     assert outputs == [expected, "0"]
+
+
+def test_the_training_image_copies_every_kernel_source_it_builds():
+    """The image's build layer copies the sources before `python -m components.common.compiled_kernels`: a source
+    added to SOURCES and not copied would fail the image's build."""
+    dockerfile = (REPOSITORY / "images" / "Dockerfile").read_text()
+    copied = {source for line in dockerfile.splitlines() if line.startswith("COPY ") for source in line.split()[1:-1]}
+    for source in compiled_kernels.SOURCES:
+        assert str(source.relative_to(REPOSITORY)) in copied

@@ -530,6 +530,39 @@ def test_the_small_image_convolution_takes_its_own_gradient_only_where_it_pays(m
     assert isinstance(SmallImageConv2D(4, 3), keras.layers.Conv2D)
 
 
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "float32"])
+def test_the_batch_norm_gelu_without_its_compiled_op_is_the_two_layers(monkeypatch, precision):
+    """Where the compiled ops cannot run (another CPU, no compiler), or in float32, `BatchNormGelu` is
+    `FusedBatchNormalization` then `Gelu`, to the bit: outputs, gradients and moving statistics; in inference,
+    Keras's batch norm and GELU."""
+    from components.common import compiled_kernels
+    from components.common.model import BatchNormGelu, FusedBatchNormalization, Gelu
+
+    monkeypatch.setattr(compiled_kernels, "batch_norm_gelu_ops", lambda: None)
+    dtype = "bfloat16" if precision == "mixed_bfloat16" else "float32"
+    inputs = tf.cast(tf.random.stateless_normal((6, 5, 5, 24), seed=(3, 4)) * 2 + 1, dtype)
+    fused = BatchNormGelu(momentum=0.6, epsilon=1e-5, scale=False, dtype=precision)
+    normalization = FusedBatchNormalization(momentum=0.6, epsilon=1e-5, scale=False, dtype=precision)
+    gelu = Gelu(dtype=precision)
+    for layer in (fused, normalization):
+        layer.build(inputs.shape)
+    fused.set_weights([weight + 0.1 * number for number, weight in enumerate(fused.get_weights())])
+    normalization.set_weights(fused.get_weights())
+    assert not fused._compiled(inputs, True, None)
+    results = []
+    for apply, layer in (
+        (fused, fused),
+        (lambda x, training: gelu(normalization(x, training=training), training=training), normalization),
+    ):
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            outputs = apply(inputs, training=True)
+        gradients = tape.gradient(outputs, [inputs, *layer.trainable_weights])
+        results.append([outputs, *gradients, *layer.get_weights(), apply(inputs, training=False)])
+    for value, expected in zip(*results, strict=True):
+        np.testing.assert_array_equal(np.asarray(tf.cast(value, tf.float32)), np.asarray(tf.cast(expected, tf.float32)))
+
+
 def test_the_gelus_bfloat16_conversions_on_the_bits_are_tensorflows_casts():
     """The compiled GELU converts bfloat16 by shifting bits; every bfloat16 widens, and float32s of every kind
     (ties either way, subnormals, overflow, infinities, NaNs) narrow, as tf.cast converts them."""

@@ -154,7 +154,7 @@ def batch_norm_gelu_ops():
 
 
 def settle_op_threads(precision: str) -> None:
-    """Training in bfloat16 on a CPU that runs the compiled kernel: TensorFlow runs one op at a time (inter-op
+    """Training in bfloat16 on a CPU that runs the compiled kernels: TensorFlow runs one op at a time (inter-op
     threads 1), each on all its threads, unless TF_NUM_INTEROP_THREADS says otherwise. Two ops side by side each
     split over the same cores, and the kernel gradient, side by side with the next layer's input gradient, runs
     slower than both in turn (the fast preset's gradients step in bfloat16: 1,415-1,444 ms in turn, 1,458-1,506 side

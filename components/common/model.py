@@ -271,6 +271,8 @@ class BatchNormGelu(FusedBatchNormalization):
         return bool(
             self._fused(inputs, training, mask)
             and self.compute_dtype == "bfloat16"
+            and inputs.shape[-1] is not None
+            and not tf.config.list_logical_devices("GPU")  # the ops are the CPU's
             and compiled_kernels.batch_norm_gelu_ops() is not None
         )
 
