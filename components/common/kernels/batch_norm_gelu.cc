@@ -111,28 +111,44 @@ inline __m512 GeluDerivative(__m512 u) {
   return _mm512_fmadd_ps(u, density, NormalCdf(u));
 }
 
-// Per channel sums over pixels [first, last) of x and x^2 (into first_sums, second_sums, double, added to). The
-// pixels are read in order (the channels of one pixel, then the next's), the sums of a run kept in float32 in L1.
-void SumMoments(const uint16_t* x, int64_t channels, int64_t first, int64_t last, double* first_sums,
-                double* second_sums) {
+// Two per channel sums over pixels [first, last), added to first_sums and second_sums (double): add_pixel(pixel,
+// first, second) adds a pixel's values into float32 sums of a run of kRunPixels, which are then added in double.
+// The pixels are read in order (the channels of one pixel, then the next's), a run's sums in L1.
+template <typename AddPixel>
+void SumInRuns(int64_t channels, int64_t first, int64_t last, double* first_sums, double* second_sums,
+               AddPixel add_pixel) {
   const int64_t padded = (channels + 15) / 16 * 16;
   std::vector<float> run_first(padded), run_second(padded);
   for (int64_t start = first; start < last; start += kRunPixels) {
-    const int64_t end = std::min(last, start + kRunPixels);
     std::fill(run_first.begin(), run_first.end(), 0.0f);
     std::fill(run_second.begin(), run_second.end(), 0.0f);
-    for (int64_t pixel = start; pixel < end; ++pixel) {
-      for (int64_t c = 0; c < channels; c += 16) {
-        const __m512 value = LoadBf16(x + pixel * channels + c, Lanes(c, channels));
-        _mm512_storeu_ps(&run_first[c], _mm512_add_ps(_mm512_loadu_ps(&run_first[c]), value));
-        _mm512_storeu_ps(&run_second[c], _mm512_fmadd_ps(value, value, _mm512_loadu_ps(&run_second[c])));
-      }
+    for (int64_t pixel = start; pixel < std::min(last, start + kRunPixels); ++pixel) {
+      add_pixel(pixel, run_first.data(), run_second.data());
     }
     for (int64_t c = 0; c < channels; ++c) {
       first_sums[c] += run_first[c];
       second_sums[c] += run_second[c];
     }
   }
+}
+
+inline void Accumulate(float* sums, __m512 values) {
+  _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_loadu_ps(sums), values));
+}
+inline void AccumulateProduct(float* sums, __m512 first, __m512 second) {
+  _mm512_storeu_ps(sums, _mm512_fmadd_ps(first, second, _mm512_loadu_ps(sums)));
+}
+
+// Per channel sums over pixels [first, last) of x and x^2, in double, added to.
+void SumMoments(const uint16_t* x, int64_t channels, int64_t first, int64_t last, double* first_sums,
+                double* second_sums) {
+  SumInRuns(channels, first, last, first_sums, second_sums, [&](int64_t pixel, float* sums, float* squares) {
+    for (int64_t c = 0; c < channels; c += 16) {
+      const __m512 value = LoadBf16(x + pixel * channels + c, Lanes(c, channels));
+      Accumulate(sums + c, value);
+      AccumulateProduct(squares + c, value, value);
+    }
+  });
 }
 
 // y = gelu(x a + b) over pixels [first, last), a and b per channel.
@@ -153,32 +169,22 @@ void NormalizeActivate(const uint16_t* x, const float* a, const float* b, int64_
 void ActivationGradient(const uint16_t* x, const uint16_t* dy, const float* a, const float* b, const float* mean,
                         const float* rstd, int64_t channels, int64_t first, int64_t last, uint16_t* g,
                         double* g_sums, double* g_xhat_sums) {
-  const int64_t padded = (channels + 15) / 16 * 16;
-  std::vector<float> run_g(padded), run_g_xhat(padded);
-  for (int64_t start = first; start < last; start += kRunPixels) {
-    const int64_t end = std::min(last, start + kRunPixels);
-    std::fill(run_g.begin(), run_g.end(), 0.0f);
-    std::fill(run_g_xhat.begin(), run_g_xhat.end(), 0.0f);
-    for (int64_t pixel = start; pixel < end; ++pixel) {
-      for (int64_t c = 0; c < channels; c += 16) {
-        const __mmask16 lanes = Lanes(c, channels);
-        const __m512 value = LoadBf16(x + pixel * channels + c, lanes);
-        const __m512 u = _mm512_fmadd_ps(value, _mm512_maskz_loadu_ps(lanes, a + c), _mm512_maskz_loadu_ps(lanes, b + c));
-        const __m512 gradient = _mm512_mul_ps(LoadBf16(dy + pixel * channels + c, lanes), GeluDerivative(u));
-        const __m256i bits = ToBf16(gradient);
-        StoreBits(g + pixel * channels + c, lanes, bits);
-        const __m512 rounded = FromBf16(bits);
-        const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(value, _mm512_maskz_loadu_ps(lanes, mean + c)),
-                                          _mm512_maskz_loadu_ps(lanes, rstd + c));
-        _mm512_storeu_ps(&run_g[c], _mm512_add_ps(_mm512_loadu_ps(&run_g[c]), rounded));
-        _mm512_storeu_ps(&run_g_xhat[c], _mm512_fmadd_ps(rounded, xhat, _mm512_loadu_ps(&run_g_xhat[c])));
-      }
+  SumInRuns(channels, first, last, g_sums, g_xhat_sums, [&](int64_t pixel, float* sums, float* xhat_sums) {
+    for (int64_t c = 0; c < channels; c += 16) {
+      const __mmask16 lanes = Lanes(c, channels);
+      const __m512 value = LoadBf16(x + pixel * channels + c, lanes);
+      const __m512 u =
+          _mm512_fmadd_ps(value, _mm512_maskz_loadu_ps(lanes, a + c), _mm512_maskz_loadu_ps(lanes, b + c));
+      const __m512 gradient = _mm512_mul_ps(LoadBf16(dy + pixel * channels + c, lanes), GeluDerivative(u));
+      const __m256i bits = ToBf16(gradient);
+      StoreBits(g + pixel * channels + c, lanes, bits);
+      const __m512 rounded = FromBf16(bits);
+      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(value, _mm512_maskz_loadu_ps(lanes, mean + c)),
+                                        _mm512_maskz_loadu_ps(lanes, rstd + c));
+      Accumulate(sums + c, rounded);
+      AccumulateProduct(xhat_sums + c, rounded, xhat);
     }
-    for (int64_t c = 0; c < channels; ++c) {
-      g_sums[c] += run_g[c];
-      g_xhat_sums[c] += run_g_xhat[c];
-    }
-  }
+  });
 }
 
 // dx = a (g - mean_g - xhat mean_g_xhat), in place over g, pixels [first, last).
@@ -211,7 +217,9 @@ template <typename Work>
 void InParts(OpKernelContext* context, int64_t pixels, int64_t parts, Work work) {
   auto* workers = context->device()->tensorflow_cpu_worker_threads()->workers;
   workers->ParallelFor(parts, /*cost_per_unit=*/int64_t{1} << 40, [&](int64_t first_part, int64_t last_part) {
-    for (int64_t part = first_part; part < last_part; ++part) work(part, pixels * part / parts, pixels * (part + 1) / parts);
+    for (int64_t part = first_part; part < last_part; ++part) {
+      work(part, pixels * part / parts, pixels * (part + 1) / parts);
+    }
   });
 }
 
@@ -241,13 +249,29 @@ Normalization Coefficients(const float* mean, const float* variance, const float
   return n;
 }
 
-class BatchNormGeluBf16 : public OpKernel {
+// The sum over the threads' parts of channel c, added in a fixed order.
+double PartsSum(const std::vector<std::vector<double>>& sums, int64_t c) {
+  double total = 0;
+  for (const auto& part : sums) total += part[c];
+  return total;
+}
+
+// Both ops: the epsilon attribute, and a CPU that runs them.
+class BatchNormGeluKernel : public OpKernel {
  public:
-  explicit BatchNormGeluBf16(OpKernelConstruction* context) : OpKernel(context) {
+  BatchNormGeluKernel(OpKernelConstruction* context, const char* name) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
     OP_REQUIRES(context, CpuSupported(),
-                tensorflow::errors::Unimplemented("BatchNormGeluBf16 needs a CPU with AVX512-BF16"));
+                tensorflow::errors::Unimplemented(name, " needs a CPU with AVX512-BF16"));
   }
+
+ protected:
+  float epsilon_ = 1e-3f;
+};
+
+class BatchNormGeluBf16 : public BatchNormGeluKernel {
+ public:
+  explicit BatchNormGeluBf16(OpKernelConstruction* context) : BatchNormGeluKernel(context, "BatchNormGeluBf16") {}
 
   void Compute(OpKernelContext* context) override {
     const Tensor& x = context->input(0);
@@ -271,11 +295,9 @@ class BatchNormGeluBf16 : public OpKernel {
     float* mean_values = mean->flat<float>().data();
     float* variance_values = variance->flat<float>().data();
     for (int64_t c = 0; c < channels; ++c) {
-      double sum = 0, squares = 0;
-      for (int64_t part = 0; part < parts; ++part) sum += first[part][c], squares += second[part][c];
-      const double average = sum / pixels;
+      const double average = PartsSum(first, c) / pixels;
       mean_values[c] = static_cast<float>(average);
-      variance_values[c] = static_cast<float>(std::max(0.0, squares / pixels - average * average));
+      variance_values[c] = static_cast<float>(std::max(0.0, PartsSum(second, c) / pixels - average * average));
     }
     const Normalization n = Coefficients(mean_values, variance_values, scale.flat<float>().data(),
                                          offset.flat<float>().data(), channels, epsilon_);
@@ -283,18 +305,12 @@ class BatchNormGeluBf16 : public OpKernel {
       NormalizeActivate(Bits(x), n.a.data(), n.b.data(), channels, begin, end, Bits(y));
     });
   }
-
- private:
-  float epsilon_ = 1e-3f;
 };
 
-class BatchNormGeluGradBf16 : public OpKernel {
+class BatchNormGeluGradBf16 : public BatchNormGeluKernel {
  public:
-  explicit BatchNormGeluGradBf16(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
-    OP_REQUIRES(context, CpuSupported(),
-                tensorflow::errors::Unimplemented("BatchNormGeluGradBf16 needs a CPU with AVX512-BF16"));
-  }
+  explicit BatchNormGeluGradBf16(OpKernelConstruction* context)
+      : BatchNormGeluKernel(context, "BatchNormGeluGradBf16") {}
 
   void Compute(OpKernelContext* context) override {
     const Tensor& x = context->input(0);
@@ -327,8 +343,7 @@ class BatchNormGeluGradBf16 : public OpKernel {
     float* d_scale_values = d_scale->flat<float>().data();
     float* d_offset_values = d_offset->flat<float>().data();
     for (int64_t c = 0; c < channels; ++c) {
-      double sum = 0, sum_xhat = 0;
-      for (int64_t part = 0; part < parts; ++part) sum += g_sums[part][c], sum_xhat += g_xhat_sums[part][c];
+      const double sum = PartsSum(g_sums, c), sum_xhat = PartsSum(g_xhat_sums, c);
       d_offset_values[c] = static_cast<float>(sum);
       d_scale_values[c] = static_cast<float>(sum_xhat);
       mean_g[c] = static_cast<float>(sum / pixels);
@@ -339,9 +354,6 @@ class BatchNormGeluGradBf16 : public OpKernel {
                     begin, end, Bits(dx));
     });
   }
-
- private:
-  float epsilon_ = 1e-3f;
 };
 
 }  // namespace

@@ -103,8 +103,9 @@ struct Shape {
 
 // One thread's share, part `part` of `parts`: runs `part`, `part + parts`, ... of `run` images each, summed into
 // gradient (rows x columns x in x out, float32, zeroed). Fixed by the part, not taken as they come, so that the
-// sums, and so the training, are the same from run to run (taken as they come, the last bits differed). M x 16*Z is the register tile: 8 x 32 (against 6 x 64, 10 x 32 and 12 x 32 the best or
-// level at every layer of the fast preset).
+// sums, and so the training, are the same from run to run (taken as they come, the last bits differed). M x 16*Z
+// is the register tile: 8 x 32 (against 6 x 64, 10 x 32 and 12 x 32 the best or level at every layer of the fast
+// preset).
 template <int M, int Z>
 void Accumulate(const uint16_t* input, const uint16_t* upstream, const Shape& s, int64_t part, int64_t parts,
                 int64_t run, float* gradient) {
@@ -200,7 +201,8 @@ class KernelGradientBf16 : public OpKernel {
     const Tensor& input = context->input(0);
     const Tensor& upstream = context->input(1);
     OP_REQUIRES(context, input.dims() == 4 && upstream.dims() == 4,
-                tensorflow::errors::InvalidArgument("input and upstream must be 4-D (images, height, width, channels)"));
+                tensorflow::errors::InvalidArgument("input and upstream must be 4-D (images, height, width, "
+                                                    "channels)"));
     const Shape s{input.dim_size(0), input.dim_size(1), input.dim_size(2), input.dim_size(3), upstream.dim_size(3),
                   rows_, columns_};
     OP_REQUIRES(context,
