@@ -225,6 +225,13 @@ def _compiled_gelu(inputs):
     return _gelu_forward(inputs), lambda upstream: _gelu_backward(inputs, upstream)
 
 
+def _gelu(inputs, training):
+    """The exact GELU: the compiled one in training, TensorFlow's op otherwise (nothing downstream needs XLA)."""
+    if training and keras.backend.backend() == "tensorflow":
+        return _compiled_gelu(inputs)
+    return keras.activations.gelu(inputs, approximate=False)
+
+
 @keras.saving.register_keras_serializable(package="cifar10_pipeline")
 class Gelu(keras.layers.Activation):
     """The exact (erf) GELU. In training it runs as one compiled kernel (XLA) for the forward pass and one for the
@@ -237,9 +244,7 @@ class Gelu(keras.layers.Activation):
         super().__init__("gelu", **kwargs)
 
     def call(self, inputs, training=None):
-        if training and keras.backend.backend() == "tensorflow":
-            return _compiled_gelu(inputs)
-        return super().call(inputs)
+        return _gelu(inputs, training)
 
 
 def _compiled_batch_norm_gelu(inputs, scale, offset, epsilon: float):
@@ -278,10 +283,7 @@ class BatchNormGelu(FusedBatchNormalization):
 
     def call(self, inputs, training=None, mask=None):
         if not self._compiled(inputs, training, mask):
-            normalized = super().call(inputs, training=training, mask=mask)
-            if training and keras.backend.backend() == "tensorflow":
-                return _compiled_gelu(normalized)
-            return keras.activations.gelu(normalized, approximate=False)
+            return _gelu(super().call(inputs, training=training, mask=mask), training)
         channels = inputs.shape[-1]
         scale = tf.cast(self.gamma, tf.float32) if self.scale else tf.ones([channels], tf.float32)
         offset = tf.cast(self.beta, tf.float32) if self.center else tf.zeros([channels], tf.float32)
