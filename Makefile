@@ -65,6 +65,7 @@ bench:
 	$(BIN)/python $(ROOT)bench/step_profile.py
 	$(BIN)/python $(ROOT)bench/fused_layers.py
 	$(BIN)/python $(ROOT)bench/convolutions.py
+	$(BIN)/python $(ROOT)bench/batch_norm_gelu.py
 
 bench-accuracy:
 	$(BIN)/python $(ROOT)bench/accuracy.py

@@ -23,6 +23,10 @@ in the compute dtype: what each batch norm + GELU pair reads and writes) at the 
 round (bench/flops.py); and the step's time at 0.8 of the peak beside its convolutions'.
 
     .venv/bin/python bench/step_profile.py [--preset fast] [--precisions float32 mixed_bfloat16] [--rounds 2]
+        [--compiled-kernels auto off]    # the project's compiled kernels against TensorFlow's, in the same run
+
+TensorFlow's inter-op threads are set once, at the start, as training sets them for the first mode: one op at a
+time where the compiled kernel gradient runs (components/common/compiled_kernels.py's settle_op_threads).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ sys.path.insert(0, str(REPOSITORY))
 
 from bench import flops, timing  # noqa: E402
 from bench.accuracy import config_model_spec, full_training_set, whole_run_loop_seconds  # noqa: E402
+from components.common import compiled_kernels  # noqa: E402
 
 PARTS = ("convolutions", "forward", "gradients", "sgd step", "recipe step", "loop")
 
@@ -158,11 +163,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="fast")
     parser.add_argument("--precisions", nargs="+", default=["float32", "mixed_bfloat16"])
+    parser.add_argument(
+        "--compiled-kernels", nargs="+", default=["auto"], choices=compiled_kernels.MODES,
+        help="each part timed in each CIFAR10_PIPELINE_COMPILED_KERNELS mode given, in turn in each round",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--window-steps", type=int, default=3)
     parser.add_argument("--windows", type=int, default=2)
     arguments = parser.parse_args()
+    kernels_mode(arguments.compiled_kernels[0])
     print(timing.threads_as_training(arguments.precisions), flush=True)
+    first, *others = arguments.compiled_kernels
+    for mode in others:
+        if one_op_at_a_time(mode, arguments.precisions) != one_op_at_a_time(first, arguments.precisions):
+            print(f"  (as training sets them with compiled kernels {first}; with {mode} it sets them otherwise, "
+                  f"so the loop's time with {mode} is not quite the training's)", flush=True)  # fmt: skip
 
     from components.common.config import config_from_mapping
     from components.common.model import build_model
@@ -172,44 +187,78 @@ def main() -> None:
     base = config_from_mapping(TrainConfig, {"data": data, "model_dir": "unused", "preset": arguments.preset}, "bench")
     model = build_model(config_model_spec(base))
     forward_flops = flops.forward_flops(model, (32, 32, 3))
+    modes = arguments.compiled_kernels
     for precision in arguments.precisions:
         config = dataclasses.replace(base, precision=precision)
         pass_bytes = activation_bytes(model, config.batch_size, flops.compute_dtype(precision))
-        seconds: dict[str, list[float]] = {part: [] for part in PARTS}
-        peaks, updates, bandwidths = [], [], []
+        seconds: dict[tuple[str, str], list[float]] = {(mode, part): [] for mode in modes for part in PARTS}
+        updates: dict[str, list[float]] = {mode: [] for mode in modes}
+        peaks, bandwidths = [], []
         for round_number in range(1, arguments.rounds + 1):
             order = PARTS if round_number % 2 else tuple(reversed(PARTS))
-            for part in order:
-                seconds[part].append(measure(config, part, arguments.window_steps, arguments.windows))
-                print(f"{precision} round {round_number}: {part} {config.batch_size / seconds[part][-1]:.0f} "
-                      f"images/s", flush=True)  # fmt: skip
+            for mode in modes if round_number % 2 else tuple(reversed(modes)):
+                kernels_mode(mode)
+                for part in order:
+                    seconds[mode, part].append(measure(config, part, arguments.window_steps, arguments.windows))
+                    print(f"{precision}{mode_label(mode, modes)} round {round_number}: {part} "
+                          f"{config.batch_size / seconds[mode, part][-1]:.0f} images/s", flush=True)  # fmt: skip
+                updates[mode].append(update_alone_seconds(config, 10))
             peaks.append(flops.peak_flops(flops.compute_dtype(precision)))
-            updates.append(update_alone_seconds(config, 10))
             bandwidths.append(flops.memory_bandwidth())
         peak, bandwidth = max(peaks), max(bandwidths)
-        median = {part: statistics.median(values) for part, values in seconds.items()}
-        print(f"\n{arguments.preset} in {precision}, batch {config.batch_size}, {forward_flops / 1e6:.0f} MFLOP per "
-              f"image forward; peak {peak / 1e9:.0f} GFLOP/s ({arguments.rounds} rounds)")  # fmt: skip
-        print("| part | ms per step | images/s | training GFLOP/s (of peak) |")
-        print("|---|---|---|---|")
-        for part in PARTS:
-            rate = config.batch_size / median[part]
-            work = (1 if part == "forward" else 3) * forward_flops * rate
-            print(f"| {part} | {1000 * median[part]:.0f} | {rate:.0f} | {work / 1e9:.0f} ({work / peak:.0%}) |")
-        normalization = median["gradients"] - median["convolutions"]
-        costs = {
-            "batch norm and activations (gradients - convolutions)": normalization,
-            "the optimizer's update (recipe step - gradients)": median["recipe step"] - median["gradients"],
-            "  of it, the update by itself (on fixed gradients)": statistics.median(updates),
-            "the loop around the step (loop - recipe step)": median["loop"] - median["recipe step"],
-        }
-        for what, cost in costs.items():
-            print(f"  {what}: {1000 * cost:.0f} ms per step ({cost / median['loop']:.0%} of the loop's)")
-        print(f"  loop / bare recipe step: {median['recipe step'] / median['loop']:.2f}")
-        print(memory_bound_summary(normalization, pass_bytes, bandwidth))
-        at_peak = 3 * forward_flops * config.batch_size / peak
-        print(f"  a step's FLOPs at the peak: {1000 * at_peak:.0f} ms; at 0.8 of it: {1000 * at_peak / 0.8:.0f} ms, "
-              f"where the convolutions alone take {1000 * median['convolutions']:.0f}\n", flush=True)  # fmt: skip
+        loops = {}
+        for mode in modes:
+            median = {part: statistics.median(seconds[mode, part]) for part in PARTS}
+            loops[mode] = median["loop"]
+            print(f"\n{arguments.preset} in {precision}{mode_label(mode, modes)}, batch {config.batch_size}, "
+                  f"{forward_flops / 1e6:.0f} MFLOP per image forward; peak {peak / 1e9:.0f} GFLOP/s "
+                  f"({arguments.rounds} rounds)")  # fmt: skip
+            report(median, statistics.median(updates[mode]), config.batch_size, forward_flops, peak)
+            print(memory_bound_summary(median["gradients"] - median["convolutions"], pass_bytes, bandwidth))
+            at_peak = 3 * forward_flops * config.batch_size / peak
+            print(f"  a step's FLOPs at the peak: {1000 * at_peak:.0f} ms; at 0.8 of it: {1000 * at_peak / 0.8:.0f} "
+                  f"ms, where the convolutions alone take {1000 * median['convolutions']:.0f}\n",
+                  flush=True)  # fmt: skip
+        for mode in modes[1:]:
+            print(f"{precision}: the loop with compiled kernels {modes[0]} / {mode}: "
+                  f"{loops[mode] / loops[modes[0]]:.2f}x the images/s\n", flush=True)  # fmt: skip
+
+
+def kernels_mode(mode: str) -> None:
+    """The compiled kernels as CIFAR10_PIPELINE_COMPILED_KERNELS=`mode` says, for the models built from here on."""
+    os.environ[compiled_kernels.MODE_VARIABLE] = mode
+    compiled_kernels.forget()
+
+
+def one_op_at_a_time(mode: str, precisions: list[str]) -> bool:
+    """Whether training sets TensorFlow's inter-op threads to 1 with compiled kernels `mode` (settle_op_threads:
+    bfloat16 training where the compiled kernel gradient runs)."""
+    kernels_mode(mode)
+    taken = compiled_kernels.kernel_gradient_op() is not None
+    return taken and "mixed_bfloat16" in precisions
+
+
+def mode_label(mode: str, modes: list[str]) -> str:
+    return f", compiled kernels {mode}" if len(modes) > 1 else ""
+
+
+def report(median: dict[str, float], update_alone: float, batch: int, forward_flops: float, peak: float) -> None:
+    """The parts' table and what each costs, from each part's median seconds per step."""
+    print("| part | ms per step | images/s | training GFLOP/s (of peak) |")
+    print("|---|---|---|---|")
+    for part in PARTS:
+        rate = batch / median[part]
+        work = (1 if part == "forward" else 3) * forward_flops * rate
+        print(f"| {part} | {1000 * median[part]:.0f} | {rate:.0f} | {work / 1e9:.0f} ({work / peak:.0%}) |")
+    costs = {
+        "batch norm and activations (gradients - convolutions)": median["gradients"] - median["convolutions"],
+        "the optimizer's update (recipe step - gradients)": median["recipe step"] - median["gradients"],
+        "  of it, the update by itself (on fixed gradients)": update_alone,
+        "the loop around the step (loop - recipe step)": median["loop"] - median["recipe step"],
+    }
+    for what, cost in costs.items():
+        print(f"  {what}: {1000 * cost:.0f} ms per step ({cost / median['loop']:.0%} of the loop's)")
+    print(f"  loop / bare recipe step: {median['recipe step'] / median['loop']:.2f}")
 
 
 def memory_bound_summary(seconds: float, pass_bytes: int, bandwidth: float) -> str:

@@ -16,7 +16,20 @@ from components.common import compiled_kernels
 from tests.builders import REPOSITORY
 
 RUNS_HERE = compiled_kernels.cpu_problem(compiled_kernels.cpu_flags()) is None
-needs_the_cpu = pytest.mark.skipif(not RUNS_HERE, reason="the compiled kernels need AVX512-BF16 without AMX")
+KERNEL_GRADIENT_HERE = (
+    RUNS_HERE and compiled_kernels.kernel_gradient_problem(compiled_kernels.cpu_flags(), "auto") is None
+)
+needs_the_cpu = pytest.mark.skipif(not RUNS_HERE, reason="the compiled kernels need AVX512-BF16")
+
+
+@pytest.fixture
+def every_compiled_op(monkeypatch):
+    """CIFAR10_PIPELINE_COMPILED_KERNELS=on: the kernel gradient on a CPU with AMX too (its numbers are checked
+    everywhere they can run)."""
+    monkeypatch.setenv(compiled_kernels.MODE_VARIABLE, "on")
+    compiled_kernels.forget()
+    yield
+    compiled_kernels.forget()
 
 
 def reference_gradient(inputs, upstream, kernel_size):
@@ -29,6 +42,7 @@ def reference_gradient(inputs, upstream, kernel_size):
 
 
 @needs_the_cpu
+@pytest.mark.usefixtures("every_compiled_op")
 @pytest.mark.parametrize(
     ("batch", "height", "width", "in_channels", "out_channels", "kernel_size"),
     [(3, 5, 7, 24, 64, (3, 3)),  # an odd number of pixels: the last pair straddles nothing
@@ -51,6 +65,7 @@ def test_the_compiled_kernel_gradient_is_tensorflows(batch, height, width, in_ch
 
 
 @needs_the_cpu
+@pytest.mark.usefixtures("every_compiled_op")
 def test_the_compiled_kernel_gradient_is_the_same_every_time():
     """The threads' shares are fixed, so the float32 sums, and the training, are the same from call to call to the
     last bit (taken as they came, they were not)."""
@@ -63,6 +78,7 @@ def test_the_compiled_kernel_gradient_is_the_same_every_time():
 
 
 @needs_the_cpu
+@pytest.mark.usefixtures("every_compiled_op")
 def test_the_compiled_kernel_gradient_is_the_same_traced_and_for_an_unknown_batch():
     inputs = tf.cast(tf.random.stateless_normal([9, 5, 5, 16], seed=[5, 6]), tf.bfloat16)
     upstream = tf.cast(tf.random.stateless_normal([9, 5, 5, 32], seed=[7, 8]), tf.bfloat16)
@@ -76,6 +92,7 @@ def test_the_compiled_kernel_gradient_is_the_same_traced_and_for_an_unknown_batc
 
 
 @needs_the_cpu
+@pytest.mark.usefixtures("every_compiled_op")
 @pytest.mark.parametrize(
     ("input_shape", "upstream_shape", "kernel_size", "message"),
     [([2, 5, 5, 8], [2, 5, 5, 48], [3, 3], "multiple of 32, got 48"),
@@ -92,13 +109,83 @@ def test_the_compiled_kernel_gradient_refuses_what_it_cannot_take(input_shape, u
 @pytest.mark.parametrize(
     ("flags", "problem"),
     [({"avx512f", "avx512bw", "avx512_bf16"}, None),
-     ({"avx512f", "avx512bw", "avx512_bf16", "amx_bf16", "amx_tile"}, "AMX"),
+     ({"avx512f", "avx512bw", "avx512_bf16", "amx_bf16", "amx_tile"}, None),
      ({"avx512f", "avx512bw"}, "lacks avx512_bf16"),
      (set(), "lacks avx512_bf16, avx512bw, avx512f")],
 )  # fmt: skip
-def test_the_kernel_is_for_avx512_bf16_cpus_without_amx(flags, problem):
+def test_the_kernels_are_for_avx512_bf16_cpus(flags, problem):
     found = compiled_kernels.cpu_problem(frozenset(flags))
     assert found is None if problem is None else problem in found
+
+
+@pytest.mark.parametrize(
+    ("flags", "chosen", "taken"),
+    [({"avx512_bf16"}, "auto", True),
+     ({"avx512_bf16", "amx_bf16", "amx_tile"}, "auto", False),  # oneDNN's convolutions run on the tiles there
+     ({"avx512_bf16", "amx_bf16", "amx_tile"}, "on", True)],
+)  # fmt: skip
+def test_the_compiled_kernel_gradient_gives_way_to_amx_unless_asked_for(flags, chosen, taken):
+    problem = compiled_kernels.kernel_gradient_problem(frozenset(flags), chosen)
+    assert (problem is None) is taken
+    if not taken:
+        assert "AMX" in problem and "CIFAR10_PIPELINE_COMPILED_KERNELS=on" in problem
+
+
+@pytest.mark.parametrize(
+    ("environment", "chosen"),
+    [({}, "auto"), *(({"CIFAR10_PIPELINE_COMPILED_KERNELS": m}, m) for m in ("auto", "on", "off"))],
+)
+def test_the_kernels_mode_is_read_from_the_environment(environment, chosen):
+    assert compiled_kernels.mode(environment) == chosen
+
+
+@pytest.mark.parametrize("value", ["", "ON", "1", "true", " off"])
+def test_a_bad_kernels_mode_is_named_with_its_variable(value):
+    with pytest.raises(ValueError, match=f"^CIFAR10_PIPELINE_COMPILED_KERNELS: {value!r} is not one of auto, on, off$"):
+        compiled_kernels.mode({"CIFAR10_PIPELINE_COMPILED_KERNELS": value})
+
+
+def test_a_bad_kernels_mode_stops_training_before_it_starts(tmp_path):
+    """`python -m components.train` with a bad CIFAR10_PIPELINE_COMPILED_KERNELS: one line naming it, exit 2, nothing
+    written."""
+    done = subprocess.run(
+        [sys.executable, "-m", "components.train", "--data", str(tmp_path / "data"), "--model-dir",
+         str(tmp_path / "model")], cwd=REPOSITORY, capture_output=True, text=True,
+        env={**_environment(), "CIFAR10_PIPELINE_COMPILED_KERNELS": "yes"}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert (
+        "CIFAR10_PIPELINE_COMPILED_KERNELS: 'yes' is not one of auto, on, off" in done.stderr.strip().splitlines()[-1]
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_the_cpu
+def test_each_mode_takes_the_ops_it_says_on_this_cpu_and_on_one_with_amx(monkeypatch, caplog):
+    """auto: both ops (the kernel gradient not on a CPU with AMX); on: both, AMX or not; off: neither, said once."""
+    flags = compiled_kernels.cpu_flags()
+    cases = [("auto", flags, True, True), ("auto", flags | {"amx_bf16", "amx_tile"}, False, True),
+             ("on", flags | {"amx_bf16", "amx_tile"}, True, True), ("off", flags, False, False)]  # fmt: skip
+    if not KERNEL_GRADIENT_HERE:  # this CPU has AMX itself
+        cases = cases[1:]
+    try:
+        for chosen, cpu, kernel_gradient, batch_norm_gelu in cases:
+            monkeypatch.setenv("CIFAR10_PIPELINE_COMPILED_KERNELS", chosen)
+            monkeypatch.setattr(compiled_kernels, "cpu_flags", lambda cpu=cpu: cpu)
+            compiled_kernels.forget()
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger=compiled_kernels.__name__):
+                assert (compiled_kernels.kernel_gradient_op() is not None) is kernel_gradient, chosen
+                assert (compiled_kernels.batch_norm_gelu_ops() is not None) is batch_norm_gelu, chosen
+                compiled_kernels.kernel_gradient_op()
+            said = [record.getMessage() for record in caplog.records]
+            assert len(said) == 1, said  # once, however often asked
+            if chosen == "off":
+                assert "TensorFlow's: CIFAR10_PIPELINE_COMPILED_KERNELS=off" in said[0]
+            elif not kernel_gradient:
+                assert "the kernel gradient is oneDNN's: the CPU has AMX tile units" in said[0]
+    finally:
+        compiled_kernels.forget()
 
 
 def test_a_missing_compiler_is_named_and_training_takes_tensorflows_gradient(tmp_path, monkeypatch, caplog):
@@ -111,7 +198,7 @@ def test_a_missing_compiler_is_named_and_training_takes_tensorflows_gradient(tmp
 
     monkeypatch.setattr(compiled_kernels, "BUILT_BESIDE_SOURCE", tmp_path / "beside")
     monkeypatch.setattr(compiled_kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx512_bf16"}))
-    compiled_kernels._operations.cache_clear()
+    compiled_kernels.forget()
     try:
         with caplog.at_level(logging.WARNING):
             assert compiled_kernels.kernel_gradient_op() is None
@@ -119,7 +206,7 @@ def test_a_missing_compiler_is_named_and_training_takes_tensorflows_gradient(tmp
         assert "batch norms and GELUs are TensorFlow's, slower: no C++ compiler 'no-such-compiler'" in caplog.text
         assert caplog.text.count("no-such-compiler") == 1  # said once
     finally:
-        compiled_kernels._operations.cache_clear()
+        compiled_kernels.forget()
 
     done = subprocess.run(
         [sys.executable, "-m", "components.common.compiled_kernels"], cwd=REPOSITORY, capture_output=True,
@@ -305,6 +392,40 @@ def test_the_batch_norm_gelu_layer_trains_as_the_two_layers_and_infers_with_tens
     assert BatchNormGelu.from_config(fused.get_config()).get_config() == fused.get_config()
 
 
+@needs_the_cpu
+@pytest.mark.parametrize(("chosen", "compiled"), [("auto", True), ("off", False)])
+def test_the_airbench_network_trains_on_the_ops_its_mode_says(monkeypatch, chosen, compiled):
+    """The airbench network's bfloat16 training graph: the compiled batch norm + GELU (and, without AMX, kernel
+    gradient) ops under auto, none of them under off."""
+    import keras
+
+    from components.common.model import ModelSpec, build_model
+
+    monkeypatch.setenv("CIFAR10_PIPELINE_COMPILED_KERNELS", chosen)
+    compiled_kernels.forget()
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = build_model(ModelSpec(family="airbench", width_multiplier=0.5))
+        images = tf.zeros((2, 32, 32, 3))
+
+        @tf.function
+        def step(images):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.cast(model(images, training=True), tf.float32))
+            return tape.gradient(loss, model.trainable_variables)
+
+        graph = step.get_concrete_function(images).graph.as_graph_def()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+        compiled_kernels.forget()
+    operations = {node.op for function in graph.library.function for node in function.node_def}
+    operations |= {node.op for node in graph.node}
+    expected = {"BatchNormGeluBf16", "BatchNormGeluGradBf16"} | (
+        {"KernelGradientBf16"} if KERNEL_GRADIENT_HERE else set()
+    )
+    assert (operations & expected == expected) if compiled else not any("Bf16" in name for name in operations)
+
+
 def _environment() -> dict[str, str]:
     import os
 
@@ -327,7 +448,7 @@ def test_training_in_bfloat16_runs_one_op_at_a_time_where_the_kernel_runs(precis
             env={**_environment(), **extra}, check=True,
         )  # fmt: skip
         outputs.append(done.stdout.split()[-1])
-    expected = "1" if precision == "mixed_bfloat16" and RUNS_HERE else "0"
+    expected = "1" if precision == "mixed_bfloat16" and KERNEL_GRADIENT_HERE else "0"
     assert outputs == [expected, "0"]
 
 

@@ -57,6 +57,7 @@ def namespace_file(tmp_path, monkeypatch):
     monkeypatch.setattr(cluster_job, "SERVICE_ACCOUNT_NAMESPACE", path)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio-service.kubeflow:9000")
     monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("CIFAR10_PIPELINE_COMPILED_KERNELS", "on")  # set on the step: the workers take it too
     return path
 
 
@@ -103,6 +104,7 @@ def test_the_tfjob_sent_passes_the_crd_and_webhook_and_the_chiefs_log_survives_p
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     environment = {variable["name"]: variable for variable in container["env"]}
     assert environment["AWS_ENDPOINT_URL"]["value"] == "http://minio-service.kubeflow:9000"
+    assert environment["CIFAR10_PIPELINE_COMPILED_KERNELS"]["value"] == "on"
     assert environment["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {
         "name": "mlpipeline-minio-artifact",
         "key": "accesskey",

@@ -82,6 +82,7 @@ def in_a_profile_namespace(tmp_path, monkeypatch):
     path.write_text(f"{NAMESPACE}\n")
     monkeypatch.setattr(cluster_job, "SERVICE_ACCOUNT_NAMESPACE", path)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://seaweedfs.kubeflow:8333")
+    monkeypatch.setenv("CIFAR10_PIPELINE_COMPILED_KERNELS", "off")  # set on the step: the workers take it too
 
 
 def install_runtime(api: FakeKubernetesApi, runtime: dict | None = None) -> dict:
@@ -154,6 +155,7 @@ def test_the_trainjob_sent_passes_the_crds_webhooks_and_rbac_and_worker_0s_log_s
     assert environment["TRAINJOB_NAME"]["value"] == "cifar10-train-run42"
     assert environment["TRAINJOB_NUM_NODES"]["value"] == "4"
     assert environment["AWS_ENDPOINT_URL"]["value"] == "http://seaweedfs.kubeflow:8333"
+    assert environment["CIFAR10_PIPELINE_COMPILED_KERNELS"]["value"] == "off"
     assert environment["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {
         "name": "mlpipeline-minio-artifact",
         "key": "accesskey",

@@ -9,8 +9,13 @@ compiler into one library, for bfloat16 training on a CPU:
 `make install` builds it (`python -m components.common.compiled_kernels`) next to its sources, in kernels/.build/;
 the training image builds it there too. Where that was not done, the first training step that wants it builds it
 into the user's cache (a few seconds). Where it cannot be built or loaded (no compiler, another TensorFlow), or the
-CPU lacks AVX512-BF16, or has AMX (whose tile units oneDNN's kernels use), training takes TensorFlow's kernels, as
-before, and says why once.
+CPU lacks AVX512-BF16, training takes TensorFlow's kernels, as before, and says why once. On a CPU with AMX, whose
+tile units oneDNN's convolutions use, the kernel gradient is oneDNN's (the compiled one has not been measured
+against it there); the batch norm + GELU, memory-bound work the tile units do not do, is the compiled op.
+
+The environment variable CIFAR10_PIPELINE_COMPILED_KERNELS chooses: `auto` (the default, as above), `off` (TensorFlow's
+kernels everywhere: to rule the compiled ones out, or to time them against TensorFlow's) or `on` (both ops on a CPU
+with AMX too, to measure them there; a CPU without AVX512-BF16 cannot run them at all).
 
     python -m components.common.compiled_kernels    # build it now; prints where, or why not
 """
@@ -25,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -33,7 +39,9 @@ KERNELS = Path(__file__).with_name("kernels")
 SOURCES = (KERNELS / "kernel_gradient.cc", KERNELS / "batch_norm_gelu.cc")
 BUILT_BESIDE_SOURCE = KERNELS / ".build"  # make install's and the image's; hidden: no part of an image tag
 NEEDED_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512_bf16"})
-TILE_UNIT_FLAG = "amx_bf16"  # oneDNN's kernels run on AMX tiles there; these kernels have not been measured there
+TILE_UNIT_FLAG = "amx_bf16"  # oneDNN's convolutions run on AMX tiles there; the kernel gradient's is not measured there
+MODE_VARIABLE = "CIFAR10_PIPELINE_COMPILED_KERNELS"
+MODES = ("auto", "on", "off")
 COMPILE_SECONDS = 300
 
 
@@ -53,13 +61,29 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def mode(environment: Mapping[str, str] = os.environ) -> str:
+    """CIFAR10_PIPELINE_COMPILED_KERNELS: auto (unset), on or off. Raises ValueError naming the variable and the
+    value."""
+    value = environment.get(MODE_VARIABLE, "auto")
+    if value not in MODES:
+        raise ValueError(f"{MODE_VARIABLE}: {value!r} is not one of {', '.join(MODES)}")
+    return value
+
+
 def cpu_problem(flags: frozenset[str]) -> str | None:
-    """Why these kernels are not for a CPU with these flags, or None when they are."""
+    """Why this CPU cannot run the kernels, or None when it can."""
     missing = sorted(NEEDED_CPU_FLAGS - flags)
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
-    if TILE_UNIT_FLAG in flags:
-        return "the CPU has AMX tile units, which oneDNN's own kernels use"
+    return None
+
+
+def kernel_gradient_problem(flags: frozenset[str], chosen: str) -> str | None:
+    """Why the compiled kernel gradient is not taken on a CPU that runs the library, or None when it is."""
+    if TILE_UNIT_FLAG in flags and chosen == "auto":
+        return (
+            f"the CPU has AMX tile units, which oneDNN's convolutions use ({MODE_VARIABLE}=on takes the compiled one)"
+        )
     return None
 
 
@@ -122,8 +146,11 @@ def _library() -> Path:
 
 @functools.cache
 def _operations():
-    """The library's ops (a module of Python wrappers), or None where this CPU or this installation cannot run them
-    (logged once, with the reason)."""
+    """The library's ops (a module of Python wrappers), or None where they are turned off or this CPU or this
+    installation cannot run them (logged once, with the reason)."""
+    if mode() == "off":
+        logger.info("the convolutions' kernel gradient, batch norms and GELUs are TensorFlow's: %s=off", MODE_VARIABLE)
+        return None
     problem = cpu_problem(cpu_flags())
     if problem:
         logger.info("the convolutions' kernel gradient, batch norms and GELUs are TensorFlow's: %s", problem)
@@ -135,14 +162,30 @@ def _operations():
     except (BuildError, OSError, subprocess.SubprocessError, tf.errors.OpError) as error:
         logger.warning("the convolutions' kernel gradient, batch norms and GELUs are TensorFlow's, slower: %s", error)
         return None
-    logger.info("the convolutions' kernel gradient, batch norms and GELUs are the compiled AVX512-BF16 ones")
+    problem = kernel_gradient_problem(cpu_flags(), mode())
+    if problem:
+        logger.info(
+            "batch norms and GELUs are the compiled AVX512-BF16 ones; the kernel gradient is oneDNN's: %s", problem
+        )
+    else:
+        logger.info("the convolutions' kernel gradient, batch norms and GELUs are the compiled AVX512-BF16 ones")
     return operations
 
 
+@functools.cache
 def kernel_gradient_op():
-    """The op `KernelGradientBf16(input, upstream, kernel_size) -> float32 gradient`, or None where it cannot run."""
+    """The op `KernelGradientBf16(input, upstream, kernel_size) -> float32 gradient`, or None where it is not
+    taken."""
     operations = _operations()
-    return None if operations is None else operations.kernel_gradient_bf16
+    if operations is None or kernel_gradient_problem(cpu_flags(), mode()):
+        return None
+    return operations.kernel_gradient_bf16
+
+
+def forget() -> None:
+    """Choose again at the next call (after CIFAR10_PIPELINE_COMPILED_KERNELS changed: a benchmark timing both ways)."""
+    _operations.cache_clear()
+    kernel_gradient_op.cache_clear()
 
 
 def batch_norm_gelu_ops():
@@ -182,8 +225,14 @@ def main() -> int:
     except (BuildError, OSError, subprocess.SubprocessError) as error:
         print(f"compiled kernels not built, training will take TensorFlow's kernels: {error}", file=sys.stderr)
         return 0
-    problem = cpu_problem(cpu_flags())
-    note = f" (not used on this machine: {problem})" if problem else ""
+    flags = cpu_flags()
+    problem = cpu_problem(flags)
+    if problem:
+        note = f" (not used on this machine: {problem})"
+    elif problem := kernel_gradient_problem(flags, "auto"):
+        note = f" (the kernel gradient not used on this machine: {problem})"
+    else:
+        note = ""
     print(f"compiled kernels built: {target}{note}")
     return 0
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
-from components.common import documents, secrets
+from components.common import compiled_kernels, documents, secrets, storage
 from components.common import pod as this_pod
 from components.common.config import config_to_dict
 from components.images import image
@@ -47,10 +47,10 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 10.0
 SERVICE_ACCOUNT_NAMESPACE = this_pod.SERVICE_ACCOUNT_NAMESPACE
 in_kubernetes_pod = this_pod.in_kubernetes_pod
-# Non-secret object-store settings the workers get from the launching step's own environment (the secret's keys are
-# referenced, never copied).
+# Non-secret settings the workers get from the launching step's own environment: the object store's (the secret's
+# keys are referenced, never copied), and the project's own.
 PASSED_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
-PASSED_ENVIRONMENT += ("CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER",)
+PASSED_ENVIRONMENT += (storage.ASSUME_SINGLE_WRITER, compiled_kernels.MODE_VARIABLE)
 SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "accesskey", "AWS_SECRET_ACCESS_KEY": "secretkey"}  # KFP's object-store secret
 TRANSIENT_STATUSES = {408, 429, 500, 502, 503, 504}
 READ_ATTEMPTS = 8  # with back-off from 1 s doubling to 30 s: about two and a half minutes of API trouble

@@ -110,9 +110,10 @@ def run(config: TrainConfig, launch: LaunchConfig | None = None, refuse_unused_l
     `refuse_unused_launch`: `launch` holds what a person gave (the command line), so a cluster job's setting there
     with a launcher that starts none is refused (a pipeline's step passes the pipeline's job settings whatever the
     launcher: its parameters are checked at submission instead)."""
-    from components.common import file_errors
+    from components.common import compiled_kernels, file_errors
     from components.common.storage import apply_single_writer_option, is_remote
 
+    compiled_kernels.mode()  # a bad CIFAR10_PIPELINE_COMPILED_KERNELS is refused before anything starts
     apply_single_writer_option(config.assume_single_writer)
     launcher = choose_launcher(config)
     if refuse_unused_launch:
