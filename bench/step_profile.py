@@ -231,13 +231,12 @@ def kernels_mode(mode: str) -> None:
 
 
 def one_op_at_a_time(mode: str, precisions: list[str]) -> bool:
-    """Whether training sets TensorFlow's inter-op threads to 1 with compiled kernels `mode` (settle_op_threads:
-    bfloat16 training where the compiled kernel gradient runs)."""
+    """Whether training in any of `precisions` sets TensorFlow's inter-op threads to 1 with compiled kernels
+    `mode`."""
     from components.train.precision import resolve
 
     kernels_mode(mode)
-    taken = compiled_kernels.kernel_gradient_op() is not None
-    return taken and "mixed_bfloat16" in {resolve(precision) for precision in precisions}
+    return any(compiled_kernels.one_op_at_a_time(resolve(precision)) for precision in precisions)
 
 
 def mode_label(mode: str, modes: list[str]) -> str:

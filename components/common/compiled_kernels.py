@@ -196,6 +196,16 @@ def batch_norm_gelu_ops():
     return None if operations is None else (operations.batch_norm_gelu_bf16, operations.batch_norm_gelu_grad_bf16)
 
 
+def one_op_at_a_time(precision: str) -> bool:
+    """Whether training in `precision` runs TensorFlow's ops one at a time (settle_op_threads): bfloat16 on a CPU
+    that takes the compiled kernel gradient, TF_NUM_INTEROP_THREADS not given."""
+    import tensorflow as tf
+
+    if precision != "mixed_bfloat16" or os.environ.get("TF_NUM_INTEROP_THREADS"):
+        return False
+    return not tf.config.list_physical_devices("GPU") and kernel_gradient_op() is not None
+
+
 def settle_op_threads(precision: str) -> None:
     """Training in bfloat16 on a CPU that runs the compiled kernels: TensorFlow runs one op at a time (inter-op
     threads 1), each on all its threads, unless TF_NUM_INTEROP_THREADS says otherwise. Two ops side by side each
@@ -204,9 +214,7 @@ def settle_op_threads(precision: str) -> None:
     by side; docs/benchmarks.md). Call it before TensorFlow runs its first op; it is too late after, and says so."""
     import tensorflow as tf
 
-    if precision != "mixed_bfloat16" or os.environ.get("TF_NUM_INTEROP_THREADS"):
-        return
-    if tf.config.list_physical_devices("GPU") or kernel_gradient_op() is None:
+    if not one_op_at_a_time(precision):
         return
     try:
         tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -225,7 +225,7 @@ void InParts(OpKernelContext* context, int64_t pixels, int64_t parts, Work work)
 }
 
 // Several parts a thread, so that a thread held up (a core shared with other work) holds up the call less: the
-// backward pass at 1536x15x15x64 took 7.7-8.3 ms against 9.0-12.2 with one part a thread (2 cores, 2026-11-28).
+// backward pass at 1536x15x15x64 took 7.6-8.3 ms against 9.0-12.2 with one part a thread (2 cores, 2026-11-28).
 constexpr int64_t kPartsPerThread = 8;
 
 int64_t Parts(OpKernelContext* context, int64_t pixels) {
@@ -254,7 +254,7 @@ Normalization Coefficients(const float* mean, const float* variance, const float
   return n;
 }
 
-// The sum over the threads' parts of channel c, added in a fixed order.
+// The sum over the parts of channel c, added in a fixed order.
 double PartsSum(const std::vector<std::vector<double>>& sums, int64_t c) {
   double total = 0;
   for (const auto& part : sums) total += part[c];
