@@ -69,7 +69,7 @@ def parse_json(text: str) -> Any:
         if text.lstrip().startswith(("{", "[")):
             return documents.load(text, f"inline JSON {_shortened(text)}", "value", yaml_allowed=False)
         content = documents.read_bytes(str(Path(text).expanduser()), "JSON or YAML file")
-        return documents.load(content, text, "JSON or YAML document")
+        value = documents.load(content, text, "JSON or YAML document")
     except FileNotFoundError:
         raise argparse.ArgumentTypeError(
             f"{text}: no such file (give a JSON or YAML file, or inline JSON starting with {{ or [)"
@@ -81,6 +81,12 @@ def parse_json(text: str) -> Any:
         ) from None
     except documents.DocumentError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    if value is None:  # taken for the option not given, a default would run in its place
+        raise argparse.ArgumentTypeError(
+            f"{text}: holds no value (it is empty, only comments, or null); give a JSON object, or leave the option "
+            "out for its default"
+        )
+    return value
 
 
 def _shortened(text: str, limit: int = 40) -> str:

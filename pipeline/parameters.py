@@ -93,13 +93,14 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _not_carried(value: Any) -> Any:
-    """The first number inside a JSON value that JSON cannot carry (infinity, NaN), or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return value
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    for child in children:
-        found = _not_carried(child)
+def _not_carried(value: Any, path: str = "") -> str | None:
+    """Where inside a JSON value is something a run cannot carry, and what: infinity or NaN (JSON has neither), or
+    null (kfp builds a parameter's value without it, and refuses it once the run has started); None if nowhere."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return f"{path.lstrip('.') or 'the value'} is {'null' if value is None else repr(value)}"
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        found = _not_carried(child, f"{path}.{key}" if isinstance(value, dict) else f"{path}[{key}]")
         if found is not None:
             return found
     return None
@@ -117,7 +118,8 @@ def check_parameter_types(pipeline, parameters: dict[str, Any]) -> None:
         found = _not_carried(value)
         if found is not None:
             raise CommandError(
-                f"{name}: {value!r} holds {found!r}, which a run cannot carry (JSON has no infinity or NaN)"
+                f"{name}: {found}, which a run cannot carry (JSON has no infinity or NaN, a KFP parameter no null: "
+                "leave a setting out for its default)"
             )
 
 

@@ -119,6 +119,10 @@ def test_a_json_option_names_a_missing_file_as_missing_and_yaml_mistakes_by_line
     deep = tmp_path / "deep.yaml"
     deep.write_text("a:\n" + "".join("  " * depth + "- \n" for depth in range(1, 200)))
     assert "nested more than the 32 levels" in refusal(str(deep))
+    for nothing in ("", "# only a comment\n", "null\n"):  # would be taken for no --space: the default space's sweep
+        empty = tmp_path / "empty.yaml"
+        empty.write_text(nothing)
+        assert f"{empty}: holds no value (it is empty, only comments, or null)" in refusal(str(empty))
     assert not (tmp_path / "out").exists()
 
 

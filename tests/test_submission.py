@@ -321,8 +321,15 @@ def test_a_larger_bound_on_the_source_comes_with_the_memory_the_refusal_names(kf
     ("pipeline_name", "parameters", "message"),
     [
         ("sweep", {"max_minutes": float("inf")}, "max_minutes: inf is not a finite number"),
-        ("training", {"data_thresholds": {"channel_mean_shift": float("nan")}}, "holds nan, which a run cannot carry"),
-        ("training", {"train_options": {"ema": [0.9, float("-inf")]}}, "holds -inf"),
+        (
+            "training",
+            {"data_thresholds": {"channel_mean_shift": float("nan")}},
+            "data_thresholds: channel_mean_shift is nan, which a run cannot carry",
+        ),
+        ("training", {"train_options": {"ema": [0.9, float("-inf")]}}, "train_options: ema[1] is -inf"),
+        # kfp builds a parameter's value without null, and refuses it only once the run's steps have started
+        ("training", {"train_options": {"ema_decay": None}}, "train_options: ema_decay is null, which a run cannot"),
+        ("sweep", {"space": {"ema_decay": {"choices": [None, 0.999]}}}, "space: ema_decay.choices[0] is null"),
         ("training", {"warm_start_from_promoted": "yes"}, "warm_start_from_promoted: 'yes' is not true or false"),
         ("predict", {"top_k": True}, "top_k: True is not a whole number"),
         ("predict", {"model": 7}, "model: 7 is not text"),
