@@ -94,10 +94,14 @@ def _is_number(value: Any) -> bool:
 
 
 def _not_carried(value: Any, path: str = "") -> str | None:
-    """Where inside a JSON value is something a run cannot carry, and what: infinity or NaN (JSON has neither), or
-    null (kfp builds a parameter's value without it, and refuses it once the run has started); None if nowhere."""
+    """Where inside a JSON value is something a run cannot carry, and what: infinity or NaN (JSON has neither), null
+    (kfp builds a parameter's value without it, and refuses it once the run has started), or an integer a double
+    cannot hold (it would reach the step as another); None if nowhere."""
+    where = path.lstrip(".") or "the value"
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return f"{path.lstrip('.') or 'the value'} is {'null' if value is None else repr(value)}"
+        return f"{where} is {'null' if value is None else repr(value)}"
+    if _is_number(value) and isinstance(value, int) and abs(value) > 2**53:  # the step would get another number
+        return f"{where} is {value}, more than a double (KFP's every number) holds exactly (2**53)"
     children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, child in children:
         found = _not_carried(child, f"{path}.{key}" if isinstance(value, dict) else f"{path}[{key}]")
@@ -119,7 +123,7 @@ def check_parameter_types(pipeline, parameters: dict[str, Any]) -> None:
         if found is not None:
             raise CommandError(
                 f"{name}: {found}, which a run cannot carry (JSON has no infinity or NaN, a KFP parameter no null: "
-                "leave a setting out for its default)"
+                "leave a setting out for its default; its numbers are doubles)"
             )
 
 

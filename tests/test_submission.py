@@ -127,6 +127,12 @@ def test_bad_submission_requests_are_clear_errors_and_send_nothing(kfp_api, caps
         ("0 0 1-2-3 * * *", "more than one '-'"),
         ("@nightly", "'@nightly' is not a descriptor KFP knows"),
         ("@every soon", "@every 'soon' is not a duration"),
+        # taken by the server, but not what was written: a date no month has never comes, and an interval is run in
+        # whole seconds, at least one
+        ("0 0 3 31 2 *", "day of month '31' in month '2': no such date, so it would never run"),
+        ("0 0 3 31 4,6,9,11 ?", "no such date"),
+        ("@every 0s", "@every '0s': KFP runs an interval in whole seconds, at least one, so it would run every 1s"),
+        ("@every 90.5s", "so it would run every 90s"),
     ],
 )
 def test_a_cron_kfp_would_refuse_is_refused_before_anything_is_sent(kfp_api, capsys, cron, message):
@@ -141,7 +147,8 @@ def test_a_cron_kfp_would_refuse_is_refused_before_anything_is_sent(kfp_api, cap
 
 @pytest.mark.parametrize(
     "cron", ["@daily", "@every 6h", "@every 1h30m", "0 0/15 * * * *", "0 0 3 * JAN-MAR MON-FRI", "0 0 3 ? * SUN",
-             "*/10 * * * * *", "0 0 3 1,15 * *", "0 5/20 8-18 * * 1-5"],
+             "*/10 * * * * *", "0 0 3 1,15 * *", "0 5/20 8-18 * * 1-5", "0 0 3 29 2 *", "0 0 3 31 2 MON",
+             "0 0 3 31 */2 *", "@every 1.5h", "@every 1000ms"],
 )  # fmt: skip
 def test_every_cron_form_kfp_takes_is_taken(cron):
     assert cron_problem(cron) is None
@@ -330,6 +337,8 @@ def test_a_larger_bound_on_the_source_comes_with_the_memory_the_refusal_names(kf
         # kfp builds a parameter's value without null, and refuses it only once the run's steps have started
         ("training", {"train_options": {"ema_decay": None}}, "train_options: ema_decay is null, which a run cannot"),
         ("sweep", {"space": {"ema_decay": {"choices": [None, 0.999]}}}, "space: ema_decay.choices[0] is null"),
+        # every number a run carries is a double: 2**53 + 1 would reach the step as 2**53
+        ("training", {"train_options": {"lookahead_every_steps": 2**53 + 1}}, "lookahead_every_steps is 900719925"),
         ("training", {"warm_start_from_promoted": "yes"}, "warm_start_from_promoted: 'yes' is not true or false"),
         ("predict", {"top_k": True}, "top_k: True is not a whole number"),
         ("predict", {"model": 7}, "model: 7 is not text"),
