@@ -363,7 +363,10 @@ def schedule(
 
     check_cron(cron)
     if trains(pipeline) and not parameters.get("promotion_root"):
-        raise CommandError("a schedule needs --promotion-root (a gs:// folder) to warm-start from and to promote to")
+        raise CommandError(
+            "a schedule needs --promotion-root (PROMOTION_ROOT=, a gs:// or s3:// prefix) to warm-start from and to "
+            "promote to"
+        )
     own = parameter_types(pipeline)
     parameters = {**{name: value for name, value in SCHEDULE_DEFAULTS.items() if name in own}, **parameters}
     check_parameters(pipeline, parameters)

@@ -47,6 +47,8 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
     `on_cluster`, a prepare step's pod with less memory than its bound on the source needs. (Another pipeline's
     values are checked by its step, its first.)"""
     check_parameter_types(pipeline, parameters)
+    if on_cluster:
+        check_cluster_locations(parameters)
     if not trains(pipeline):
         return None
     for name in ("epochs", "train_steps"):
@@ -139,6 +141,36 @@ def check_locations(parameters: dict[str, Any]) -> None:
         problem = scheme_problem(name, str(parameters.get(name) or ""), STORE_SCHEMES)
         if problem:
             raise CommandError(problem)
+
+
+# What a cluster run's steps read or write, by parameter: none of it may be a path of the submitting machine.
+CLUSTER_LOCATIONS = {
+    **{name: "gs:// or s3:// prefix" for name in LOCATION_PARAMETERS},
+    "source": "gs:// or s3:// URI, an http(s):// URL, or synthetic (copy your file to the object store)",
+    "model": "gs:// or s3:// prefix (a promotion root, a version, a SavedModel)",
+    "images": "gs:// or s3:// prefix (copy your images to the object store)",
+}
+
+
+def check_cluster_locations(parameters: dict[str, Any]) -> None:
+    """A run on a cluster reads and writes where its steps' pods can: a path of this machine is not in them, and
+    what a step writes to its own disk is gone with its pod (a promotion root there would promote every run's model
+    as the first, and lose it), so a path is refused, naming the parameter and what it may be."""
+    from components.common.config import SCHEME
+
+    for name, expected in CLUSTER_LOCATIONS.items():
+        value = parameters.get(name)
+        if (
+            not isinstance(value, str)
+            or not value
+            or SCHEME.match(value)
+            or (name == "source" and value == "synthetic")
+        ):
+            continue
+        raise CommandError(
+            f"{name}: {value!r} is a path of this machine, and a cluster run's steps run in pods, which have none of "
+            f"its files and keep nothing they write to their own disk: give a {expected}"
+        )
 
 
 def _check_values(values: dict[str, Any]):
