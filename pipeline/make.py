@@ -415,6 +415,13 @@ def problems(goals: Iterable[str], given: Iterable[str]) -> list[str]:
     return found
 
 
+def inherited_variables(target: str, given: dict[str, str], environment: dict[str, str] | None = None) -> list[str]:
+    """The variables of `target` that come from the environment, not from the command line: said before the target
+    runs (names only: a value may hold a credential)."""
+    environment = os.environ if environment is None else environment
+    return [name for name in TARGETS[target].variables if environment.get(name) and name not in given]
+
+
 def describe() -> str:
     """make help: every target, what it does, and the variables it takes (with their defaults)."""
     lines = []
@@ -558,6 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         print(f"make {target}: {found[0]}", file=sys.stderr)
         return 2
+    inherited = inherited_variables(target, given)
+    if inherited:  # NAME, PORT, TAG...: names a shell may hold for something else (WSL sets NAME to the machine's)
+        print(f"make {target}: {', '.join(inherited)} taken from your environment ({inherited[0]}= overrides)",
+              file=sys.stderr)  # fmt: skip
     settings = {name: value for name, value in given.items() if name not in VARIABLES}  # KFP_TOKEN=... and such
     try:
         commands = commands_of(target, values)

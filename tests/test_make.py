@@ -4,6 +4,7 @@ every pair reaches its program's own argument parser, and a variable no chosen t
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -252,6 +253,21 @@ def test_the_makefile_and_the_table_name_the_same_targets_and_variables():
     for name, recipe in recipes:
         used = set(re.findall(r"\$\(([A-Z_]+)\)", recipe)) - internal
         assert used <= set(make.TARGETS[name].variables), (name, used)
+
+
+def test_a_variable_taken_from_the_environment_is_said_by_name(tmp_path):
+    """make takes an exported variable as if given; a shell may hold NAME or PORT for something else (WSL sets NAME
+    to the machine's name, which would name the schedule). The names are said; a value given on the command line
+    wins and is not said."""
+    environment = {**os.environ, "PORT": "8080", "NAME": "DESKTOP-1234"}
+    ran = subprocess.run(
+        ["make", "--no-print-directory", "-f", str(REPOSITORY / "Makefile"), "-n", "tensorboard", f"VENV={sys.prefix}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=environment,
+    )  # fmt: skip
+    assert ran.returncode == 0 and "--port 8080" in ran.stdout, ran.stderr
+    assert ran.stderr.strip() == "make tensorboard: PORT taken from your environment (PORT= overrides)"
+    assert make.inherited_variables("schedule", {}, environment) == ["NAME"]
+    assert make.inherited_variables("schedule", {"NAME": "nightly"}, environment) == []
 
 
 def test_make_n_shows_the_command_a_target_runs(tmp_path):
