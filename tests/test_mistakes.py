@@ -157,3 +157,55 @@ def test_nothing_to_resume_leaves_no_output_folder_behind(capsys, tmp_path):
     assert commands.main(cifar10_pipeline, ["local-run", "--output-root", str(output), "--resume", "last"]) == 2
     assert "--resume last: no interrupted run in" in capsys.readouterr().err
     assert not output.exists()
+
+
+def test_more_training_processes_than_the_machine_holds_are_refused_before_anything_runs(tmp_path, capsys):
+    """Each training process needs TensorFlow's own half GB before any data: WORKERS=4096 (which a cluster job may
+    have) as local processes, or a sweep's trials at once with their workers, would have the kernel swap and kill
+    them, the machine with them. One line naming the setting, what it needs, what is available and what fits, exit
+    2, nothing made; every path that starts them checks it (a local run, the train stage's local launcher, the
+    sweep)."""
+    from components.train.launch_local import PROCESS_MEMORY_FLOOR, available_memory, processes_problem
+    from pipeline.sweep_pipeline import cifar10_sweep
+
+    available = available_memory()
+    assert available is not None and available > 0  # /proc/meminfo, and a cgroup's limit where there is one
+    assert processes_problem(2, "workers", available=8 * PROCESS_MEMORY_FLOOR) is None
+    line = processes_problem(10, "workers", available=8 * PROCESS_MEMORY_FLOOR + 1)
+    assert line == (
+        "workers: 10 training processes on this machine need at least 5.0 GB (0.5 GB each, TensorFlow's own before "
+        "any data), and it has 4.0 GB available: give at most 8"
+    )
+    too_many = str(2 * int(available // PROCESS_MEMORY_FLOOR) + 2)  # twice: the machine's memory comes and goes
+    output = tmp_path / "out"
+    local_run = ["local-run", "--output-root", str(output), "--workers", too_many, "--batch-size", too_many]
+    assert commands.main(cifar10_pipeline, local_run) == 2
+    assert f"workers: {too_many} training processes on this machine need at least" in capsys.readouterr().err
+    sweep = ["local-run", "--output-root", str(output), "--parallelism", "2", "--trial-workers", too_many]
+    assert commands.main(cifar10_sweep, sweep) == 2
+    assert f"parallelism 2 x trial_workers {too_many}: " in capsys.readouterr().err
+    assert not output.exists()
+    for program, options in [
+        ("components.train", ["--data", str(tmp_path), "--model-dir", str(output), "--launcher", "local",
+                              "--workers", too_many, "--batch-size", too_many]),
+        ("components.sweep", ["--data", str(tmp_path), "--sweep-dir", str(output), "--launcher", "local",
+                              "--space", '{"depth": {"choices": [8, 14]}}', "--workers", too_many,
+                              "--parallelism", "2"]),
+    ]:  # fmt: skip
+        ran = subprocess.run([sys.executable, "-m", program, *options], capture_output=True, text=True, timeout=120)
+        errors = [line for line in ran.stderr.splitlines() if " ERROR " in line]
+        assert ran.returncode == 2 and len(errors) == 1 and "training processes on this machine" in errors[0], (
+            ran.stderr
+        )
+        assert not output.exists()
+
+
+def test_a_stage_without_a_required_option_names_the_option(tmp_path):
+    """Not Python's "__init__() missing 1 required positional argument": the option, as the person types it."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "components.predict", "--images", str(tmp_path)], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 2
+    assert "model, output: required, and not given (--model, --output on the command line)" in ran.stderr
+    assert "__init__" not in ran.stderr

@@ -213,6 +213,14 @@ def config_from_mapping(config_class: type[ConfigT], values: dict[str, Any], ori
     error."""
     values = with_preset(config_class, values)
     check_known(values, (config_class,), origin)
+    missing = [
+        field.name
+        for field in dataclasses.fields(config_class)
+        if field.init and field.name not in values and field.default is field.default_factory is dataclasses.MISSING
+    ]
+    if missing:  # not Python's "__init__() missing 1 required positional argument"
+        options = ", ".join(f"--{name.replace('_', '-')}" for name in missing)
+        raise ValueError(f"{origin}: {', '.join(missing)}: required, and not given ({options} on the command line)")
     try:
         return config_class(**with_field_types(config_class, values))
     except (TypeError, ValueError) as error:

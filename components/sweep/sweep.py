@@ -265,6 +265,24 @@ def trial_settings(config: SweepConfig, params: dict, model_dir: str, seed: int)
     return json.loads(json.dumps(settings, default=list))  # reader: a round trip of the settings just built
 
 
+def check_trials_fit(config: SweepConfig) -> None:
+    """Trials that train on this machine or in this pod (each trial a process, and a local launcher's trial one per
+    worker), `parallelism` at once, fit its memory (launch_local.processes_problem); a cluster job's do not run here.
+    Which launcher a trial takes is the train stage's choice (launcher.choose_launcher): a cluster job only if named,
+    or for several workers from a pod."""
+    from components.train.cluster_job import in_kubernetes_pod
+    from components.train.config import CLUSTER_LAUNCHERS
+    from components.train.launch_local import processes_problem
+
+    several_workers = config.workers > 1
+    if config.launcher in CLUSTER_LAUNCHERS or (config.launcher == "auto" and several_workers and in_kubernetes_pod()):
+        return
+    each = config.workers if several_workers and config.launcher in ("auto", "local") else 1
+    problem = processes_problem(config.parallelism * each, f"parallelism {config.parallelism} x workers {each}")
+    if problem:
+        raise SweepError(problem)
+
+
 def read_curve(model_dir: str) -> list[tuple[int, float]]:
     """A trial's validation curve so far ([] before its first measure)."""
     location = f"{model_dir.rstrip('/')}/{VALIDATION_CURVE}"
@@ -278,6 +296,7 @@ def read_curve(model_dir: str) -> list[tuple[int, float]]:
 class Sweep:
     def __init__(self, config: SweepConfig):
         self.config = config
+        check_trials_fit(config)
         self.space: SearchSpace = read_space(config.space)
         manifest, _digest = read_manifest(config.data)
         validation = manifest.splits.get("validation")

@@ -42,6 +42,47 @@ def die_with_launcher() -> None:
         supervisor.die_with_parent(int(launcher), signal.SIGTERM)
 
 
+# A training process's resident memory before its data and model: TensorFlow's own (a KFP step that imports it took
+# 360 MB, a worker of the demo's ResNet-8 550 MB, 2026-11-28). Processes that cannot have even this are refused.
+PROCESS_MEMORY_FLOOR = 512 * 2**20
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still give a new process, or its cgroup (a pod's, a container's limit), the fewer;
+    None where neither can be read."""
+    readings = []
+    meminfo = _small_file("/proc/meminfo")
+    for line in (meminfo or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            readings.append(int(line.split()[1]) * 1024)
+    limit, used = _small_file("/sys/fs/cgroup/memory.max"), _small_file("/sys/fs/cgroup/memory.current")  # cgroup v2
+    if limit and used and limit.strip().isdigit() and used.strip().isdigit():  # a limit of "max" is none
+        readings.append(int(limit) - int(used))
+    return min(readings) if readings else None
+
+
+def _small_file(path: str) -> str | None:
+    try:
+        with open(path) as kernel_file:  # reader: a few lines the kernel writes, bounded
+            return kernel_file.read(64 * 1024)
+    except OSError:
+        return None
+
+
+def processes_problem(processes: int, what: str, available: int | None = None) -> str | None:
+    """Why this machine cannot hold `processes` training processes at once (`what` names the setting), or None: each
+    needs at least PROCESS_MEMORY_FLOOR, and more would have the kernel swap or kill them, the machine with them."""
+    available = available_memory() if available is None else available
+    if available is None or processes * PROCESS_MEMORY_FLOOR <= available:
+        return None
+    gigabytes = PROCESS_MEMORY_FLOOR / 2**30
+    return (
+        f"{what}: {processes} training processes on this machine need at least {processes * gigabytes:.1f} GB "
+        f"({gigabytes:.1f} GB each, TensorFlow's own before any data), and it has {available / 2**30:.1f} GB "
+        f"available: give at most {max(1, available // PROCESS_MEMORY_FLOOR)}"
+    )
+
+
 def free_ports(count: int) -> list[int]:
     """Ports free on 127.0.0.1 right now (held open together so that they differ)."""
     sockets = []

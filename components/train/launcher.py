@@ -125,8 +125,11 @@ def run(config: TrainConfig, launch: LaunchConfig | None = None, refuse_unused_l
         # `python -m components.train` starts with is for the processes that train; see termination.py.)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     if launcher == "local":
-        from components.train.launch_local import launch_local
+        from components.train.launch_local import launch_local, processes_problem
 
+        problem = processes_problem(config.workers, "workers")
+        if problem:
+            raise ValueError(problem)
         return launch_local(config)
     if launcher in CLUSTER_LAUNCHERS:
         return run_cluster_job(launcher, config, launch or LaunchConfig())
