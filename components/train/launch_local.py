@@ -55,9 +55,13 @@ def available_memory() -> int | None:
     for line in (meminfo or "").splitlines():
         if line.startswith("MemAvailable:"):
             readings.append(int(line.split()[1]) * 1024)
-    limit, used = _small_file("/sys/fs/cgroup/memory.max"), _small_file("/sys/fs/cgroup/memory.current")  # cgroup v2
-    if limit and used and limit.strip().isdigit() and used.strip().isdigit():  # a limit of "max" is none
-        readings.append(int(limit) - int(used))
+    for limit_file, used_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),  # v1
+    ):
+        limit, used = _small_file(limit_file), _small_file(used_file)
+        if limit and used and limit.strip().isdigit() and used.strip().isdigit():  # v2's "max" is no limit
+            readings.append(int(limit) - int(used))  # (v1's none is a number beyond any machine's memory)
     return min(readings) if readings else None
 
 
