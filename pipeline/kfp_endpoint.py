@@ -164,6 +164,13 @@ def address_problem(host: str) -> str | None:
         parsed.port  # noqa: B018 (urllib checks the port when it is read)
     except ValueError:
         return f"its port {parsed.netloc.rpartition(':')[2]!r} is not a port (1 to 65535)"
+    # An address of the UI, copied from a browser: the central dashboard's frame (/_/pipeline/), a query (?ns=...) or
+    # a page (#/runs). The API's paths would follow them, and the answers be the UI's pages.
+    dashboard = parsed.path.startswith("/_/")
+    if parsed.query or parsed.fragment or dashboard:
+        path = parsed.path.rstrip("/")[2 if dashboard else 0 :]
+        api = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
+        return f"it is an address of the UI (from a browser), not of the API: give {api}"
     return None
 
 

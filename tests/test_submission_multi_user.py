@@ -158,6 +158,12 @@ def test_in_a_pod_the_projected_token_and_the_pods_namespace_are_used(kubeflow, 
         ({"KFP_TOKEN": TOKEN, "host": "grpc://127.0.0.1:8888"}, "'grpc://127.0.0.1:8888': grpc:// is not http://"),
         ({"KFP_TOKEN": TOKEN, "host": "http://"}, "KFP endpoint 'http://': it names no host"),
         ({"KFP_TOKEN": TOKEN, "host": "http://127.0.0.1:88888"}, "its port '88888' is not a port (1 to 65535)"),
+        # the UI's address, copied from a browser (the dashboard's frame, a namespace query, a page)
+        (
+            {"KFP_TOKEN": TOKEN, "host": "http://127.0.0.1:8888/_/pipeline/?ns=alice#/runs"},
+            "it is an address of the UI (from a browser), not of the API: give http://127.0.0.1:8888/pipeline",
+        ),
+        ({"KFP_TOKEN": TOKEN, "host": "http://127.0.0.1:8888/pipeline/#/runs"}, "give http://127.0.0.1:8888/pipeline"),
         ({"KFP_TOKEN": TOKEN, "closed": True}, "cannot be reached"),
     ],
 )
