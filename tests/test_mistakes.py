@@ -209,3 +209,16 @@ def test_a_stage_without_a_required_option_names_the_option(tmp_path):
     assert ran.returncode == 2
     assert "model, output: required, and not given (--model, --output on the command line)" in ran.stderr
     assert "__init__" not in ran.stderr
+
+
+def test_predict_with_a_model_folder_that_does_not_exist_says_so_and_writes_nothing(tmp_path):
+    """`make predict` before anything was promoted: the folder is missing, not "not a SavedModel"."""
+    output = tmp_path / "predictions.jsonl"
+    ran = subprocess.run(
+        [sys.executable, "-m", "components.predict", "--model", str(tmp_path / "models"), "--images", str(tmp_path),
+         "--output", str(output)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 2
+    assert f"{tmp_path / 'models'}: no such folder; give a promotion root (make local-run promotes" in ran.stderr
+    assert not output.exists()

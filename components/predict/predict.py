@@ -74,6 +74,11 @@ def open_model(location: str) -> ServedModel:
     from components.evaluate.pointer import read_ready
 
     folder, names, version = location.rstrip("/"), None, None
+    if not storage.is_remote(folder) and not Path(folder).exists():
+        raise PredictError(
+            f"{folder}: no such folder; give a promotion root (make local-run promotes into OUTPUT/models), a version "
+            "folder under one, or a SavedModel"
+        )
     if _exists(storage.join(folder, "current.json")):
         ready = read_ready(folder)
         if ready is None:
