@@ -157,6 +157,8 @@ def test_repeats_give_a_trial_its_mean_and_spread_and_the_time_budget_stops_the_
     [
         ({"learning_rat": {"low": 0.1, "high": 0.2}}, "learning_rat: not a train setting a search can vary"),
         ({"model_dir": {"choices": ["a"]}}, "model_dir: not a train setting a search can vary"),
+        # the sweep sets every training's seed itself: a space's would be overwritten in silence
+        ({"seed": {"choices": [1, 2]}}, "seed: the sweep seeds each training (its --seed, and --repeats"),
         ({"learning_rate": {"low": 0.3, "high": 0.1}}, "low 0.3 and high 0.1 must be numbers, low < high"),
         ({"learning_rate": {"low": 0, "high": 0.1, "log": True}}, "a log range needs low > 0"),
         ({"batch_size": {"low": 0, "high": 64}}, "batch_size: 0 is not in [1,"),

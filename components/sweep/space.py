@@ -25,8 +25,10 @@ from typing import Any
 
 from components.common.values import shown
 
-# Settings a search may not vary: where the data and the model go, and how the trial is launched.
-NOT_SEARCHABLE = ("data", "model_dir", "cache_dir", "launcher", "workers", "warm_start", "train_on", "preset")
+# Settings a search may not vary: where the data and the model go, how the trial is launched, and its seed.
+NOT_SEARCHABLE = ("data", "model_dir", "cache_dir", "launcher", "workers", "warm_start", "train_on", "preset", "seed")
+# what the sweep sets in every training itself, over anything a space would draw (the sweep's own option)
+SET_BY_THE_SWEEP = {"seed": "the sweep seeds each training (its --seed, and --repeats for several seeds a trial)"}
 MAX_SETTINGS = 32
 MAX_CHOICES = 1000
 
@@ -202,6 +204,8 @@ def _check_names(dimensions: list[Dimension], where: str) -> None:
     for dimension in dimensions:
         if dimension.name not in fields or dimension.name in NOT_SEARCHABLE:
             searchable = sorted(name for name in fields if name not in NOT_SEARCHABLE)
+            if dimension.name in SET_BY_THE_SWEEP:
+                raise SearchSpaceError(f"{where}: {dimension.name}: {SET_BY_THE_SWEEP[dimension.name]}")
             raise SearchSpaceError(
                 f"{where}: {dimension.name}: not a train setting a search can vary (it can: {', '.join(searchable)})"
             )
