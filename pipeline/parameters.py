@@ -286,6 +286,7 @@ def check_sweep_parameters(values: dict[str, Any]) -> None:
     try:
         parse_space(values["space"], "space")
         SweepConfig(data="/check", sweep_dir="/check", space="{}", workers=values["trial_workers"],
+                    train_options=dict(values.get("train_options") or {}),  # what the sweep sets itself, refused
                     **{name: values[name] for name in names})  # fmt: skip
     except ValueError as error:
         raise CommandError(str(error)) from error

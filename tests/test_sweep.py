@@ -684,3 +684,22 @@ def test_a_space_that_is_neither_json_nor_a_readable_file_is_one_line(given, exp
     with pytest.raises(argparse.ArgumentTypeError) as refused:
         parse_json(given)
     assert "\n" not in str(refused.value) and len(str(refused.value)) < 400
+
+
+@pytest.mark.parametrize(
+    ("train_options", "expected"),
+    [
+        # trials that train on the validation split they are measured on would choose nothing
+        ({"train_on": "train+validation"}, "train_options: 'train_on' is set by the sweep itself: its trials train"),
+        ({"seed": 3}, "train_options: 'seed' is set by the sweep itself: each training's comes from the sweep's"),
+    ],
+)
+def test_train_options_the_sweep_sets_itself_are_refused_before_the_run(train_options, expected):
+    """The sweep sets these in every training over the train options: given, they would be overwritten in silence
+    (or, train_on, measure each trial on its own training data). Refused before any step, as the sweep step would."""
+    from pipeline.sweep_pipeline import cifar10_sweep
+
+    with pytest.raises(CommandError, match=re.escape(expected)):
+        check_parameters(cifar10_sweep, {"train_options": train_options}, on_cluster=False)
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        sweep_module.SweepConfig(data="d", sweep_dir="s", space="{}", train_options=train_options)

@@ -95,9 +95,16 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        for name in ("data", "model_dir", "launcher", "workers", "seed"):
+        for name in ("data", "model_dir", "launcher", "workers"):
             if name in self.train_options:
                 raise ValueError(f"train_options: {name!r} is set by the sweep itself (give it as --{name})")
+        if "seed" in self.train_options:
+            raise ValueError("train_options: 'seed' is set by the sweep itself: each training's comes from the sweep's")
+        if "train_on" in self.train_options:  # trials measured on what they trained on would choose nothing
+            raise ValueError(
+                "train_options: 'train_on' is set by the sweep itself: its trials train on the training split and are "
+                "measured on the validation split, and the best one's final training learns from both"
+            )
         if changed_fields(self, ("startup_trials",)) and self.sampler == "random" and self.pruner != "median":
             raise ValueError(
                 f"startup_trials: the trials TPE samples at random and the median pruner never prunes against, and "
