@@ -271,13 +271,15 @@ def resumed(
                 "leave it out to continue with the run's own (only the length may change)"
             )
     continued = {**own, **parameters}
+    changed = [f"{name} {json.dumps(value)}" for name, value in parameters.items() if own.get(name) != value]
+    options = "with its own options" + (f" but {', '.join(changed)}" if changed else "")  # the length, the budget
     if searched is not None:
         continued["sweep_dir"] = str(searched)
-        logger.info("continuing %s's search (%s), with its own options", folder.name, searched)
+        logger.info("continuing %s's search (%s), %s", folder.name, searched, options)
     if found:
         continued["model_dir"] = str(model_dir)
-        logger.info("resuming %s's training from its checkpoint at step %d, with its own options", folder.name,
-                    checkpoint_step(found[-1]))  # fmt: skip
+        logger.info("resuming %s's training from its checkpoint at step %d, %s", folder.name,
+                    checkpoint_step(found[-1]), options)  # fmt: skip
     return continued, folder
 
 
