@@ -144,6 +144,8 @@ def test_a_registry_that_cannot_be_reached_at_all_is_one_line_too(synthetic_data
     result = promote_and_register(synthetic_data, trained, tmp_path / "models", server.address)
     assert result.promotion.version == 1 and not result.registration.registered
     assert server.address in result.registration.line and "\n" not in result.registration.line
+    assert f"the Model Registry at {server.address}: cannot be reached" in result.registration.line
+    assert f"{server.address}: the Model Registry at" not in result.registration.line  # said once, not twice
 
 
 def test_a_version_registered_from_another_root_is_refused_not_overwritten(model_registry):

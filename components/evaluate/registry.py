@@ -291,7 +291,7 @@ def probe(address: str, token: str | None, custom_ca: str | None) -> None:
         ) from None
     except requests.exceptions.RequestException as error:
         reason = type(error).__name__
-        raise RegistrationError(f"{where} cannot be reached ({reason})", transient=True) from None
+        raise RegistrationError(f"{where}: cannot be reached ({reason})", transient=True) from None
     status, kind = answer.status, answer.content_type or "no content type"
     if status == 404 and not replies.is_json(kind):
         raise RegistrationError(
