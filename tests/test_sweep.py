@@ -157,6 +157,13 @@ def test_repeats_give_a_trial_its_mean_and_spread_and_the_time_budget_stops_the_
     [
         ({"learning_rat": {"low": 0.1, "high": 0.2}}, "learning_rat: not a train setting a search can vary"),
         ({"model_dir": {"choices": ["a"]}}, "model_dir: not a train setting a search can vary"),
+        # a range whose high is not low plus whole steps: Optuna would move high down to the last step, in silence
+        (
+            {"learning_rate": {"low": 0.01, "high": 0.1, "step": 0.04}},
+            "learning_rate: high 0.1 is not low 0.01 plus whole steps of 0.04, and the search would end at 0.09: give "
+            "high 0.09 or 0.13",
+        ),
+        ({"batch_size": {"low": 64, "high": 200, "step": 64}}, "the search would end at 192: give high 192 or 256"),
         # the sweep sets every training's seed itself: a space's would be overwritten in silence
         ({"seed": {"choices": [1, 2]}}, "seed: the sweep seeds each training (its --seed, and --repeats"),
         ({"learning_rate": {"low": 0.3, "high": 0.1}}, "low 0.3 and high 0.1 must be numbers, low < high"),

@@ -17,6 +17,7 @@ Struct), so `depth: {low: 8, high: 20}` reaches the sweep step as 8.0 and 20.0, 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import itertools
 import json
 import math
@@ -152,6 +153,15 @@ def _dimension(name: str, spec: Any, where: str) -> Dimension:
         raise SearchSpaceError(f"{where}: {name}: a log range needs low > 0 (it is {shown(low)})")
     if step is not None and (not _number(step) or step <= 0 or log):
         raise SearchSpaceError(f"{where}: {name}: step: {shown(step)} must be a positive number, without log")
+    if step is not None:  # as Optuna reckons it (in decimals), which else moves high down to the last step, in silence
+        span, by = decimal.Decimal(str(high)) - decimal.Decimal(str(low)), decimal.Decimal(str(step))
+        if span % by:
+            last = decimal.Decimal(str(low)) + span // by * by
+            end, next_end = (format(value.normalize(), "f") for value in (last, last + by))
+            raise SearchSpaceError(
+                f"{where}: {name}: high {shown(high)} is not low {shown(low)} plus whole steps of {shown(step)}, and "
+                f"the search would end at {end}: give high {end} or {next_end}"
+            )
     return Dimension(name, low, high, log, step)
 
 
