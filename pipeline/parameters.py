@@ -74,6 +74,7 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
         check_used(parameters, given, on_cluster)
     if on_cluster:  # a local run's steps have the machine's memory
         check_prepare_memory(given)
+        check_train_step_memory(given)
     # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails
     # there
     return _check_values({name: as_delivered(value) for name, value in given.items()})
@@ -391,6 +392,22 @@ def check_prepare_memory(values: dict[str, Any]) -> None:
             f"prepare_step_memory {quantity} or more, "
             "or a smaller max_source_megabytes"
         )
+
+
+def check_train_step_memory(values: dict[str, Any]) -> None:
+    """With launcher pod the workers are processes of the training step's own pod: its memory holds them all
+    (launch_local.processes_problem, which the step checks again against its cgroup)."""
+    if values.get("launcher") != "pod" or not values.get("train_step_memory"):
+        return
+    from kubernetes.utils import parse_quantity
+
+    from components.train.launch_local import processes_problem
+
+    memory = int(parse_quantity(values["train_step_memory"]))
+    where = f"the training step's pod (launcher pod; train_step_memory {values['train_step_memory']})"
+    problem = processes_problem(int(values["workers"]), "workers", available=memory, where=where)
+    if problem:
+        raise CommandError(problem)
 
 
 def check_pod_parameters(values: dict[str, Any]) -> None:

@@ -387,6 +387,23 @@ def test_a_cluster_run_refuses_a_path_of_this_machine(kfp_api, capsys, pipeline_
     assert not kfp_api.bodies("POST", f"{API}/runs") and not kfp_api.bodies("POST", f"{API}/recurringruns")
 
 
+def test_launcher_pod_with_more_workers_than_its_pod_holds_is_refused_before_the_run(kfp_api, capsys):
+    """launcher pod trains as processes of the training step's own pod: 32 workers of half a GB each do not fit its
+    8Gi (the pod would be OOMKilled, and retried, after the data was prepared)."""
+    arguments = ["run", "--host", kfp_api.url, "--source", "s3://b/cifar.tar.gz", "--launcher", "pod",
+                 "--workers", "32", "--train-step-memory", "8Gi"]  # fmt: skip
+    assert commands.main(cifar10_pipeline, arguments) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        "workers: 32 training processes on the training step's pod (launcher pod; train_step_memory 8Gi) need at "
+        "least 16.0 GB"
+        in line
+        and line.endswith("give at most 16")
+    ), line
+    assert not kfp_api.bodies("POST", f"{API}/runs")
+    assert commands.main(cifar10_pipeline, [*arguments[:-1], "16Gi"]) == 0
+
+
 def test_make_local_run_takes_epochs_or_train_steps_alone():
     with_epochs = make("-n", "local-run", EPOCHS="1").stdout
     assert "--epochs 1" in with_epochs and "--train-steps" not in with_epochs

@@ -73,7 +73,9 @@ def _small_file(path: str) -> str | None:
         return None
 
 
-def processes_problem(processes: int, what: str, available: int | None = None) -> str | None:
+def processes_problem(
+    processes: int, what: str, available: int | None = None, where: str = "this machine"
+) -> str | None:
     """Why this machine cannot hold `processes` training processes at once (`what` names the setting), or None: each
     needs at least PROCESS_MEMORY_FLOOR, and more would have the kernel swap or kill them, the machine with them."""
     available = available_memory() if available is None else available
@@ -81,7 +83,7 @@ def processes_problem(processes: int, what: str, available: int | None = None) -
         return None
     gigabytes = PROCESS_MEMORY_FLOOR / 2**30
     return (
-        f"{what}: {processes} training processes on this machine need at least {processes * gigabytes:.1f} GB "
+        f"{what}: {processes} training processes on {where} need at least {processes * gigabytes:.1f} GB "
         f"({gigabytes:.1f} GB each, TensorFlow's own before any data), and it has {available / 2**30:.1f} GB "
         f"available: give at most {max(1, available // PROCESS_MEMORY_FLOOR)}"
     )
