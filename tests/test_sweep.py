@@ -710,3 +710,13 @@ def test_train_options_the_sweep_sets_itself_are_refused_before_the_run(train_op
         check_parameters(cifar10_sweep, {"train_options": train_options}, on_cluster=False)
     with pytest.raises(ValueError, match=re.escape(expected)):
         sweep_module.SweepConfig(data="d", sweep_dir="s", space="{}", train_options=train_options)
+
+
+def test_a_sweep_that_completed_no_trial_says_so_and_where_to_look(tmp_path):
+    """Every trial failed (out of time, say) or was pruned: the final training has nothing to train, and says why in
+    words a person acts on, not a missing best.json."""
+    with pytest.raises(sweep_module.SweepError) as refused:
+        sweep_module.read_best(str(tmp_path))
+    line = str(refused.value)
+    assert line.startswith(f"{tmp_path}: no trial of the sweep completed, so there is no best one to train")
+    assert "trials.jsonl says how each ended" in line and "best.json" not in line

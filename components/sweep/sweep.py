@@ -703,4 +703,7 @@ def read_best(sweep_dir: str) -> dict:
     try:
         return documents.read(location, documents.ANY_OBJECT, "sweep's best trial")
     except FileNotFoundError:
-        raise SweepError(f"{location}: the sweep finished no trial (see its trials.jsonl)") from None
+        raise SweepError(
+            f"{sweep_dir.rstrip('/')}: no trial of the sweep completed, so there is no best one to train (a failed or "
+            f"pruned trial is not chosen): its trials.jsonl says how each ended; more max_minutes or trials may help"
+        ) from None
