@@ -582,6 +582,8 @@ class Sweep:
         rate = self.seconds_spent() / max(len(finished), 1)
         left = max(self.config.trials - len(finished), 0)
         eta = f", about {format_duration(rate * left / self.config.parallelism)} left" if finished and left else ""
+        if self.out_of_time():  # no more trials start: the time budget, not the trials, ends the sweep
+            eta = f", the time budget ({self.config.max_minutes:g} min) spent"
         return f"{len(finished)} of {self.config.trials} trials finished{best}{eta}"
 
     def _save_state(self) -> None:
