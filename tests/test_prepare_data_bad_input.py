@@ -549,3 +549,14 @@ def test_resizing_to_a_large_size_holds_one_shard_not_the_dataset(tmp_path):
     )  # fmt: skip
     assert code == 0, stderr[-3000:]
     assert peak_mb < MEMORY_BUDGET_MB + 800, f"took {peak_mb} MB"
+
+
+def test_class_folders_without_split_folders_are_named_with_the_layout_that_works(tmp_path):
+    """The layout many tools make (cat/1.jpg, dog/2.jpg) is one level short of <split>/<class>/<image>: said so,
+    naming the class folders found, not "no files found"."""
+    for name in ("cat", "dog", "frog", "ship"):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        (tmp_path / "images" / name / "0.png").write_bytes(builders.encode_png(np.zeros((32, 32, 3), np.uint8)))
+    message = assert_rejected(tmp_path, tmp_path / "images", r"holds class folders \(cat/, dog/, frog/, \.\.\.\) but no "
+                              r"split folders above them: put them under train/ and test/")  # fmt: skip
+    assert "\n" not in message

@@ -499,6 +499,14 @@ def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[
             if parts[depth].lower() in SPLIT_FOLDERS and len(parts) - depth == 3:
                 roots.add("/".join(parts[:depth]))
     if not roots:
+        flat = sorted({name.split("/")[-2] for name in tree.names() if not left_by_a_tool(name) and "/" in name})
+        if flat:  # class folders of images, as many tools lay them out, without the split folders above them
+            shown_classes = ", ".join(f"{name}/" for name in flat[:3]) + (", ..." if len(flat) > 3 else "")
+            raise SourceError(
+                f"{tree.origin}: holds class folders ({shown_classes}) but no split folders above them: put them "
+                f"under train/ and test/ (<split>/<class>/<image>: the test images are what the model is evaluated "
+                f"on; split folders: {sorted(SPLIT_FOLDERS)})"
+            )
         raise SourceError(
             f"{tree.origin}: no <split>/<class>/<image> files found (split folders: {sorted(SPLIT_FOLDERS)})"
         )
