@@ -564,7 +564,7 @@ def test_a_damaged_warm_start_fails_training_unless_from_scratch_is_asked(traine
     assert "training from scratch, as warm_start_if_damaged=from_scratch asks" in caplog.text
 
 
-@pytest.mark.parametrize("problem", ["another size", "no such file", "not an image"])
+@pytest.mark.parametrize("problem", ["another size", "no such file", "not an image", "a cut GIF", "a folder"])
 def test_the_serving_request_tool_ends_bad_input_in_one_line_naming_the_image(trained, tmp_path, problem, capfd):
     from components.evaluate import serving_request
 
@@ -577,11 +577,20 @@ def test_the_serving_request_tool_ends_bad_input_in_one_line_naming_the_image(tr
         bad.write_bytes(tf.io.encode_png(np.zeros((64, 48, 3), np.uint8)).numpy())
     elif problem == "not an image":
         bad.write_text("not an image")
+    elif problem == "a cut GIF":
+        bad.write_bytes(b"GIF89a")  # the decoder's own words, not TensorFlow's node and op names
+    elif problem == "a folder":
+        bad.mkdir()
     assert serving_request.main([str(good), str(bad), "--answer-from", root]) == 2
     errors = [line for line in capfd.readouterr().err.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and f"serving_request: {bad}: " in errors[0], errors
+    assert "{{" not in errors[0] and "[Op:" not in errors[0] and errors[0].count(str(bad)) == 1, errors
     if problem == "another size":
         assert "the image is 48x64, the served model takes 32x32 images (width x height)" in errors[0], errors
+    if problem == "a cut GIF":
+        assert "the served model cannot take this image (Invalid GIF data (size 6)" in errors[0], errors
+    if problem == "a folder":
+        assert errors[0].endswith(f"{bad}: not a regular file (a folder)"), errors
     assert serving_request.main([str(good), "--answer-from", root]) == 0
 
 

@@ -206,14 +206,22 @@ class FileReadError(ValueError):
         self.size = size
 
 
+def _open_regular(path: str | Path) -> tuple[int, int]:
+    """A descriptor of the regular file at `path`, and its size; FileReadError (the descriptor closed) for anything
+    else, a folder among them (which Python's own file object would refuse as "[Errno 21] ...: 3")."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    status = os.fstat(descriptor)
+    if not stat.S_ISREG(status.st_mode):
+        os.close(descriptor)
+        raise FileReadError(f"{path}: not a regular file ({file_kind(status.st_mode)})")
+    return descriptor, status.st_size
+
+
 def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
     """The content of a regular file of at most `max_bytes`, never more read: a FIFO, a device or a link to one
     is refused without blocking on it (FileReadError), a missing file is FileNotFoundError."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    descriptor, size = _open_regular(path)
     with os.fdopen(descriptor, "rb") as handle:
-        mode, size = os.fstat(descriptor).st_mode, os.fstat(descriptor).st_size
-        if not stat.S_ISREG(mode):
-            raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
         if size > max_bytes:
             raise FileReadError(f"{path}: {size:,} bytes, more than the {max_bytes:,} it may have", size)
         content = handle.read(size + 1)  # it may have grown since
@@ -230,11 +238,8 @@ def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
 def read_tail(path: str | Path, max_bytes: int) -> bytes:
     """The last `max_bytes` of a regular file (a log's last lines), never more read; FileReadError for a FIFO or a
     device, without blocking on it."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    descriptor, size = _open_regular(path)
     with os.fdopen(descriptor, "rb") as handle:
-        mode, size = os.fstat(descriptor).st_mode, os.fstat(descriptor).st_size
-        if not stat.S_ISREG(mode):
-            raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
         handle.seek(max(size - max_bytes, 0))
         return handle.read(max_bytes)
 

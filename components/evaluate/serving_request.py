@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from components.common.tensorflow_messages import what_tensorflow_said
+
 SIGNATURE = "serving_image_bytes"
 INPUT = "image_bytes"
 
@@ -70,8 +72,7 @@ def answer(saved_model: str | Path, body: dict, names: list[str] | None = None) 
                         f"{name}: the image is {size[1]}x{size[0]}, the served model takes {wanted[1]}x{wanted[0]} "
                         f"images (width x height): resize it to {wanted[1]}x{wanted[0]} first"
                     ) from error
-                lines = [line for line in (error.message or str(error)).splitlines() if line.strip()]
-                reason = " ".join(lines[-1:])[:300] or type(error).__name__
+                reason = what_tensorflow_said(error.message or str(error), type(error).__name__)[:300]
                 raise RequestError(f"{name}: the served model cannot take this image ({reason})") from error
         raise
     rows = []
@@ -114,8 +115,10 @@ def read_images(paths: list[Path]) -> list[bytes]:
             content = storage.read_regular_file(path, MAX_IMAGE_BYTES)
         except FileNotFoundError as error:
             raise RequestError(f"{path}: no such file") from error
-        except (OSError, ValueError) as error:
-            raise RequestError(f"{path}: cannot be read ({error})") from error
+        except storage.FileReadError as error:  # it names the file: a folder, a FIFO, too large
+            raise RequestError(str(error)) from error
+        except OSError as error:
+            raise RequestError(f"{path}: cannot be read ({error.strerror or error})") from error
         if not content.startswith(IMAGE_MAGIC):
             raise RequestError(f"{path}: not a JPEG, PNG, GIF or BMP image (what the served model decodes)")
         images.append(content)

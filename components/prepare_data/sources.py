@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import posixpath
-import re
 import struct
 import unicodedata
 from collections import defaultdict
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from components.common.dataset import MAX_IMAGE_SIDE, check_label_names
+from components.common.tensorflow_messages import what_tensorflow_said
 from components.prepare_data.safe_io import MEGABYTE, RAISE_THE_LIMIT, FileTree, SourceError, load_numpy_pickle
 
 logger = logging.getLogger(__name__)
@@ -431,18 +431,11 @@ def decode_image(content: bytes, origin: str, size: tuple[int, int] | None) -> t
         decoder = tf.io.decode_jpeg if header.kind == "jpeg" else tf.io.decode_png
         image = decoder(content, channels=3).numpy()
     except tf.errors.OpError as error:
-        said = _decoder_message(error.message)
+        said = what_tensorflow_said(error.message, "the decoder refused it")
         raise SourceError(f"{origin}: could not decode the {header.kind.upper()} image ({said})") from error
     if image.shape[:2] != (header.height, header.width):
         raise SourceError(f"{origin}: decodes to {image.shape[1]}x{image.shape[0]}, its header says otherwise")
     return image, header.color
-
-
-def _decoder_message(message: str) -> str:
-    """TensorFlow's decoder error without the op's wrapping ("{{function_node ...}} ... [Op:DecodeJpeg]")."""
-    said = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)
-    said = re.sub(r"\s*\[Op:\w+\]\s*$", "", said).strip()
-    return said.splitlines()[0] if said else "the decoder refused it"
 
 
 def resized(images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
