@@ -590,7 +590,7 @@ def test_the_serving_request_tool_ends_bad_input_in_one_line_naming_the_image(tr
     if problem == "a cut GIF":
         assert "the served model cannot take this image (Invalid GIF data (size 6)" in errors[0], errors
     if problem == "a folder":
-        assert errors[0].endswith(f"{bad}: not a regular file (a folder)"), errors
+        assert errors[0].endswith(f"{bad}: a folder, not an image"), errors
     assert serving_request.main([str(good), "--answer-from", root]) == 0
 
 

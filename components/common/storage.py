@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import logging
@@ -207,12 +208,14 @@ class FileReadError(ValueError):
 
 
 def _open_regular(path: str | Path) -> tuple[int, int]:
-    """A descriptor of the regular file at `path`, and its size; FileReadError (the descriptor closed) for anything
-    else, a folder among them (which Python's own file object would refuse as "[Errno 21] ...: 3")."""
+    """A descriptor of the regular file at `path`, and its size. A folder is IsADirectoryError naming the path (Python's
+    own file object would name descriptor 3), anything else FileReadError; the descriptor is then closed."""
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     status = os.fstat(descriptor)
     if not stat.S_ISREG(status.st_mode):
         os.close(descriptor)
+        if stat.S_ISDIR(status.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         raise FileReadError(f"{path}: not a regular file ({file_kind(status.st_mode)})")
     return descriptor, status.st_size
 

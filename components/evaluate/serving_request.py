@@ -115,7 +115,9 @@ def read_images(paths: list[Path]) -> list[bytes]:
             content = storage.read_regular_file(path, MAX_IMAGE_BYTES)
         except FileNotFoundError as error:
             raise RequestError(f"{path}: no such file") from error
-        except storage.FileReadError as error:  # it names the file: a folder, a FIFO, too large
+        except IsADirectoryError as error:
+            raise RequestError(f"{path}: a folder, not an image") from error
+        except storage.FileReadError as error:  # it names the file: a FIFO, a device, too large
             raise RequestError(str(error)) from error
         except OSError as error:
             raise RequestError(f"{path}: cannot be read ({error.strerror or error})") from error
