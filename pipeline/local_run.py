@@ -32,7 +32,6 @@ from pipeline.parameters import (
     CommandError,
     check_parameters,
     describe_length,
-    parameter_types,
     trains,
 )
 from pipeline.step_processes import StepProcesses
@@ -96,24 +95,6 @@ def check_cluster_only(parameters: dict[str, Any]) -> None:
             f"{options}: a setting of the pods a cluster runs; a local run's steps and workers are processes of this "
             "machine, where it would have no effect: leave it out here, or give it to make run on a cluster"
         )
-
-
-def check_machine_holds(pipeline, parameters: dict[str, Any]) -> None:
-    """The training processes a local run starts at once fit this machine's memory: its workers, and a sweep's trials
-    at once with each trial's workers (components/train/launch_local.processes_problem)."""
-    from components.train.launch_local import processes_problem
-
-    given = {**{name: default for name, (_kind, default) in parameter_types(pipeline).items()}, **parameters}
-    at_once = []
-    if "workers" in given:
-        at_once.append((int(given["workers"]), "workers"))
-    if "parallelism" in given:
-        parallelism, trial_workers = int(given["parallelism"]), int(given["trial_workers"])
-        at_once.append((parallelism * trial_workers, f"parallelism {parallelism} x trial_workers {trial_workers}"))
-    if at_once:
-        problem = processes_problem(*max(at_once))
-        if problem:
-            raise CommandError(problem)
 
 
 def check_local_inputs(parameters: dict[str, Any], cache_dir: Path | None = None) -> None:
@@ -307,7 +288,6 @@ def local_run(
         )
     output_root = output_root.resolve()
     check_cluster_only(parameters)
-    check_machine_holds(pipeline, parameters)
     continued = None
     if resume:  # before OUTPUT is made: a run to resume is found there or the command ends, leaving nothing
         searches = "sweep_dir" in pipeline.component_spec.inputs

@@ -75,6 +75,8 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
     if on_cluster:  # a local run's steps have the machine's memory
         check_prepare_memory(given)
         check_train_step_memory(given)
+    else:
+        check_machine_holds(given)
     # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails
     # there
     return _check_values({name: as_delivered(value) for name, value in given.items()})
@@ -392,6 +394,20 @@ def check_prepare_memory(values: dict[str, Any]) -> None:
             f"prepare_step_memory {quantity} or more, "
             "or a smaller max_source_megabytes"
         )
+
+
+def check_machine_holds(values: dict[str, Any]) -> None:
+    """The training processes a local run starts at once fit this machine's memory: its workers, and a sweep's trials
+    at once with each trial's workers (launch_local.processes_problem, which the train and sweep steps check again)."""
+    from components.train.launch_local import processes_problem
+
+    at_once = [(int(values["workers"]), "workers")]
+    if "parallelism" in values:
+        parallelism, trial_workers = int(values["parallelism"]), int(values["trial_workers"])
+        at_once.append((parallelism * trial_workers, f"parallelism {parallelism} x trial_workers {trial_workers}"))
+    problem = processes_problem(*max(at_once))
+    if problem:
+        raise CommandError(problem)
 
 
 def check_train_step_memory(values: dict[str, Any]) -> None:
