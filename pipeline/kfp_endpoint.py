@@ -239,7 +239,7 @@ def probe(config: EndpointConfig, credentials: Credentials) -> bool:
             f"({credentials.source} were sent); {HOW_TO_AUTHENTICATE}"
         )
     if status == 401 and not credentials.headers():
-        raise EndpointError(  # Kubeflow 1.10 and later: oauth2-proxy answers 401 on /apis/ without credentials
+        raise EndpointError(  # Kubeflow 1.9.1 and later: oauth2-proxy answers 401 on /apis/ without credentials
             f"{where} needs credentials (it answered 401 to a request that carried none); {HOW_TO_AUTHENTICATE}"
         )
     if status == 401:

@@ -177,7 +177,9 @@ def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None
     cleanup.set_display_name("clean up the training job").set_caching_options(False)
     kubernetes.set_image_pull_secrets(cleanup, [p.image_pull_secret])
     with dsl.ExitHandler(cleanup, name="run"):
-        fingerprint = source_fingerprint_component(source=p.source).set_display_name("fingerprint the source")
+        fingerprint = source_fingerprint_component(
+            source=p.source, launcher=p.launcher, promotion_root=p.promotion_root
+        ).set_display_name("fingerprint the source")  # and, in a pod, ask for the run's permissions first
         fingerprint.set_caching_options(False)  # it must look at the source every time
         with_pod_settings(fingerprint, p.object_store_secret, p.image_pull_secret)
 

@@ -12,8 +12,8 @@ No API server can run here, so this one answers the way the real one does where 
   a DNS-1123 subdomain name, the URL's namespace, label syntax, annotations at most 256 KiB in all, MicroTimes in
   RFC 3339 with microseconds, int32 numbers, no resourceVersion on a create;
 - every request authorized as RBAC would: the caller's token names a service account of the namespace, and only the
-  verbs that manifests/rbac.yaml's Roles grant it on leases, through its RoleBindings, are allowed (403 Forbidden,
-  worded as the API words it, otherwise);
+  verbs it holds on leases once the cluster admin and the profile owner applied the project's manifests
+  (tests/fake_rbac.py) are allowed (403 Forbidden, worded as the API words it, otherwise);
 - `down = True` answers 503 to everything (an API server that is unavailable); `stop()` closes the port.
 
 `pod_environment()` is what a step's pod would have: its environment and, in `folder`, the service account's files.
@@ -33,10 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPOSITORY = Path(__file__).resolve().parents[1]
-RBAC = REPOSITORY / "manifests" / "rbac.yaml"
 API = "/apis/coordination.k8s.io/v1"
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -114,25 +111,14 @@ def lease_problems(lease: dict, namespace: str) -> list[str]:
     return problems
 
 
-def granted_verbs(service_account: str, rbac: Path = RBAC) -> set[str]:
-    """The verbs on leases that the Roles of `rbac` grant `service_account` through its RoleBindings."""
-    documents = [document for document in yaml.safe_load_all(rbac.read_text()) if document]
-    roles = {
-        document["metadata"]["name"]: {
-            verb
-            for rule in document.get("rules", [])
-            if "coordination.k8s.io" in rule.get("apiGroups", []) and "leases" in rule.get("resources", [])
-            for verb in rule.get("verbs", [])
-        }
-        for document in documents
-        if document["kind"] == "Role"
-    }
-    verbs = set()
-    for binding in (document for document in documents if document["kind"] == "RoleBinding"):
-        subjects = {subject["name"] for subject in binding.get("subjects", []) if subject["kind"] == "ServiceAccount"}
-        if service_account in subjects and binding["roleRef"]["kind"] == "Role":
-            verbs |= roles.get(binding["roleRef"]["name"], set())
-    return verbs
+def granted_verbs(service_account: str, namespace: str = "team-a", release: str = "26.03") -> set[str]:
+    """The verbs on leases RBAC grants `service_account` on a cluster of `release` where the admin and the profile
+    owner applied the project's manifests (tests/fake_rbac.py)."""
+    from tests.fake_rbac import Rbac
+
+    rbac = Rbac.installed(release)
+    user = f"system:serviceaccount:{namespace}:{service_account}"
+    return {verb for verb in set(VERBS.values()) if rbac.allows(user, verb, "coordination.k8s.io", "leases", namespace)}
 
 
 class LeaseStore:

@@ -11,7 +11,8 @@ anything else with the status the backend uses:
 
 `multi_user=True` plays a Kubeflow installed from its manifests: the API under `prefix` (Kubeflow serves it under
 /pipeline); a request without a bearer token or session cookie redirected (302) to an HTML login page as Kubeflow
-1.9's oauth2-proxy does (`release="1.9"`), or, from Kubeflow 1.10 on (`release="1.10"`, the default), refused as its
+1.9.0's oauth2-proxy does (`release="1.9.0"`), or, from Kubeflow 1.9.1 on (kubeflow/manifests #2864; `release="1.9.1"`,
+`"1.10"`, the default, and later), refused as its
 oauth2-proxy refuses one on its api_routes (`/apis/`): 401, `application/json`, `{}` (oauth2-proxy's errorJSON); an
 unknown bearer token refused by Istio's RequestAuthentication (401, text/plain, "Jwt verification fails"); the health
 check saying `multi_user`, and experiments, runs, recurring runs
@@ -170,7 +171,7 @@ class FakeKfpApi:
         self.tokens = tokens or {}  # bearer token -> the namespaces its identity may use
         self.cookies = cookies or {}  # session cookie (NAME=VALUE) -> the namespaces
         self.run_outcome = run_outcome
-        self.release = release  # "1.9": a 302 to the login page without credentials; "1.10" and later: 401
+        self.release = release  # "1.9.0": a 302 to the login page without credentials; "1.9.1" and later: 401
         self.instant = instant  # a run reads as ended at once (for examples that follow a run to its end)
         self.requests: list[tuple[str, str, Any]] = []
         self.headers_seen: list[dict[str, str]] = []
@@ -211,7 +212,7 @@ class FakeKfpApi:
         for cookie in headers.get("Cookie", "").split(";"):
             if cookie.strip() in self.cookies:
                 return self.cookies[cookie.strip()]
-        if self.release != "1.9" and "/apis/" in url:  # oauth2-proxy's api_routes from Kubeflow 1.10 on
+        if self.release != "1.9.0" and "/apis/" in url:  # oauth2-proxy's api_routes from Kubeflow 1.9.1 on
             raise GatewayError(401, b"{}", "application/json")
         raise RedirectedError(f"{LOGIN_PATH}?rd={url}")
 

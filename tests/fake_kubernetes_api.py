@@ -11,9 +11,12 @@ the clusters users run:
   server would drop it silently, which hides a misspelled setting); the CRDs' CEL rules; the admission webhooks (the
   TFJob webhook's rules; Trainer's TrainJob, runtime and JobSet-plugin validation: the runtime must exist, patches
   may only name its jobs and containers and set no env for `node`, the manager is a domain-prefixed path).
-- Every request is authorized as RBAC would for the caller: the default client is a profile's `default-editor`, bound
-  in its namespace to `kubeflow-edit`, aggregated from the vendored role files; every authenticated user may read
-  ClusterTrainingRuntimes and the discovery. Anything else gets the real API's 403, worded as it words it.
+- Every request is authorized as RBAC would for the caller (tests/fake_rbac.py): the release's own Kubeflow roles, the
+  profile controller's bindings (the owner to kubeflow-admin, `default-editor` to kubeflow-edit), and what the
+  cluster admin and then the profile owner applied of the project's manifests, each refused as the API server
+  refuses a grant of more than its creator holds (`installed=False`: nothing applied). Anything else gets the real
+  API's 403, worded as it words it. `SelfSubjectAccessReview`s are answered from the same rules.
+- `release`: also "1.9" (TFJob, as 1.10) and "26.03" (as 1.11), each with its own roles.
 
 The world the launcher sees comes from a scripted `timeline` (each GET of the job advances one tick: its conditions,
 worker 0's phase and restarts, or an HTTP error to answer instead) or, with `timeline=None`, from a test playing the
@@ -46,14 +49,23 @@ import yaml
 
 from tests.fake_coordination_api import LeaseStore
 from tests.fake_coordination_api import Refused as LeaseRefused
+from tests.fake_rbac import ADMIN, EDITOR, NAMESPACE, OWNER, WORKERS, Forbidden, Rbac, forbidden  # noqa: F401
 
 VENDOR = Path(__file__).parent / "vendor"
 REPOSITORY = Path(__file__).resolve().parents[1]
-NAMESPACE = "team-a"
-EDITOR = f"system:serviceaccount:{NAMESPACE}:default-editor"
-ADMIN = "kubernetes-admin"
-WORKERS = f"system:serviceaccount:{NAMESPACE}:cifar10-pipeline"  # the training job's pods (LaunchConfig's default)
-TOKENS = {"editor-token": EDITOR, "admin-token": ADMIN, "worker-token": WORKERS}
+
+
+def _service_account_token(user: str) -> str:
+    """A token shaped as the kubelet's (a JWT whose subject is the service account; the stand-in signs nothing)."""
+    import base64
+
+    payload = base64.urlsafe_b64encode(json.dumps({"sub": user}).encode()).decode().rstrip("=")
+    return f"eyJhbGciOiJSUzI1NiJ9.{payload}.stand-in"
+
+
+EDITOR_POD_TOKEN = _service_account_token(EDITOR)  # a step's pod: the profile's default-editor
+TOKENS = {"editor-token": EDITOR, "admin-token": ADMIN, "worker-token": WORKERS, "owner-token": OWNER,
+          EDITOR_POD_TOKEN: EDITOR}  # fmt: skip
 RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}  # training-operator pkg/apis/kubeflow.org/v1
 TFJOB_MANAGERS = {"kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue"}  # pkg/common/util/webhooks.go
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -73,6 +85,7 @@ class Resource:
 
 TRAINER_VERSIONS = {  # release -> (Kubeflow Trainer, the JobSet it bundles)
     "1.11": ("v2.1.0", "v0.10.1"),  # Kubeflow 1.11.0 and 26.03 install Trainer v2.1.0 by default
+    "26.03": ("v2.1.0", "v0.10.1"),
     "trainer-2.2": ("v2.2.1", "v0.11.1"),  # the Trainer release before: runtimePatches, but no grace period in them
     "trainer-2.3": ("v2.3.0", "v0.12.0"),  # the current Trainer, installed by the admin (standalone KFP 2.17...)
 }
@@ -80,7 +93,7 @@ TRAINER_VERSIONS = {  # release -> (Kubeflow Trainer, the JobSet it bundles)
 
 def release_resources(release: str) -> dict[str, Resource]:
     """What a cluster of `release` serves, each with the CRD of the version it runs."""
-    if release == "1.10":
+    if release in ("1.9", "1.10"):
         return {"tfjobs": Resource("kubeflow.org", "v1", "TFJob", "tfjobs", True, "kubeflow.org_tfjobs-v1.9.0.yaml")}
     if release == "none":
         return {}
@@ -105,15 +118,6 @@ def release_resources(release: str) -> dict[str, Resource]:
             "jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets", True, f"jobset.x-k8s.io_jobsets-{jobset}.yaml"
         ),
     }
-
-
-ROLE_FILES = {
-    "1.10": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-training-roles-v1.9.0.yaml"),
-    "1.11": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-trainer-roles-v2.3.0.yaml"),  # the same rules in v2.1.0
-    "trainer-2.2": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-trainer-roles-v2.3.0.yaml"),  # the same rules in v2.2.1
-    "trainer-2.3": ("kubeflow-roles-v1.11.0.yaml", "kubeflow-trainer-roles-v2.3.0.yaml"),
-    "none": ("kubeflow-roles-v1.11.0.yaml",),
-}
 
 
 class Refused(Exception):  # noqa: N818 (an HTTP answer, not a bug)
@@ -386,82 +390,6 @@ def trainjob_webhook_problems(job: dict, runtime: dict | None, runtime_name: str
                         "containers"
                     )
     return problems
-
-
-# -- RBAC -------------------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def aggregated_rules(release: str, role: str = "kubeflow-edit") -> tuple:
-    """The rules of a ClusterRole after aggregation (to a fixed point, as the aggregation controller makes them)."""
-    roles = [
-        document
-        for name in ROLE_FILES[release]
-        for document in yaml.safe_load_all((VENDOR / name).read_text())
-        if document and document.get("kind") == "ClusterRole"
-    ]
-    rules = {document["metadata"]["name"]: list(document.get("rules") or []) for document in roles}
-    changed = True
-    while changed:
-        changed = False
-        for document in roles:
-            for selector in (document.get("aggregationRule") or {}).get("clusterRoleSelectors", []):
-                wanted = selector.get("matchLabels", {})
-                for other in roles:
-                    labels = other["metadata"].get("labels") or {}
-                    if other is document or any(labels.get(key) != value for key, value in wanted.items()):
-                        continue
-                    for rule in rules[other["metadata"]["name"]]:
-                        if rule not in rules[document["metadata"]["name"]]:
-                            rules[document["metadata"]["name"]].append(rule)
-                            changed = True
-    return tuple(json.dumps(rule, sort_keys=True) for rule in rules[role])
-
-
-def _rule_allows(rule: dict, verb: str, group: str, resource: str) -> bool:
-    return (
-        (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
-        and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
-        and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
-    )
-
-
-@functools.cache
-def project_rules(service_account: str) -> tuple:
-    """The rules manifests/rbac.yaml's Roles grant `service_account` through its RoleBindings (in the profile's
-    namespace, where it is applied)."""
-    documents = [d for d in yaml.safe_load_all((REPOSITORY / "manifests" / "rbac.yaml").read_text()) if d]
-    roles = {d["metadata"]["name"]: d.get("rules") or [] for d in documents if d["kind"] == "Role"}
-    rules = []
-    for binding in (d for d in documents if d["kind"] == "RoleBinding"):
-        subjects = {s["name"] for s in binding.get("subjects", []) if s["kind"] == "ServiceAccount"}
-        if service_account in subjects and binding["roleRef"]["kind"] == "Role":
-            rules += roles.get(binding["roleRef"]["name"], [])
-    return tuple(json.dumps(rule, sort_keys=True) for rule in rules)
-
-
-def authorized(release: str, user: str, verb: str, group: str, resource: str, namespace: str | None) -> bool:
-    if user == ADMIN:
-        return True
-    if resource == "clustertrainingruntimes" and verb in ("get", "list", "watch"):
-        return True  # kubeflow-trainer-view-cluster-runtimes, bound to system:authenticated
-    prefix = f"system:serviceaccount:{NAMESPACE}:"
-    if not user.startswith(prefix) or namespace != NAMESPACE:
-        return False  # the profile's service accounts, in their own namespace only
-    account = user.removeprefix(prefix)
-    rules = list(project_rules(account))
-    if user == EDITOR:  # default-editor is bound to kubeflow-edit by the profile controller
-        rules += aggregated_rules(release)
-    return any(_rule_allows(json.loads(rule), verb, group, resource) for rule in rules)
-
-
-def forbidden(user: str, verb: str, group: str, resource: str, namespace: str | None) -> Refused:
-    qualified = f"{resource}.{group}" if group else resource
-    where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
-    message = (
-        f'{qualified} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "{group}" {where}'
-    )
-    return Refused(403, "Forbidden", message, {"group": group, "kind": resource})
 
 
 # -- the Trainer controller, PlainML and JobSet, as far as pods go ------------------------------------------------
@@ -738,6 +666,7 @@ class PodRecord:
     attempt: int | None = None  # scripted TrainJob pods: the JobSet restart that made this pod (keys its log)
     waiting: tuple[str, str] | None = None  # the container's waiting (reason, message)
     unschedulable: str | None = None  # the scheduler's message while the pod cannot be placed
+    owners: list[dict] = field(default_factory=list)  # ownerReferences (a step's pod: its run's Workflow)
 
     @property
     def instance(self) -> int:
@@ -753,21 +682,28 @@ class FakeKubernetesApi:
         chunk_bytes: int = 7,
         release: str = "1.10",
         on_create=None,
+        installed: bool = True,
+        pod_folder: Path | None = None,
     ):
         self.timeline = timeline
         self.logs = logs or {}
         self.chunk_bytes = chunk_bytes
         self.release = release
         self.served = release_resources(release)
+        # who may do what: Kubeflow's roles of the release, and, unless `installed` is False, what the cluster admin
+        # (manifests/admin/) and then the profile owner (manifests/) applied, each with only their own permissions
+        self.rbac = Rbac.installed(release) if installed else Rbac(release)
         self.on_create = on_create
         self.objects: dict[tuple[str, str | None, str], dict] = {}  # (plural, namespace, name) -> object
         self.secrets: dict[tuple[str, str], dict[str, str]] = {}
         self.pods: dict[tuple[str, str], PodRecord] = {}
         self.created: list[dict] = []
         self.deleted: list[tuple[str, str]] = []
+        self.collected: list[tuple[str, str]] = []  # jobs the garbage collector deleted (their owner was gone)
         self.refused: list[str] = []
         self.pruned: list[str] = []  # unknown fields dropped from objects created without strict field validation
         self.requests: list[tuple[str, str, str]] = []  # (user, method, path)
+        self.access_reviews: list[tuple[str, str, str, str]] = []  # (user, verb, group, resource) asked
         self.tick = 0
         self.pod_errors: list[int] = []  # HTTP statuses to answer the next pod GETs with
         self.on_job_get = None  # called with the tick number at each job GET (e.g. to send a signal)
@@ -775,11 +711,37 @@ class FakeKubernetesApi:
         self.lease_store = LeaseStore()  # coordination.k8s.io/v1, as strict as tests/fake_coordination_api.py's
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
         self._server.daemon_threads = True
+        self.pod_folder = pod_folder
+        if pod_folder is not None:  # TLS, and a step pod's service-account files, as in-cluster clients expect
+            self._serve_as_in_a_pod(pod_folder)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _serve_as_in_a_pod(self, folder: Path) -> None:
+        import ssl
+        import subprocess
+
+        folder.mkdir(parents=True, exist_ok=True)
+        certificate, key = folder / "ca.crt", folder / "server.key"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        (folder / "token").write_text(EDITOR_POD_TOKEN)
+        (folder / "namespace").write_text(NAMESPACE)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certificate, key)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+
+    def pod_environment(self) -> dict[str, str]:
+        """What a step's pod has (with `pod_folder`): the API's address, its service account's files there."""
+        return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self._server.server_address[1]),
+                "CIFAR10_PIPELINE_SERVICE_ACCOUNT": str(self.pod_folder)}  # fmt: skip
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "https" if self.pod_folder is not None else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     def __enter__(self) -> FakeKubernetesApi:
         self._thread.start()
@@ -866,6 +828,9 @@ class FakeKubernetesApi:
             runtime = self.objects.get(("clustertrainingruntimes", None, reference["name"]))
             problems += trainjob_webhook_problems(body, runtime, reference["name"])
         name = body.get("metadata", {}).get("name")
+        for index, owner in enumerate(body.get("metadata", {}).get("ownerReferences") or []):
+            problems += [f"metadata.ownerReferences[{index}].{key}: Required value" for key in
+                         ("apiVersion", "kind", "name", "uid") if not owner.get(key)]  # fmt: skip
         if problems:
             self.refused.append("; ".join(problems))
             raise Refused(
@@ -884,7 +849,49 @@ class FakeKubernetesApi:
                 self.created.append(copy.deepcopy(body))
         if plural in ("tfjobs", "trainjobs") and self.on_create is not None:
             self.on_create(self, copy.deepcopy(stored))
+        self.collect_garbage()
         return stored
+
+    # -- the run's Workflow and the garbage collector ------------------------------------------------------------
+
+    def add_workflow(self, namespace: str, name: str) -> dict:
+        """The run's Argo Workflow (KFP made it); returns the owner reference Argo puts on each of its pods."""
+        with self.lock:
+            uid = f"workflow-uid-{name}"
+            self.objects[("workflows", namespace, name)] = {
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            }  # fmt: skip
+        return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": name, "uid": uid,
+                "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+
+    def delete_workflow(self, namespace: str, name: str) -> None:
+        """KFP's garbage collection of a finished run (the persistence agent's TTL, the Workflow's ttlStrategy)."""
+        with self.lock:
+            del self.objects[("workflows", namespace, name)]
+        self.collect_garbage()
+
+    def collect_garbage(self) -> None:
+        """Kubernetes' garbage collector (background propagation): an object whose every owner is gone (no object of
+        that kind, name and uid in its namespace) is deleted, its own dependents after it."""
+        with self.lock:
+            while True:
+                living = {(key[1], obj["kind"], obj["metadata"]["name"], obj["metadata"].get("uid"))
+                          for key, obj in self.objects.items()}  # fmt: skip
+                orphans = [
+                    key for key, obj in self.objects.items()
+                    if obj["metadata"].get("ownerReferences") and not any(
+                        (key[1], owner["kind"], owner["name"], owner["uid"]) in living
+                        for owner in obj["metadata"]["ownerReferences"]
+                    )
+                ]  # fmt: skip
+                if not orphans:
+                    return
+                for key in orphans:
+                    del self.objects[key]
+                    if key[0] in ("tfjobs", "trainjobs"):
+                        self.deleted.append((key[1], key[2]))
+                        self.collected.append((key[1], key[2]))
 
     def create_job(self, namespace: str, body: dict) -> dict:
         """Create a TFJob or TrainJob directly (as an earlier attempt of a step would have)."""
@@ -924,6 +931,12 @@ class FakeKubernetesApi:
             job = self.objects.get((plural, namespace, name))
             if job is not None:
                 job["status"] = {"conditions": copy.deepcopy(conditions)}
+
+    def add_config_map(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        """A ConfigMap someone else made (KFP's profile controller's kfp-launcher)."""
+        self.rbac.objects[("ConfigMap", namespace, name)] = {
+            "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}, "data": dict(data)
+        }  # fmt: skip
 
     def add_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
         self.secrets[(namespace, name)] = dict(data)
@@ -968,10 +981,9 @@ class FakeKubernetesApi:
         ]  # fmt: skip
 
     def pod_records(self, namespace: str) -> list[PodRecord]:
-        if self.timeline is not None:
-            return self._scripted_pods(namespace)
         with self.lock:
-            return [record for (ns, _name), record in self.pods.items() if ns == namespace]
+            added = [record for (ns, _name), record in self.pods.items() if ns == namespace]
+        return (self._scripted_pods(namespace) if self.timeline is not None else []) + added
 
     def pod_record(self, namespace: str, name: str) -> PodRecord:
         for record in self.pod_records(namespace):
@@ -1008,7 +1020,8 @@ def pod_json(record: PodRecord) -> dict:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": record.name, "namespace": record.namespace, "labels": record.labels,
-                     "annotations": record.annotations, "creationTimestamp": record.created},
+                     "annotations": record.annotations, "creationTimestamp": record.created,
+                     **({"ownerReferences": record.owners} if record.owners else {})},
         "status": {"phase": record.phase, "conditions": conditions, "containerStatuses": [status]},
     }  # fmt: skip
 
@@ -1035,10 +1048,10 @@ def _stamp(instance: int, line: int) -> str:
     return (start + datetime.timedelta(milliseconds=line)).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
 
 
-def _status(refused: Refused) -> dict:
+def _status(refused: Refused | Forbidden) -> dict:
     status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": str(refused),
               "reason": refused.reason, "code": refused.status}  # fmt: skip
-    if refused.details:
+    if getattr(refused, "details", None):
         status["details"] = refused.details
     return status
 
@@ -1051,6 +1064,8 @@ OPENAPI = re.compile(r"^/openapi/v3/apis/(?P<group>[^/]+)/(?P<version>[^/]+)$")
 LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<namespace>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<log>/log)?)?$")
 EVENTS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/events$")
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/configmaps/(?P<name>[^/]+)$")
 
 
 def _handler_class(api: FakeKubernetesApi):
@@ -1064,14 +1079,14 @@ def _handler_class(api: FakeKubernetesApi):
             self.wfile.write(content)
 
         def _user(self) -> str:
-            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
-            if token not in TOKENS:
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            token = token.strip()
+            if scheme.lower() != "bearer" or token not in TOKENS:  # the scheme is case-insensitive (RFC 7235)
                 raise Refused(401, "Unauthorized", "Unauthorized")
             return TOKENS[token]
 
         def _authorize(self, user, verb, group, resource, namespace):
-            if not authorized(api.release, user, verb, group, resource, namespace):
-                raise forbidden(user, verb, group, resource, namespace)
+            api.rbac.authorize(user, verb, group, resource, namespace)
 
         def _dispatch(self, method: str) -> None:
             url = urlparse(self.path)
@@ -1086,13 +1101,21 @@ def _handler_class(api: FakeKubernetesApi):
                     verbs = {
                         verb
                         for verb in ("get", "list", "create", "update", "delete")
-                        if authorized(api.release, user, verb, "coordination.k8s.io", "leases", match["namespace"])
+                        if api.rbac.allows(user, verb, "coordination.k8s.io", "leases", match["namespace"])
                     }
                     try:
                         answer = api.lease_store.serve(method, match["namespace"], match["name"], user, verbs, raw)
                     except LeaseRefused as refused:
                         raise Refused(refused.status, refused.reason, str(refused)) from None
                     return self._reply(*answer)
+                if url.path == ACCESS_REVIEWS and method == "POST":
+                    return self._reply(201, self._access_review(user, body))
+                if (match := CONFIG_MAPS.match(url.path)) and method == "GET":
+                    self._authorize(user, "get", "", "configmaps", match["namespace"])
+                    found = api.rbac.objects.get(("ConfigMap", match["namespace"], match["name"]))
+                    if found is None:
+                        raise Refused(404, "NotFound", f'configmaps "{match["name"]}" not found')
+                    return self._reply(200, {"apiVersion": "v1", **found})
                 if (match := OPENAPI.match(url.path)) and method == "GET":
                     return self._reply(200, self._openapi(match["group"], match["version"]))
                 if (match := CUSTOM.match(url.path)) and match["plural"] is None and method == "GET":
@@ -1109,8 +1132,28 @@ def _handler_class(api: FakeKubernetesApi):
                     items = api.events(match["namespace"], selector.removeprefix("involvedObject.name="))
                     return self._reply(200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items})
                 raise Refused(404, "NotFound", f"{method} {url.path}: not served by this stand-in")
-            except Refused as refused:
+            except (Refused, Forbidden) as refused:
                 self._reply(refused.status, _status(refused))
+
+        def _access_review(self, user: str, body: dict) -> dict:
+            """A SelfSubjectAccessReview answered from the caller's rules (the client's model checked, closed)."""
+            from tests.fake_coordination_api import check_model
+
+            try:
+                check_model(body, "V1SelfSubjectAccessReview", "body")
+            except LeaseRefused as refused:
+                raise Refused(refused.status, refused.reason, str(refused)) from None
+            attributes = (body.get("spec") or {}).get("resourceAttributes")
+            if not attributes or not attributes.get("verb") or not attributes.get("resource"):
+                raise Refused(400, "BadRequest", "spec.resourceAttributes: a verb and a resource are required")
+            resource = attributes["resource"] + (
+                f"/{attributes['subresource']}" if attributes.get("subresource") else ""
+            )
+            allowed = api.rbac.allows(user, attributes["verb"], attributes.get("group", ""), resource,
+                                      attributes.get("namespace") or None, attributes.get("name", ""))  # fmt: skip
+            api.access_reviews.append((user, attributes["verb"], attributes.get("group", ""), resource))
+            reason = "RBAC: allowed by a RoleBinding" if allowed else ""
+            return {**body, "status": {"allowed": allowed, "reason": reason}}
 
         def _discovery(self, group: str, version: str) -> dict:
             resources = [r for r in api.served.values() if (r.group, r.version) == (group, version)]

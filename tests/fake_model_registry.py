@@ -156,6 +156,7 @@ class FakeModelRegistry:
         self.checker = SchemaChecker(self.document)
         self.token = token
         self.unavailable = False
+        self.retirement: dict[str, str] = {}  # Deprecation and Sunset headers on every answer (kubeflow/hub #3218)
         self.garbled = False
         self.requests: list[tuple[str, str, dict, Any]] = []
         self.refusals: list[str] = []  # what was refused (status and why): a test shows them when it fails
@@ -196,6 +197,8 @@ class FakeModelRegistry:
                 self.send_response(status)
                 self.send_header("Content-Type", "text/plain; charset=utf-8" if plain else "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in registry.retirement.items():  # a newer server keeping v1alpha3 for a while
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 

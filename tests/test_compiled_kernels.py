@@ -15,11 +15,12 @@ import tensorflow as tf
 from components.common import compiled_kernels
 from tests.builders import REPOSITORY
 
-RUNS_HERE = compiled_kernels.cpu_problem(compiled_kernels.cpu_flags()) is None
-KERNEL_GRADIENT_HERE = (
-    RUNS_HERE and compiled_kernels.kernel_gradient_problem(compiled_kernels.cpu_flags(), "auto") is None
+HERE = compiled_kernels.choose(compiled_kernels.cpu_flags(), "auto")
+RUNS_HERE = HERE.batch_norm_gelu
+KERNEL_GRADIENT_HERE = HERE.kernel_gradient  # under auto: not on a CPU with AMX
+needs_the_cpu = pytest.mark.skipif(
+    not RUNS_HERE, reason=f"the compiled kernels need AVX512-BF16 (avx512f, avx512bw, avx512_bf16): {HERE.reason}"
 )
-needs_the_cpu = pytest.mark.skipif(not RUNS_HERE, reason="the compiled kernels need AVX512-BF16")
 
 
 @pytest.fixture
@@ -229,17 +230,19 @@ def test_a_compiler_error_is_reported_with_its_last_lines(tmp_path, monkeypatch)
 
 @needs_the_cpu
 def test_a_build_into_the_cache_is_loaded_and_named_by_its_source_and_tensorflow(tmp_path, monkeypatch):
-    """Where make install's library is absent, the first use builds it into the user's cache; a changed source
-    gets another name, so a library of older code is never loaded."""
+    """Where make install's library is absent, the first use builds it into the user's cache and loads both ops
+    from it (mode on: whichever ops auto takes on this CPU, with AMX or without); a changed source gets another
+    name, so a library of older code is never loaded."""
     program = (  # a process of its own: TensorFlow registers an op once per process, from the first library
         "import sys; from pathlib import Path; from components.common import compiled_kernels as kernels; "
-        "kernels.BUILT_BESIDE_SOURCE = Path(sys.argv[1]); print(kernels.kernel_gradient_op() is not None)"
+        "kernels.BUILT_BESIDE_SOURCE = Path(sys.argv[1]); "
+        "print(kernels.kernel_gradient_op() is not None, kernels.batch_norm_gelu_ops() is not None)"
     )
     done = subprocess.run(
         [sys.executable, "-c", program, str(tmp_path / "beside")], cwd=REPOSITORY, capture_output=True, text=True,
-        env=_environment(), check=True,
+        env={**_environment(), compiled_kernels.MODE_VARIABLE: "on"}, check=True,
     )  # fmt: skip
-    assert done.stdout.split()[-1] == "True"
+    assert done.stdout.split()[-2:] == ["True", "True"], done.stderr
     assert not (tmp_path / "beside").exists()
     built = list(compiled_kernels.cache_directory().iterdir())
     assert [path.name for path in built] == [compiled_kernels.library_name()]

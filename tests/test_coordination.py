@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from components.common import coordination, object_stores, storage
+from components.common.access import AccessError
 from tests.fake_coordination_api import FakeCoordinationApi
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -110,14 +111,14 @@ def test_a_lost_api_server_fails_the_write_retryably_and_a_silent_writer_fences_
         lease.release()
 
 
-def test_without_the_role_the_step_says_to_apply_rbac_in_one_line(tmp_path, unsafe_s3, monkeypatch):
+def test_without_the_role_the_step_says_who_grants_it_in_one_line(tmp_path, unsafe_s3, monkeypatch):
     with FakeCoordinationApi(tmp_path / "other", service_account="someone-else") as api:
         for name, value in api.pod_environment().items():
             monkeypatch.setenv(name, value)
         object_stores.reset_clients()
-        with pytest.raises(PermissionError) as refused:
+        with pytest.raises(AccessError) as refused:  # a ValueError: exit 2 from every stage, one line
             storage.publisher_for(f"{unsafe_s3}/x").swap_document("current.json", b"{}", storage.ABSENT)
-        assert "manifests/rbac.yaml" in str(refused.value) and "\n" not in str(refused.value)
+        assert "kubectl apply -k manifests/admin/" in str(refused.value) and "\n" not in str(refused.value)
         assert storage.publisher_for(f"{unsafe_s3}/x").read_document("current.json") == (None, storage.ABSENT)
     object_stores.reset_clients()
 

@@ -10,11 +10,16 @@ import yaml
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 VENDOR = Path(__file__).resolve().parent / "vendor"
 TFJOB_TEMPLATE = Path(__file__).resolve().parents[1] / "components" / "train" / "tfjob.yaml"  # package data
+FOLDERS = (MANIFESTS, MANIFESTS / "admin", MANIFESTS / "admin" / "trainer", MANIFESTS / "single-user",
+           MANIFESTS / "serving")  # fmt: skip
+PROFILE_RELEASES = ("1.9", "1.10", "1.11", "26.03")
+JOB_KINDS = {"1.9": ("kubeflow.org", "tfjobs"), "1.10": ("kubeflow.org", "tfjobs"),
+             "1.11": ("trainer.kubeflow.org", "trainjobs"), "26.03": ("trainer.kubeflow.org", "trainjobs")}  # fmt: skip
+LEASE_VERBS = {"get", "list", "create", "update", "delete"}
 
 
 def documents():
-    folders = (MANIFESTS, MANIFESTS / "admin", MANIFESTS / "serving")
-    for path in [*(path for folder in folders for path in sorted(folder.glob("*.yaml"))), TFJOB_TEMPLATE]:
+    for path in [*(path for folder in FOLDERS for path in sorted(folder.glob("*.yaml"))), TFJOB_TEMPLATE]:
         for document in yaml.safe_load_all(path.read_text()):
             if document:
                 yield path.name, document
@@ -80,38 +85,78 @@ def test_tfjob_template_retries_preemption_and_injects_tf_config():
     assert [c["name"] for c in worker["template"]["spec"]["containers"]] == ["tensorflow"]  # gets TF_CONFIG
 
 
-def test_rbac_lets_the_launcher_create_watch_and_delete_trainjobs_and_tfjobs_and_read_logs():
-    (role,) = [document for _, document in documents() if document["kind"] == "Role"
-               and document["metadata"]["name"] == "cifar10-pipeline-job-launcher"]  # fmt: skip
-    rules = {
-        (group, resource): set(rule["verbs"])
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-    }
-    assert {"create", "get", "watch", "delete"} <= rules[("kubeflow.org", "tfjobs")]
-    assert {"create", "get", "watch", "delete"} <= rules[("trainer.kubeflow.org", "trainjobs")]
-    assert "list" in rules[("", "pods")]  # a TrainJob's worker 0 is found among its pods by label
-    assert "get" in rules[("", "pods/log")]
-    (binding,) = [document for _, document in documents() if document["kind"] == "RoleBinding"
-                  and document["roleRef"]["name"] == role["metadata"]["name"]]  # fmt: skip
-    (account,) = [
-        document
-        for _, document in documents()
-        if document["kind"] == "ServiceAccount" and document["metadata"]["name"] == "cifar10-pipeline"
-    ]
-    assert account["metadata"]["name"] in {subject["name"] for subject in binding["subjects"]}
+def lease_verbs(rbac, user: str) -> set[str]:
+    from tests.fake_rbac import NAMESPACE
+
+    return {verb for verb in LEASE_VERBS if rbac.allows(user, verb, "coordination.k8s.io", "leases", NAMESPACE)}
 
 
-def test_rbac_grants_the_steps_and_workers_exactly_the_leases_they_coordinate_through():
-    """The verbs components/common/coordination.py uses on Leases, for every account a step or worker runs as."""
-    from tests.fake_coordination_api import granted_verbs
+@pytest.mark.parametrize("release", PROFILE_RELEASES)
+def test_a_profile_owner_installs_the_pipeline_with_kubeflow_admin_alone(release):
+    """The cluster admin applies manifests/admin/ once; the profile owner, who holds kubeflow-admin in the profile
+    and nothing more, then applies manifests/ there, on every release, and everything a step and a worker do is
+    held: the release's job kind, pods and logs, Leases; the owner may list and remove the Leases."""
+    from tests.fake_rbac import ADMIN, EDITOR, NAMESPACE, OWNER, WORKERS, Rbac
 
-    for account in ("default-editor", "cifar10-pipeline", "pipeline-runner"):
-        assert granted_verbs(account) == {"get", "create", "update", "delete"}, account
-    (role,) = [document for _, document in documents() if document["kind"] == "Role"
-               and document["metadata"]["name"] == "cifar10-pipeline-coordination"]  # fmt: skip
+    rbac = Rbac(release)
+    rbac.apply(ADMIN, MANIFESTS / "admin", None)
+    applied = rbac.apply(OWNER, MANIFESTS, NAMESPACE)
+    assert {document["kind"] for document in applied} >= {"ServiceAccount", "RoleBinding", "ConfigMap", "Deployment"}
+    group, jobs = JOB_KINDS[release]
+    for verb in ("create", "get", "list", "watch", "delete"):
+        assert rbac.allows(EDITOR, verb, group, jobs, NAMESPACE), (verb, jobs)
+    for verb, resource in (("get", "pods"), ("list", "pods"), ("get", "pods/log"), ("list", "events")):
+        assert rbac.allows(EDITOR, verb, "", resource, NAMESPACE), (verb, resource)
+    assert lease_verbs(rbac, EDITOR) == LEASE_VERBS  # the steps
+    assert lease_verbs(rbac, WORKERS) == LEASE_VERBS - {"list"}  # the training workers, and their own job:
+    assert rbac.allows(WORKERS, "delete", group, jobs, NAMESPACE) and not rbac.allows(
+        WORKERS, "create", group, jobs, NAMESPACE
+    )
+    assert {"list", "delete"} <= lease_verbs(rbac, OWNER)  # the documented clean-up, by the owner
+    assert lease_verbs(rbac, "system:serviceaccount:team-b:default-editor") == set()  # another profile: none here
+
+
+@pytest.mark.parametrize("release", PROFILE_RELEASES)
+def test_before_the_admins_set_the_owners_install_is_refused_naming_the_role(release):
+    from tests.fake_rbac import NAMESPACE, OWNER, Forbidden, Rbac
+
+    with pytest.raises(
+        Forbidden, match=r'clusterroles\.rbac\.authorization\.k8s\.io "cifar10-pipeline-workers" not found'
+    ):
+        Rbac(release).apply(OWNER, MANIFESTS, NAMESPACE)
+
+
+@pytest.mark.parametrize("release", PROFILE_RELEASES)
+def test_the_stand_in_refuses_a_role_that_grants_what_the_owner_lacks(release):
+    """The escalation check the profile's manifests must pass, shown refusing: a Role with the job kind the release
+    does not serve, or with Leases before the admin's set, is refused as the API server refuses it; the single-user
+    set (both job kinds) is the cluster admin's to apply."""
+    from tests.fake_rbac import ADMIN, NAMESPACE, OWNER, Forbidden, Rbac
+
+    rbac = Rbac(release)
+    other = {"1.9": "trainjobs", "1.10": "trainjobs", "1.11": "tfjobs", "26.03": "tfjobs"}[release]
+    group = "trainer.kubeflow.org" if other == "trainjobs" else "kubeflow.org"
+    for rule in ({"apiGroups": [group], "resources": [other], "verbs": ["create"]},
+                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}):  # fmt: skip
+        role = {"kind": "Role", "metadata": {"name": "x"}, "rules": [rule]}
+        with pytest.raises(Forbidden, match=r'"x" is forbidden: user "alice@example.com" .* not currently held'):
+            rbac.create(OWNER, role, NAMESPACE)
+    with pytest.raises(Forbidden, match="not currently held"):
+        rbac.apply(OWNER, MANIFESTS / "single-user", NAMESPACE)
+    rbac.apply(ADMIN, MANIFESTS / "admin", None)
+    rbac.apply(ADMIN, MANIFESTS / "single-user", NAMESPACE)
+    assert rbac.allows("system:serviceaccount:team-a:pipeline-runner", "create", group, other, NAMESPACE)
+
+
+def test_the_profiles_manifests_name_no_job_kind_and_grant_leases_only_through_the_admins_role():
+    profile = [yaml.safe_load_all(path.read_text()) for path in MANIFESTS.glob("*.yaml")]
+    assert not [d for documents_ in profile for d in documents_ if d and d["kind"] in ("Role", "ClusterRole")]
+    roles = {document["metadata"]["name"]: document for _, document in documents() if document["kind"] == "ClusterRole"}
+    role = roles["cifar10-pipeline-coordination"]
+    assert role["metadata"]["labels"]["rbac.authorization.kubeflow.org/aggregate-to-kubeflow-edit"] == "true"
     assert [(rule["apiGroups"], rule["resources"]) for rule in role["rules"]] == [(["coordination.k8s.io"], ["leases"])]
+    (bind,) = roles["cifar10-pipeline-bind-workers"]["rules"]  # owners may bind the workers' role and no other
+    assert (bind["verbs"], bind["resourceNames"]) == (["bind"], ["cifar10-pipeline-workers"])
 
 
 def test_no_credentials_anywhere():
@@ -149,7 +194,7 @@ def test_tensorboard_runs_as_the_pipelines_service_account_and_reads_the_object_
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
-@pytest.mark.parametrize("folder", [MANIFESTS, MANIFESTS / "admin", MANIFESTS / "serving"])
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_kustomization_lists_existing_files(folder):
     kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
     for resource in kustomization["resources"]:

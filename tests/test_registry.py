@@ -245,6 +245,17 @@ def test_a_registry_of_another_api_version_is_one_line_naming_the_api_expected(t
     assert not refused.value.transient and len(server.refusals) == 1  # asked once, not per entity
 
 
+def test_a_registry_retiring_this_api_is_said_in_one_warning_and_registration_goes_on(model_registry, caplog):
+    """A newer server keeps v1alpha3 beside v1 for a while and says when it goes (Deprecation, Sunset headers)."""
+    model_registry.retirement = {"Deprecation": "@1798761600", "Sunset": "Thu, 01 Jul 2027 00:00:00 GMT\x1b[31m"}
+    with caplog.at_level("WARNING", logger="components.evaluate.registry"):
+        registered = registry.register(model_registry.address, registration_of_version())
+    assert registered.version_id
+    (line,) = [record.getMessage() for record in caplog.records if "being retired" in record.getMessage()]
+    assert "/api/model_registry/v1alpha3" in line and "Deprecation: @1798761600" in line
+    assert "Sunset: Thu, 01 Jul 2027 00:00:00 GMT[31m" in line and "\x1b" not in line
+
+
 def test_the_stand_in_refuses_a_search_by_name_without_its_parent_as_the_server_does(model_registry, token):
     api = f"{model_registry.address}/api/model_registry/v1alpha3"
     bearer = {"Authorization": f"Bearer {token}"}

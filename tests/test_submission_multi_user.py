@@ -54,11 +54,12 @@ def kubeflow(request):
 
 @pytest.mark.parametrize(
     ("release", "expected"),
-    [("1.9", "redirects to a login page (/oauth2/start"), ("1.10", "needs credentials (it answered 401 to a request "
-                                                                    "that carried none)")],
+    [("1.9.0", "redirects to a login page (/oauth2/start"),
+     *((release, "needs credentials (it answered 401 to a request that carried none)")
+       for release in ("1.9.1", "1.10"))],
 )  # fmt: skip
 def test_a_request_without_credentials_is_told_to_give_some_on_each_release(release, expected, capsys):
-    """Kubeflow 1.9's oauth2-proxy redirects to its login page; 1.10's and later answer 401 on the API's routes:
+    """Kubeflow 1.9.0's oauth2-proxy redirects to its login page; 1.9.1's and later answer 401 on the API's routes:
     both mean "give credentials", never "your token expired" to someone who sent none."""
     with FakeKfpApi(multi_user=True, prefix="/pipeline", tokens={TOKEN: {"alice"}}, release=release) as api:
         assert run(api, "--namespace", "alice") == 2

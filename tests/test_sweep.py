@@ -480,7 +480,7 @@ def katib_observations(lines: list[str], metrics: list[str], filters: list[str])
         if not any(metric in line for metric in metrics):
             continue
         for pattern in filters or [KATIB_DEFAULT_FILTER]:
-            for groups in re.findall(pattern, line):
+            for groups in re.findall(pattern, line, re.ASCII):  # as in RE2, \w is ASCII
                 groups = groups if isinstance(groups, tuple) else (groups,)
                 if len(groups) >= 2 and groups[0].strip() in metrics:
                     found.append((groups[0].strip(), groups[1].strip()))
@@ -488,23 +488,26 @@ def katib_observations(lines: list[str], metrics: list[str], filters: list[str])
 
 
 def test_the_katib_example_collects_its_objective_from_a_trials_real_output(split_data, tmp_path):
-    """docs/sweep.md's Experiment, its collector's rule applied to what the train stage prints."""
-    import yaml
+    """manifests/katib/'s Experiment: a trial rendered by Katib's rules runs its own options (its learning rate) on
+    this machine's data, and its collector's rule, applied to what the train stage prints, finds each validation
+    point's accuracy and loss."""
+    from tests.test_katib import experiment_of, katib_trial, trial_arguments
 
-    page = (REPOSITORY / "docs" / "sweep.md").read_text()
-    experiment = next(
-        document for block in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL)
-        if (document := yaml.safe_load(block)).get("kind") == "Experiment"
-    )  # fmt: skip
+    experiment = experiment_of("experiment.yaml")  # experiment-tfjob.yaml's collector is the same (tests/test_katib.py)
     objective = experiment["spec"]["objective"]
     metrics = [objective["objectiveMetricName"], *objective.get("additionalMetricNames", [])]
     source = experiment["spec"]["metricsCollectorSpec"].get("source", {})
     filters = source.get("filter", {}).get("metricsFormat", [])
+    trial = katib_trial(experiment, "cifar10-learning-rate-x7k2pq9d", "team-a", {"learning_rate": "0.05"})
+    cluster_only = ("--launcher", "--workers", "--data", "--model-dir", "--epochs")
+    kept = [argument for argument in trial_arguments(trial) if not argument.startswith(cluster_only)]
+    assert kept == ["--learning-rate=0.05"]
     model_dir = tmp_path / "trial"
     options = {**TINY, "train_steps": 20, "validation_every_steps": 10}
     ran = subprocess.run(
         [sys.executable, "-m", "components.train", "--launcher", "inprocess", "--data", split_data, "--model-dir",
-         str(model_dir), *[f"--{name.replace('_', '-')}={value}" for name, value in options.items()]],
+         str(model_dir), *kept, *[f"--{name.replace('_', '-')}={value}" for name, value in options.items()
+                                  if name != "learning_rate"]],
         cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]

@@ -42,7 +42,7 @@ from tests.fake_kubernetes_api import (
 )
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-RUNTIME = yaml.safe_load((REPOSITORY / "manifests" / "admin" / "trainjob-runtime.yaml").read_text())
+RUNTIME = yaml.safe_load((REPOSITORY / "manifests" / "admin" / "trainer" / "trainjob-runtime.yaml").read_text())
 NODE0_LOG = {
     0: "step 10/40 loss 2.1\nstep 20/40 loss 1.7\n" + "x" * 70_000 + "\npreempted: saving\n",
     1: "resumed at step 20\nstep 40/40 loss 0.9\n",
@@ -86,7 +86,7 @@ def in_a_profile_namespace(tmp_path, monkeypatch):
 
 
 def install_runtime(api: FakeKubernetesApi, runtime: dict | None = None) -> dict:
-    """The cluster admin applies manifests/admin/ (as cluster-admin: a profile may not create runtimes)."""
+    """The cluster admin applies manifests/admin/trainer/ (as cluster-admin: a profile may not create runtimes)."""
     custom, _core = api.clients(token="admin-token")
     return custom.create_cluster_custom_object(
         "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", copy.deepcopy(runtime or RUNTIME),
@@ -369,6 +369,48 @@ def test_a_retried_step_follows_the_job_its_earlier_attempt_started(caplog):
             assert trainjob_launcher(api).run(config(), launch(), name=name).succeeded
     assert "exists already (an earlier attempt of this step): following it" in caplog.text
     assert len(api.created) == 1 and api.deleted == [(NAMESPACE, name)]
+
+
+@pytest.mark.parametrize("release", ["1.11", "26.03"])
+def test_a_launched_trainjob_is_owned_by_the_runs_workflow_and_goes_with_it(release, monkeypatch, caplog):
+    """The launching step finds its run's Workflow from its own pod (Argo's owner reference) and makes it the job's
+    owner: when KFP deletes the finished run's Workflow, the garbage collector deletes the job too (a job whose
+    launching step died, which no exit handler or lease removed)."""
+    name = cluster_job.job_name_for_run("run-owned-by-its-workflow")
+    with FakeKubernetesApi([Tick(TRAINJOB_RUNNING), Tick(TRAINJOB_COMPLETE)], release=release) as api:
+        install_runtime(api)
+        owner = api.add_workflow(NAMESPACE, "cifar10-pipeline-x7k2p")
+        api.add_pod(PodRecord(NAMESPACE, "cifar10-pipeline-x7k2p-system-container-impl-42", {}, {}, "main",
+                              phase="Running", owners=[owner]))  # fmt: skip
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")  # in a pod, whose host name is its name
+        monkeypatch.setenv("HOSTNAME", "cifar10-pipeline-x7k2p-system-container-impl-42")
+        with caplog.at_level("INFO"):
+            assert trainjob_launcher(api).run(config(), launch(), name=name).succeeded
+        (created,) = api.created
+        assert created["metadata"]["ownerReferences"] == [
+            {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "cifar10-pipeline-x7k2p",
+             "uid": owner["uid"]}
+        ]  # fmt: skip
+        assert "owned by Workflow cifar10-pipeline-x7k2p" in caplog.text
+        api.create_job(NAMESPACE, created)  # as a step that died after creating it would have left it
+        api.delete_workflow(NAMESPACE, "cifar10-pipeline-x7k2p")
+        assert api.jobs == {} and api.collected == [(NAMESPACE, name)]
+
+
+def test_without_a_workflow_owner_the_job_has_none_and_the_stand_in_collects_a_dangling_one(monkeypatch, caplog):
+    with FakeKubernetesApi([Tick(TRAINJOB_RUNNING), Tick(TRAINJOB_COMPLETE)], release="1.11") as api:
+        install_runtime(api)
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        monkeypatch.setenv("HOSTNAME", "no-such-pod")
+        with caplog.at_level("WARNING"):
+            assert trainjob_launcher(api).run(config(), launch(), name="lonely").succeeded
+        assert "ownerReferences" not in api.created[0]["metadata"]
+        assert "the job is removed by this step's lease alone" in caplog.text
+        orphan = copy.deepcopy(api.created[0])
+        orphan["metadata"]["ownerReferences"] = [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                                                  "name": "gone", "uid": "uid-of-a-deleted-workflow"}]  # fmt: skip
+        api.create_job(NAMESPACE, orphan)  # an owner that is not there: the garbage collector deletes it at once
+        assert api.jobs == {} and api.collected == [(NAMESPACE, "lonely")]
 
 
 # -- the runtime the admin applies ---------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ with AMX too, to measure them there; a CPU without AVX512-BF16 cannot run them a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -87,6 +88,35 @@ def kernel_gradient_problem(flags: frozenset[str], chosen: str) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelChoice:
+    """What the compiled kernels do on a CPU with these flags in this mode, decided before the library is built or
+    loaded (a library that then cannot be built or loaded takes neither, and says why)."""
+
+    batch_norm_gelu: bool
+    kernel_gradient: bool
+    reason: str | None  # why not both, None when both are taken
+
+
+def choose(flags: frozenset[str], chosen: str) -> KernelChoice:
+    """The ops the library gives on a CPU with `flags` under mode `chosen` (auto, on or off)."""
+    if chosen == "off":
+        return KernelChoice(False, False, f"{MODE_VARIABLE}=off")
+    if problem := cpu_problem(flags):
+        return KernelChoice(False, False, problem)
+    problem = kernel_gradient_problem(flags, chosen)
+    return KernelChoice(True, problem is None, problem)
+
+
+def inter_op_threads(precision: str, kernel_gradient: bool, gpus: int, environment: Mapping[str, str]) -> int | None:
+    """TensorFlow's inter-op threads for training in `precision`: 1 (one op at a time) in bfloat16 on a CPU that
+    takes the compiled kernel gradient, TF_NUM_INTEROP_THREADS not given; None (TensorFlow's own choice)
+    elsewhere."""
+    if precision != "mixed_bfloat16" or environment.get("TF_NUM_INTEROP_THREADS") or gpus:
+        return None
+    return 1 if kernel_gradient else None
+
+
 def _compile_flags() -> list[str]:
     import tensorflow as tf
 
@@ -145,15 +175,17 @@ def _library() -> Path:
 
 
 @functools.cache
+def _choice() -> KernelChoice:
+    return choose(cpu_flags(), mode())
+
+
+@functools.cache
 def _operations():
     """The library's ops (a module of Python wrappers), or None where they are turned off or this CPU or this
     installation cannot run them (logged once, with the reason)."""
-    if mode() == "off":
-        logger.info("the convolutions' kernel gradient, batch norms and GELUs are TensorFlow's: %s=off", MODE_VARIABLE)
-        return None
-    problem = cpu_problem(cpu_flags())
-    if problem:
-        logger.info("the convolutions' kernel gradient, batch norms and GELUs are TensorFlow's: %s", problem)
+    choice = _choice()
+    if not choice.batch_norm_gelu:
+        logger.info("the convolutions' kernel gradient, batch norms and GELUs are TensorFlow's: %s", choice.reason)
         return None
     import tensorflow as tf
 
@@ -162,13 +194,13 @@ def _operations():
     except (BuildError, OSError, subprocess.SubprocessError, tf.errors.OpError) as error:
         logger.warning("the convolutions' kernel gradient, batch norms and GELUs are TensorFlow's, slower: %s", error)
         return None
-    problem = kernel_gradient_problem(cpu_flags(), mode())
-    if problem:
-        logger.info(
-            "batch norms and GELUs are the compiled AVX512-BF16 ones; the kernel gradient is oneDNN's: %s", problem
-        )
-    else:
+    if choice.kernel_gradient:
         logger.info("the convolutions' kernel gradient, batch norms and GELUs are the compiled AVX512-BF16 ones")
+    else:
+        logger.info(
+            "batch norms and GELUs are the compiled AVX512-BF16 ones; the kernel gradient is oneDNN's: %s",
+            choice.reason,
+        )
     return operations
 
 
@@ -177,13 +209,14 @@ def kernel_gradient_op():
     """The op `KernelGradientBf16(input, upstream, kernel_size) -> float32 gradient`, or None where it is not
     taken."""
     operations = _operations()
-    if operations is None or kernel_gradient_problem(cpu_flags(), mode()):
+    if operations is None or not _choice().kernel_gradient:
         return None
     return operations.kernel_gradient_bf16
 
 
 def forget() -> None:
     """Choose again at the next call (after CIFAR10_PIPELINE_COMPILED_KERNELS changed: a benchmark timing both ways)."""
+    _choice.cache_clear()
     _operations.cache_clear()
     kernel_gradient_op.cache_clear()
 
@@ -201,9 +234,10 @@ def one_op_at_a_time(precision: str) -> bool:
     that takes the compiled kernel gradient, TF_NUM_INTEROP_THREADS not given."""
     import tensorflow as tf
 
-    if precision != "mixed_bfloat16" or os.environ.get("TF_NUM_INTEROP_THREADS"):
+    if precision != "mixed_bfloat16":  # the kernels are not even looked at
         return False
-    return not tf.config.list_physical_devices("GPU") and kernel_gradient_op() is not None
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    return inter_op_threads(precision, kernel_gradient_op() is not None, gpus, os.environ) == 1
 
 
 def settle_op_threads(precision: str) -> None:
@@ -233,12 +267,11 @@ def main() -> int:
     except (BuildError, OSError, subprocess.SubprocessError) as error:
         print(f"compiled kernels not built, training will take TensorFlow's kernels: {error}", file=sys.stderr)
         return 0
-    flags = cpu_flags()
-    problem = cpu_problem(flags)
-    if problem:
-        note = f" (not used on this machine: {problem})"
-    elif problem := kernel_gradient_problem(flags, "auto"):
-        note = f" (the kernel gradient not used on this machine: {problem})"
+    choice = choose(cpu_flags(), "auto")
+    if not choice.batch_norm_gelu:
+        note = f" (not used on this machine: {choice.reason})"
+    elif not choice.kernel_gradient:
+        note = f" (the kernel gradient not used on this machine: {choice.reason})"
     else:
         note = ""
     print(f"compiled kernels built: {target}{note}")

@@ -152,10 +152,11 @@ class KubernetesDocuments:
             if error.status in (404, 409):
                 raise
             if error.status == 403:
-                raise PermissionError(
-                    f"the Kubernetes API refused to {what} Leases in namespace {self.namespace} (403): apply "
-                    "manifests/rbac.yaml in it (the cifar10-pipeline-coordination Role), which grants the steps' "
-                    "service account the Leases the project coordinates through"
+                from components.common.access import ADMIN_SET, AccessError
+
+                raise AccessError(
+                    f"the Kubernetes API refused to {what} Leases in namespace {self.namespace} (403), which the "
+                    f"project coordinates through on this store: they are granted by {ADMIN_SET}"
                 ) from None
             raise CoordinationError(
                 f"the Kubernetes API could not {what} a Lease ({error.status} {error.reason})"
@@ -246,3 +247,16 @@ class KubernetesDocuments:
                 raise conflict_error(uri) from None
             if error.status != 404:
                 raise
+
+
+def service_account_name() -> str:
+    """This pod's service account as its token names it (`system:serviceaccount:<namespace>:<name>` -> name)."""
+    import base64
+    import json
+
+    try:
+        payload = (service_account() / "token").read_text().split(".")[1]  # reader: the kubelet's token, one line
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        return str(claims["sub"]).rsplit(":", 1)[-1]
+    except (OSError, IndexError, KeyError, ValueError):
+        return "this step's service account"

@@ -394,12 +394,13 @@ class S3Publisher:
         """The document and its version: in a pod, its Lease when it has one (the authority), else the store's
         object. Reading never probes the store (a reader may only read it)."""
         from components.common import coordination
+        from components.common.access import AccessError
 
         if not coordination.available() or known_mode(self) == CONDITIONAL:
             return self.read_versioned(name)
         try:
             content, version = coordination.documents().read(self.uri(name))
-        except PermissionError:  # not allowed to read Leases here: none was made by this namespace's steps either
+        except AccessError:  # not allowed to read Leases here: none was made by this namespace's steps either
             return self.read_versioned(name)
         if version == ABSENT:  # never swapped through the API (written before it was used, or removed): the copy
             return self.read_versioned(name)

@@ -58,6 +58,7 @@ class Reply:
     content_type: str
     body: bytes
     location: str = ""
+    retirement: str = ""  # the API's Deprecation (RFC 9745) and Sunset (RFC 8594) headers, as one phrase, if any
 
     def json(self, where: str, what: str) -> Any:
         """The body as JSON, through the one parser; refused when it is not JSON."""
@@ -105,8 +106,24 @@ def get(
     ) as answer:
         body = read_bounded(lambda amount: answer.raw.read(amount, decode_content=True), max_bytes, where, what)
         return Reply(
-            answer.status_code, answer.headers.get("Content-Type", ""), body, answer.headers.get("Location", "")
+            answer.status_code,
+            answer.headers.get("Content-Type", ""),
+            body,
+            answer.headers.get("Location", ""),
+            retirement(answer.headers),
         )
+
+
+def retirement(headers: Any) -> str:
+    """What an answer's Deprecation and Sunset headers say of the API, as "Deprecation: ...; Sunset: ..." (each value
+    cut to 80 printable characters), or ""."""
+    said = []
+    for name in ("Deprecation", "Sunset"):
+        value = headers.get(name)
+        if value:
+            printable = "".join(character for character in str(value) if character.isprintable())[:80]
+            said.append(f"{name}: {printable}")
+    return "; ".join(said)
 
 
 class BoundedPoolManager:

@@ -293,6 +293,11 @@ def probe(address: str, token: str | None, custom_ca: str | None) -> None:
         reason = type(error).__name__
         raise RegistrationError(f"{where}: cannot be reached ({reason})", transient=True) from None
     status, kind = answer.status, answer.content_type or "no content type"
+    if answer.retirement and 200 <= status < 300:
+        logger.warning(
+            "%s says the API this client speaks, %s, is being retired (%s): registrations go on; install a "
+            "model-registry client that speaks its successor before then", where, API_PATH, answer.retirement,
+        )  # fmt: skip
     if status == 404 and not replies.is_json(kind):
         raise RegistrationError(
             f"{where} does not serve {API_PATH} (404 from its router): it runs another API version than this client's "

@@ -59,11 +59,15 @@ def prepare_data_component(
 
 
 @dsl.component(base_image=image("prepare_data"), install_kfp_package=False)
-def source_fingerprint_component(source: str) -> str:
-    """A fingerprint of the source's content (cheap: metadata or a hash), for cache keys."""
+def source_fingerprint_component(source: str, launcher: str = "", promotion_root: str = "") -> str:
+    """A fingerprint of the source's content (cheap: metadata or a hash), for cache keys. The run's first step: in
+    a pod it first asks the Kubernetes API whether the run's service account holds what the run will need (the
+    training job kind of `launcher`, Leases where a store cannot compare-and-swap) and refuses the run if not."""
     from components.common.cli import component_errors
     from components.prepare_data.fingerprint import source_fingerprint
     from components.prepare_data.kfp_run import EXPECTED_ERRORS
+    from components.train.launcher import check_access
 
     with component_errors("prepare_data", EXPECTED_ERRORS):
+        check_access(launcher, [source, promotion_root])
         return source_fingerprint(source)

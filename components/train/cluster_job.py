@@ -118,6 +118,28 @@ def step_holder() -> str:
     return f"{os.environ.get('HOSTNAME') or socket.gethostname()} pid {os.getpid()}"
 
 
+def run_owner(core, namespace: str) -> list[dict[str, str]]:
+    """The run's Argo Workflow as the launched job's owner, found from this step's own pod (Argo makes the Workflow
+    the owner of each step's pod; a pod's host name is its name), so that the cluster's garbage collector removes the
+    job with the run when KFP deletes the run's Workflow (Kubeflow 1.11 and 26.03 a day after the run ends, KFP 2.17's
+    compiled ttlStrategy an hour), besides the step's lease. [] where there is none: not in a pod, or the pod cannot
+    be read (said)."""
+    if not this_pod.in_kubernetes_pod():
+        return []
+    name = os.environ.get("HOSTNAME", "")
+    try:
+        pod = core.read_namespaced_pod(name, namespace, _request_timeout=30)
+    except Exception as error:
+        logger.warning("the run's Workflow cannot be found from this pod %s/%s (%s): the job is removed by this "
+                       "step's lease alone", namespace, name, api_reason(error))  # fmt: skip
+        return []
+    for owner in pod.metadata.owner_references or []:
+        if owner.kind == "Workflow" and owner.api_version.startswith("argoproj.io/"):
+            return [{"apiVersion": owner.api_version, "kind": "Workflow", "name": owner.name, "uid": owner.uid}]
+    logger.info("this pod %s/%s has no Workflow owner: the job is removed by this step's lease alone", namespace, name)
+    return []
+
+
 def own_namespace() -> str:
     """The namespace this pod runs in (a KFP profile's namespace in multi-user Kubeflow)."""
     namespace = this_pod.namespace_of_this_pod(SERVICE_ACCOUNT_NAMESPACE)
@@ -397,7 +419,10 @@ class ClusterJobLauncher:
     def _create(self, job: dict[str, Any], namespace: str) -> None:
         name = job["metadata"]["name"]
         described = self.describe(namespace, name)
-        logger.info("creating %s", described)
+        owners = run_owner(self.core, namespace)
+        if owners:
+            job["metadata"]["ownerReferences"] = owners
+        logger.info("creating %s%s", described, f", owned by Workflow {owners[0]['name']}" if owners else "")
         deadline = self.clock() + DELETION_WAIT_SECONDS
         while True:
             try:
@@ -431,7 +456,8 @@ class ClusterJobLauncher:
         if status == 403:
             return (
                 f"could not create {described}: the step's service account may not ({reason}). In a Kubeflow "
-                "profile the pipeline runs as default-editor, which may; elsewhere apply manifests/rbac.yaml"
+                "profile the steps run as default-editor, whose kubeflow-edit role grants the job kind its release "
+                "installs; on a standalone KFP the cluster admin applies manifests/single-user/"
             )
         return f"could not create {described}: {reason}"
 

@@ -29,7 +29,7 @@ TF_CONFIG = "TF_CONFIG"
 TRAINJOB_NAME = "TRAINJOB_NAME"
 TRAINJOB_NUM_NODES = "TRAINJOB_NUM_NODES"
 JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
-WORKER_PORT = 2222  # the port each worker serves on (the runtime's containerPort, manifests/admin/)
+WORKER_PORT = 2222  # the port each worker serves on (the runtime's containerPort, manifests/admin/trainer/)
 # Tests only: {"host:port": "127.0.0.1:port"}, so that worker processes on one machine stand in for a TrainJob's
 # pods under the host names JobSet would give them.
 ADDRESS_MAP = "CIFAR10_PIPELINE_TEST_ADDRESS_MAP"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from components.common.config import check_fields
 
 GPU_RESOURCE = "nvidia.com/gpu"
-DEFAULT_RUNTIME = "cifar10-pipeline-tensorflow"  # manifests/admin/trainjob-runtime.yaml
+DEFAULT_RUNTIME = "cifar10-pipeline-tensorflow"  # manifests/admin/trainer/trainjob-runtime.yaml
 # Kubernetes quantities (resource.Quantity's syntax): 4, 500m, 1.5, 16Gi, 1e3.
 QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[numkMGTPE])?$")
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -141,7 +141,7 @@ class LaunchConfig:
     )
     runtime: str = field(
         default=DEFAULT_RUNTIME,
-        metadata={"help": "TrainJob: the ClusterTrainingRuntime the admin installed (manifests/admin/)"},
+        metadata={"help": "TrainJob: the ClusterTrainingRuntime the admin installed (manifests/admin/trainer/)"},
     )
 
     def __post_init__(self) -> None:

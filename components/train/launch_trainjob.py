@@ -1,7 +1,8 @@
 """The trainjob launcher: multi-worker training as a Kubeflow Trainer v2 TrainJob (Kubeflow 1.11, 26.03 and later).
 
 Trainer v2 has no TensorFlow plugin: the TrainJob references the ClusterTrainingRuntime the admin installs once
-(`manifests/admin/trainjob-runtime.yaml`: the PlainML policy, one replicated job `node` whose container `node` runs
+(`manifests/admin/trainer/trainjob-runtime.yaml`: the PlainML policy, one replicated job `node` whose container `node`
+runs
 the train image, the restricted Pod Security profile, and the failure policies that restart every worker together
 after a preemption and fail at once on a final error). PlainML only sets the node count and the TrainJob's env; so
 the TrainJob's env tells each worker its job's name and size, and the worker builds TF_CONFIG from them, its
@@ -43,7 +44,7 @@ from components.train.distribution import TRAINJOB_NAME, TRAINJOB_NUM_NODES
 from components.train.launch_config import JOB_NAME_RESERVE, LaunchConfig, check_dns_1035_label
 
 NODE = "node"  # the runtime's replicated job and container (Trainer's constants.Node)
-RUNTIME_MANIFEST = "manifests/admin/trainjob-runtime.yaml"
+RUNTIME_MANIFEST = "manifests/admin/trainer/trainjob-runtime.yaml"
 PATCH_MANAGER = "cifar10-pipeline/launcher"  # a runtime patch's owner: a domain-prefixed path
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
@@ -185,7 +186,7 @@ class TrainJobKind:
             if status == 404 and "clustertrainingruntimes" in api_reason(error):
                 raise JobError(
                     f"ClusterTrainingRuntime {launch.runtime!r} is not installed on this cluster: the cluster admin "
-                    f"applies it once with `kubectl apply -k manifests/admin/` ({RUNTIME_MANIFEST})"
+                    f"applies it once with `kubectl apply -k manifests/admin/trainer/` ({RUNTIME_MANIFEST})"
                 ) from error
             if status == 404:
                 raise JobError(

@@ -25,8 +25,8 @@ SERVED_BY = {"trainjob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"), "tfj
 NEITHER_SERVED = (
     "this cluster serves neither Kubeflow Trainer v2 TrainJobs (trainer.kubeflow.org/v1alpha1) nor training-operator "
     "TFJobs (kubeflow.org/v1), so multi-worker training has nothing to run on: install Kubeflow Trainer v2.3 (the "
-    "default of Kubeflow 1.11 and later) and apply manifests/admin/ once, or run with launcher=pod to train inside "
-    "the step's own pod"
+    "default of Kubeflow 1.11 and later) and apply manifests/admin/trainer/ once, or run with launcher=pod to train "
+    "inside the step's own pod"
 )
 
 
@@ -188,3 +188,60 @@ def run_cluster_job(launcher: str, config: TrainConfig, launch: LaunchConfig) ->
     except Cancelled:
         return exit_codes.PREEMPTED
     return exit_codes.SUCCESS
+
+
+KFP_LAUNCHER_CONFIG = "kfp-launcher"  # the namespace's KFP launcher settings (KFP's profile controller writes it)
+KFP_DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"
+
+
+def pipeline_root(core, namespace: str) -> str:
+    """The namespace's default pipeline root: the kfp-launcher ConfigMap's defaultPipelineRoot (KFP 2.15+ multi-user:
+    minio://mlpipeline/private-artifacts/<namespace>/v2/artifacts), else KFP's built-in default."""
+    from components.train.cluster_job import status_of
+
+    try:
+        config_map = core.read_namespaced_config_map(KFP_LAUNCHER_CONFIG, namespace, _request_timeout=30)
+    except Exception as error:
+        if status_of(error) in (403, 404):
+            return KFP_DEFAULT_PIPELINE_ROOT
+        raise
+    return (config_map.data or {}).get("defaultPipelineRoot") or KFP_DEFAULT_PIPELINE_ROOT
+
+
+def run_permissions(launcher: str, locations: list[str], api_client, namespace: str) -> list:
+    """What a run with `launcher` that writes to `locations` (and the namespace's pipeline root) needs of the
+    Kubernetes API: the job kind it launches, and Leases where a store cannot compare-and-swap."""
+    from kubernetes import client
+
+    from components.common import access, object_stores, storage
+
+    permissions = []
+    if launcher in CLUSTER_LAUNCHERS:
+        permissions += access.job_permissions(launcher)
+    elif launcher == "auto":  # the kind the cluster serves (none: the train step says what to install)
+        served = served_job_kinds(client.CustomObjectsApi(api_client))
+        permissions += access.job_permissions(served[0]) if served else []
+    roots = [location for location in locations if storage.is_s3_uri(location)]
+    modes = [object_stores.store_mode(object_stores.S3Publisher(root)) for root in roots]
+    default_root = pipeline_root(client.CoreV1Api(api_client), namespace)
+    if storage.is_s3_uri(default_root):
+        try:
+            modes.append(object_stores.store_mode(object_stores.S3Publisher(default_root)))
+        except storage.StorageError as error:  # its steps will say so; the question here is only the Leases
+            logger.info("access: the pipeline root %s could not be checked (%s)", default_root, error)
+    if object_stores.KUBERNETES in modes:
+        permissions += access.lease_permissions()
+    return permissions
+
+
+def check_access(launcher: str, locations: list[str]) -> None:
+    """The run's first step, before any data is read: the API server is asked whether this pod's service account
+    holds what the run will need (components/common/access.py); outside a pod there is nothing to ask."""
+    from components.common import access, coordination
+
+    if not coordination.available():
+        logger.debug("access: not in a Kubernetes pod, nothing to ask")
+        return
+    api_client, namespace = coordination.in_cluster_client()
+    permissions = run_permissions(launcher, [location for location in locations if location], api_client, namespace)
+    access.check(api_client, namespace, coordination.service_account_name(), permissions)

@@ -91,7 +91,7 @@ class StepLease:
         except Exception as error:
             if _status(error) == 403:
                 logger.warning(
-                    "cannot hold the lease %s/%s (forbidden: apply manifests/rbac.yaml in this namespace): the job "
+                    "cannot hold the lease %s/%s (forbidden: the cluster admin applies manifests/admin/ once): the job "
                     "will not stop by itself if this step is cancelled or its pod ends", self.namespace, self.name,
                 )  # fmt: skip
                 return False
@@ -189,8 +189,8 @@ class LeaseWatch:
                 status = _status(error)
                 if status == 403:
                     logger.warning(
-                        "cannot read the lease %s/%s of the step that launched this job (forbidden: apply "
-                        "manifests/rbac.yaml): the job does not stop by itself if that step ends",
+                        "cannot read the lease %s/%s of the step that launched this job (forbidden: the profile "
+                        "applies manifests/rbac.yaml): the job does not stop by itself if that step ends",
                         self.namespace, self.name,
                     )  # fmt: skip
                     return None

@@ -1,0 +1,99 @@
+"""Before a run's work: whether the step's service account may do what the run will need, asked of the Kubernetes
+API server itself (SelfSubjectAccessReview, which every authenticated user may create), and refused in one line that
+names the missing permission, the manifest that grants it and who applies it.
+
+What a run needs: Leases of its namespace where its object store cannot compare-and-swap (the documents are swapped
+there: components/common/coordination.py); the job kind the training launches (TrainJob or TFJob), with its pods,
+their logs and events, where training runs as a cluster job. Outside a pod there is nothing to ask.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+ADMIN_SET = "manifests/admin/, which the cluster admin applies once (kubectl apply -k manifests/admin/)"
+JOB_ROLES = (
+    "the release's kubeflow-edit role (every profile's default-editor holds the job kind its release installs: TFJob "
+    "on Kubeflow 1.9 and 1.10, TrainJob on 1.11 and 26.03); on a standalone KFP, manifests/single-user/, which the "
+    "cluster admin applies"
+)
+JOB_RESOURCES = {"trainjob": ("trainer.kubeflow.org", "trainjobs"), "tfjob": ("kubeflow.org", "tfjobs")}
+
+
+class AccessError(ValueError):
+    """The step's service account lacks a permission the run needs (final: a retry lacks it too)."""
+
+
+@dataclass(frozen=True)
+class Permission:
+    verb: str
+    group: str
+    resource: str  # with its subresource: "pods/log"
+    purpose: str
+    granted_by: str
+
+    def describe(self) -> str:
+        return f"{self.verb} {self.resource}" + (f" ({self.group})" if self.group else "")
+
+
+def lease_permissions() -> list[Permission]:
+    purpose = "to swap datasets, writer leases and pointers on a store without conditional writes"
+    return [Permission(verb, "coordination.k8s.io", "leases", purpose, ADMIN_SET) for verb in
+            ("get", "create", "update", "delete")]  # fmt: skip
+
+
+def job_permissions(kind: str) -> list[Permission]:
+    """What launching, following and removing a training job of `kind` (trainjob or tfjob) takes."""
+    group, resource = JOB_RESOURCES[kind]
+    purpose = f"to launch and follow the training as a {kind}"
+    permissions = [Permission(verb, group, resource, purpose, JOB_ROLES) for verb in
+                   ("create", "get", "list", "watch", "delete")]  # fmt: skip
+    permissions += [
+        Permission(verb, "", resource, purpose, JOB_ROLES)
+        for verb, resource in (("get", "pods"), ("list", "pods"), ("get", "pods/log"), ("list", "events"))
+    ]
+    return permissions
+
+
+def missing(api_client, namespace: str, permissions: list[Permission]) -> list[Permission]:
+    """The permissions the API server says this service account lacks in `namespace`."""
+    from kubernetes import client
+
+    authorization = client.AuthorizationV1Api(api_client)
+    lacking = []
+    for permission in permissions:
+        resource, _, subresource = permission.resource.partition("/")
+        attributes = {"namespace": namespace, "verb": permission.verb, "group": permission.group,
+                      "resource": resource}  # fmt: skip
+        if subresource:
+            attributes["subresource"] = subresource
+        review = authorization.create_self_subject_access_review(
+            {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+             "spec": {"resourceAttributes": attributes}}, _request_timeout=30,
+        )  # fmt: skip
+        if not (review.status and review.status.allowed):
+            lacking.append(permission)
+    return lacking
+
+
+def refusal(account: str, namespace: str, lacking: list[Permission]) -> str:
+    """One line: what is missing, what for, which manifest grants it and who applies it."""
+    first = lacking[0]
+    same = [permission.describe() for permission in lacking if permission.granted_by == first.granted_by]
+    return (
+        f"the service account {account} may not {', '.join(same)} in namespace {namespace}, which this run needs "
+        f"{first.purpose}: granted by {first.granted_by} (docs/cluster.md, 'Who applies what')"
+    )
+
+
+def check(api_client, namespace: str, account: str, permissions: list[Permission]) -> None:
+    """AccessError naming what is missing, before anything else happens; said in one line when all is held."""
+    lacking = missing(api_client, namespace, permissions)
+    if lacking:
+        raise AccessError(refusal(account, namespace, lacking))
+    if permissions:
+        held = sorted({f"{permission.resource}" for permission in permissions})
+        logger.info("access: %s may use %s in namespace %s, as this run needs", account, ", ".join(held), namespace)
