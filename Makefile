@@ -16,7 +16,7 @@ endif
 # The targets that run the project's programs: the table builds each command (make -n shows it; the + lets the table
 # answer -n itself). Without make, `.venv/bin/python -m pipeline.make TARGET NAME=value ...` keeps the exit code.
 PROGRAMS := local-run sweep clean-runs compile run schedule schedules tensorboard images push prepare-data predict \
-	serving-ops
+	serving-ops leases
 
 .PHONY: help install constraints test test-images lint format clean bench bench-sweep bench-accuracy \
 	bench-reference-setup

@@ -76,6 +76,7 @@ VARIABLES = {
         Variable("CRON", "six fields, seconds first, as KFP reads them (or @daily, @every 6h)", "0 0 3 * * *"),
         Variable("NAME", "the recurring run's name (default: cifar10-pipeline-retraining)"),
         Variable("REPLACE", "1: a schedule of the same name is replaced (without it, refused)"),
+        Variable("REMOVE", "1: leases removes the Leases whose documents the store no longer holds"),
         Variable("ENABLE", "the name of a schedule to enable"),
         Variable("DISABLE", "the name of a schedule to disable (its runs stop; it stays listed)"),
         Variable("DELETE", "the name of a schedule to delete"),
@@ -336,6 +337,11 @@ def predict(values: Values) -> list[Command]:
     return [Command("components.predict", [*arguments, *values.extra()])]
 
 
+def leases(values: Values) -> list[Command]:
+    arguments = ["--namespace", values["NAMESPACE"]] if values.has("NAMESPACE") else []
+    return [Command("pipeline.leases", arguments + (["--remove"] if values.flag("REMOVE") else []))]
+
+
 def serving_ops(values: Values) -> list[Command]:
     return [Command("components.evaluate.serving_ops.generate", [values["VERSION"]])]
 
@@ -363,6 +369,8 @@ TARGETS = {
                                                                 "REPLACE", "REGISTRY", "TAG"), schedule),
         Target("schedules", "list the recurring runs on KFP_HOST; ENABLE, DISABLE or DELETE one by its name",
                (*ENDPOINT_VARIABLES, "ENABLE", "DISABLE", "DELETE"), schedules),
+        Target("leases", "the pipeline's Leases in NAMESPACE whose documents the store no longer holds; REMOVE=1 "
+               "removes them", ("NAMESPACE", "REMOVE"), leases),
         Target("tensorboard", "TensorBoard on a run's logs (local, gs:// or s3://)", ("LOGDIR", "OUTPUT", "PORT"),
                tensorboard),
         Target("images", "build the cpu and gpu images with Docker or podman", (*IMAGE_VARIABLES, "STAND_IN_BASE"),

@@ -116,9 +116,11 @@ def granted_verbs(service_account: str, namespace: str = "team-a", release: str 
     owner applied the project's manifests (tests/fake_rbac.py)."""
     from tests.fake_rbac import Rbac
 
-    rbac = Rbac.installed(release)
-    user = f"system:serviceaccount:{namespace}:{service_account}"
-    return {verb for verb in set(VERBS.values()) if rbac.allows(user, verb, "coordination.k8s.io", "leases", namespace)}
+    from tests.fake_rbac import NAMESPACE
+
+    rbac = Rbac.installed(release)  # every profile is installed alike: asked of the stand-in's own profile
+    user = f"system:serviceaccount:{NAMESPACE}:{service_account}"
+    return {verb for verb in set(VERBS.values()) if rbac.allows(user, verb, "coordination.k8s.io", "leases", NAMESPACE)}
 
 
 class LeaseStore:
@@ -204,6 +206,11 @@ class LeaseStore:
         stored.update(apiVersion="coordination.k8s.io/v1", kind="Lease")
         stored["metadata"].update(namespace=namespace, uid=uid, creationTimestamp=created,
                                   resourceVersion=str(next(self._versions)))  # fmt: skip
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stored["metadata"]["managedFields"] = [  # the server's own record of each write, on its clock
+            {"manager": "python-kubernetes", "operation": "Update", "apiVersion": "coordination.k8s.io/v1",
+             "time": now, "fieldsType": "FieldsV1", "fieldsV1": {}}
+        ]  # fmt: skip
         stored.setdefault("spec", {})
         return stored
 

@@ -773,7 +773,15 @@ class FakeKubernetesApi:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "clusters": [
+                {
+                    "name": "fake",
+                    "cluster": {
+                        "server": self.url,
+                        **({"certificate-authority": str(self.pod_folder / "ca.crt")} if self.pod_folder else {}),
+                    },
+                }
+            ],
             "users": [{"name": "fake", "user": {"token": token}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
             "current-context": "fake",
@@ -1066,6 +1074,7 @@ PODS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods(?:/(?P<name>[^
 EVENTS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/events$")
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/configmaps/(?P<name>[^/]+)$")
+SECRETS = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/secrets/(?P<name>[^/]+)$")
 
 
 def _handler_class(api: FakeKubernetesApi):
@@ -1116,6 +1125,24 @@ def _handler_class(api: FakeKubernetesApi):
                     if found is None:
                         raise Refused(404, "NotFound", f'configmaps "{match["name"]}" not found')
                     return self._reply(200, {"apiVersion": "v1", **found})
+                if (match := SECRETS.match(url.path)) and method == "GET":
+                    import base64
+
+                    self._authorize(user, "get", "", "secrets", match["namespace"])
+                    data = api.secrets.get((match["namespace"], match["name"]))
+                    if data is None:
+                        raise Refused(404, "NotFound", f'secrets "{match["name"]}" not found')
+                    encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+                    return self._reply(
+                        200,
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Secret",
+                            "type": "Opaque",
+                            "data": encoded,
+                            "metadata": {"name": match["name"], "namespace": match["namespace"]},
+                        },
+                    )
                 if (match := OPENAPI.match(url.path)) and method == "GET":
                     return self._reply(200, self._openapi(match["group"], match["version"]))
                 if (match := CUSTOM.match(url.path)) and match["plural"] is None and method == "GET":

@@ -123,6 +123,32 @@ def test_without_the_role_the_step_says_who_grants_it_in_one_line(tmp_path, unsa
     object_stores.reset_clients()
 
 
+def test_a_second_profile_writing_one_prefix_is_refused_in_one_line_and_may_read(tmp_path, unsafe_s3, monkeypatch):
+    """Leases are namespaced: a document swapped through team-a's Leases is not written from team-b, whose steps
+    would not see them (its copy names the namespace it is coordinated in); reading it is fine."""
+    root = f"{unsafe_s3}/mlpipeline-shared/models"
+    for namespace in ("team-a", "team-b"):
+        with FakeCoordinationApi(tmp_path / namespace, namespace=namespace) as api:
+            for name, value in api.pod_environment().items():
+                monkeypatch.setenv(name, value)
+            object_stores.reset_clients()
+            publisher = storage.publisher_for(root)
+            if namespace == "team-a":
+                publisher.swap_document("current.json", b'{"version": 1}', storage.ABSENT)
+                continue
+            assert publisher.read_document("current.json")[0] == b'{"version": 1}'
+            with pytest.raises(ValueError) as refused:
+                publisher.swap_document("current.json", b'{"version": 2}', publisher.read_document("current.json")[1])
+            assert (
+                "coordinate through the Leases of namespace team-a, which a step of namespace team-b does not"
+                in str(refused.value)
+                and "\n" not in str(refused.value)
+            )
+            assert api.leases == {}  # nothing made in team-b
+    object_stores.reset_clients()
+    assert storage.publisher_for(root).read("current.json") == b'{"version": 1}'
+
+
 def test_the_stand_in_refuses_what_the_api_server_refuses(pod):
     from kubernetes.client.exceptions import ApiException
 

@@ -71,9 +71,11 @@ def logged_lines(caplog, pod: str) -> list[str]:
     return [r.getMessage()[len(prefix) :] for r in caplog.records if r.getMessage().startswith(prefix)]
 
 
+@pytest.mark.parametrize("release", ["1.9", "1.10"])
 def test_the_tfjob_sent_passes_the_crd_and_webhook_and_the_chiefs_log_survives_pending_and_a_restart(
-    namespace_file, caplog
+    namespace_file, caplog, release
 ):
+    """On each release that serves TFJobs, with the permissions its profile owner could install (tests/fake_rbac.py)."""
     timeline = [
         Tick(RUNNING[:1], pod="Pending"),
         Tick(RUNNING, pod="Pending"),
@@ -83,7 +85,7 @@ def test_the_tfjob_sent_passes_the_crd_and_webhook_and_the_chiefs_log_survives_p
         Tick(RUNNING, restarts=1),
         Tick(SUCCEEDED, pod="Succeeded", restarts=1),
     ]
-    with FakeKubernetesApi(timeline, CHIEF_LOG) as api, caplog.at_level("INFO"):
+    with FakeKubernetesApi(timeline, CHIEF_LOG, release=release) as api, caplog.at_level("INFO"):
         outcome = launcher(api).run(config(), launch(), name="cifar10-train-run42")
     assert outcome.succeeded and api.refused == []
     (body,) = api.created

@@ -109,7 +109,8 @@ def logged_lines(caplog, pod_prefix: str) -> list[str]:
     return lines
 
 
-TRAINER_RELEASES = ("1.11", "trainer-2.2", "trainer-2.3")  # v2.1 (Kubeflow 1.11, 26.03); v2.2 and v2.3 (an admin's)
+# Trainer v2.1 (Kubeflow 1.11 and 26.03, each with its own roles); v2.2 and v2.3 (an admin's)
+TRAINER_RELEASES = ("1.11", "26.03", "trainer-2.2", "trainer-2.3")
 
 
 @pytest.mark.parametrize("release", TRAINER_RELEASES)
@@ -168,7 +169,7 @@ def test_the_trainjob_sent_passes_the_crds_webhooks_and_rbac_and_worker_0s_log_s
         "imagePullSecrets": [{"name": "registry-credentials"}],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     }
-    if release == "1.11":  # Trainer v2.1: pod template overrides, no grace period, no active deadline
+    if release in ("1.11", "26.03"):  # Trainer v2.1: pod template overrides, no grace period, no active deadline
         assert spec["podTemplateOverrides"] == [{"targetJobs": [{"name": "node"}], "spec": pod_settings}]
         assert "runtimePatches" not in spec and "activeDeadlineSeconds" not in spec
     else:

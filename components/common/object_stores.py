@@ -49,6 +49,8 @@ PROFILE_PREFIXES = (
     "artifact retention when the admin sets it), mlpipeline/shared/ and mlpipeline/artifacts/"
 )
 _PROBE_ATTEMPTS, _PROBE_TIMEOUT_SECONDS = 3, 5.0
+# A document's store copy, swapped through a namespace's Leases, names that namespace (user metadata).
+COORDINATED_BY_METADATA = "coordinated-by"
 
 
 def gcs_endpoint() -> str:
@@ -100,9 +102,10 @@ KUBEFLOW_STORES = (
 )
 
 
-def s3_endpoint() -> str | None:
-    """The S3 endpoint: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL when set; else, in a Kubernetes pod, the store the
-    Kubeflow release installed (SeaweedFS or MinIO, whichever service name resolves); else None (AWS S3)."""
+def s3_endpoint(bucket: str | None = None, key: str = "") -> str | None:
+    """The S3 endpoint for s3://bucket/key: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL when set; else, in a Kubernetes
+    pod, what the namespace's kfp-launcher ConfigMap gives the location (components/common/kfp_launcher.py), else the
+    store the Kubeflow release installed (SeaweedFS or MinIO, whichever service name resolves); else None (AWS S3)."""
     from components.common.pod import in_kubernetes_pod
 
     given = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -113,7 +116,19 @@ def s3_endpoint() -> str | None:
         secrets.refuse_user_info(given, variable, "give the keys as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     if given or not in_kubernetes_pod():
         return given or None
+    settings = launcher_settings(bucket, key)
+    if settings is not None:
+        return settings.endpoint
     return kubeflow_store()
+
+
+def launcher_settings(bucket: str | None, key: str):
+    """The kfp-launcher ConfigMap's settings for the location, where no endpoint is given and this is a pod."""
+    from components.common import kfp_launcher
+
+    if bucket is None or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
+        return None
+    return kfp_launcher.store_settings(bucket, key)
 
 
 @functools.lru_cache(maxsize=1)
@@ -131,8 +146,8 @@ def kubeflow_store() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=4)
-def _s3_client(endpoint: str | None, region: str):
+@functools.lru_cache(maxsize=8)
+def _s3_client(endpoint: str | None, region: str, keys: tuple[str, str] | None = None):
     import boto3
     from botocore.config import Config
 
@@ -146,23 +161,29 @@ def _s3_client(endpoint: str | None, region: str):
         read_timeout=120,
         s3={"addressing_style": "path"} if endpoint else {},
     )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=config)
+    access = {"aws_access_key_id": keys[0], "aws_secret_access_key": keys[1]} if keys else {}
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=config, **access)
 
 
-def s3_client():
-    """A boto3 S3 client for the endpoint and region the environment names now (one per endpoint, reused)."""
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return _s3_client(s3_endpoint(), region)
+def s3_client(bucket: str | None = None, key: str = ""):
+    """A boto3 S3 client for s3://bucket/key: the endpoint, region and keys the environment names now, or the
+    kfp-launcher ConfigMap gives the location (one client per endpoint, region and keys, reused)."""
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    settings = launcher_settings(bucket, key) if bucket is not None else None
+    if settings is not None:
+        return _s3_client(settings.endpoint, settings.region or region or "us-east-1", settings.keys)
+    return _s3_client(s3_endpoint(bucket, key), region or "us-east-1")
 
 
 def reset_clients() -> None:
     """Forget the cached clients and checked stores (after the environment that configures them changed, e.g. in
     tests)."""
-    from components.common import coordination
+    from components.common import coordination, kfp_launcher
 
     gcs_client.cache_clear()
     _s3_client.cache_clear()
     kubeflow_store.cache_clear()
+    kfp_launcher.forget()
     coordination.documents.cache_clear()
     forget_checked_stores()
 
@@ -292,6 +313,10 @@ class S3Publisher:
         self.root = normalize_uri(root_uri).rstrip("/")
         _scheme, self.bucket_name, self.prefix = split_uri(self.root)
 
+    def _client(self):
+        """The client for this prefix's store (the kfp-launcher ConfigMap may name one per bucket and prefix)."""
+        return s3_client(self.bucket_name, self.prefix)
+
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
@@ -301,7 +326,7 @@ class S3Publisher:
     def _head(self, name: str) -> dict | None:
         with _s3_errors(self.uri(name)):
             try:
-                return s3_client().head_object(Bucket=self.bucket_name, Key=self._key(name))
+                return self._client().head_object(Bucket=self.bucket_name, Key=self._key(name))
             except _s3_client_error() as error:
                 if _s3_status(error) == 404:
                     return None
@@ -317,7 +342,7 @@ class S3Publisher:
 
     def _get(self, name: str) -> tuple[bytes | None, str]:
         try:
-            response = s3_client().get_object(Bucket=self.bucket_name, Key=self._key(name))
+            response = self._client().get_object(Bucket=self.bucket_name, Key=self._key(name))
         except _s3_client_error() as error:
             if _s3_status(error) == 404:
                 return None, ABSENT
@@ -343,7 +368,7 @@ class S3Publisher:
     def download(self, name: str, destination: Path) -> None:
         with _s3_errors(self.uri(name)):
             try:
-                s3_client().download_file(self.bucket_name, self._key(name), str(destination))
+                self._client().download_file(self.bucket_name, self._key(name), str(destination))
             except _s3_client_error() as error:
                 if _s3_status(error) == 404:
                     raise FileNotFoundError(f"{self.uri(name)} does not exist") from error
@@ -382,13 +407,26 @@ class S3Publisher:
                     return head["ETag"]  # another writer published the same bytes
                 raise conflict_error(self.uri(name)) from None
 
-    def _put(self, name: str, data: bytes, crc32c: str, **condition) -> str:
+    def _put(self, name: str, data: bytes, crc32c: str, coordinated_by: str = "", **condition) -> str:
+        metadata = {CRC32C_METADATA: crc32c, **({COORDINATED_BY_METADATA: coordinated_by} if coordinated_by else {})}
         with _s3_errors(self.uri(name)):
-            answer = s3_client().put_object(
-                Bucket=self.bucket_name, Key=self._key(name), Body=data, Metadata={CRC32C_METADATA: crc32c},
-                **condition,
-            )  # fmt: skip
+            answer = self._client().put_object(
+                Bucket=self.bucket_name, Key=self._key(name), Body=data, Metadata=metadata, **condition
+            )
         return answer["ETag"]
+
+    def _check_coordinated_here(self, name: str, namespace: str) -> None:
+        """A document whose copy was swapped through another namespace's Leases is not written from this one: its
+        Leases are not seen here, so the two would not exclude each other."""
+        head = self._head(name)
+        other = (head or {}).get("Metadata", {}).get(COORDINATED_BY_METADATA, "")
+        if other and other != namespace:
+            raise ValueError(
+                f"{self.uri(name)}: its writers coordinate through the Leases of namespace {other}, which a step of "
+                f"namespace {namespace} does not see (two profiles writing one prefix would not exclude each other): "
+                "give each profile a prefix of its own (mlpipeline/private/<namespace>/...), or write it from "
+                f"{other}'s runs only"
+            )
 
     def read_document(self, name: str) -> tuple[bytes | None, str]:
         """The document and its version: in a pod, its Lease when it has one (the authority), else the store's
@@ -413,12 +451,13 @@ class S3Publisher:
 
         documents = coordination.documents()
         if not expected_version.startswith(coordination.VERSION_PREFIX):  # the first swap of a store's document
+            self._check_coordinated_here(name, documents.namespace)
             current, present = self.read_versioned(name)
             if present != expected_version and current != data:
                 raise conflict_error(self.uri(name))
         version = documents.swap(self.uri(name), data, expected_version)
         if documents.still_current(self.uri(name), version):  # the copy, for readers outside the cluster
-            self._put(name, data, crc32c_base64(data))
+            self._put(name, data, crc32c_base64(data), coordinated_by=documents.namespace)
         return version
 
     def withdraw_document(self, name: str) -> None:
@@ -436,23 +475,23 @@ class S3Publisher:
             return
         if store_mode(self) != CONDITIONAL:
             with _s3_errors(self.uri(name)):
-                s3_client().delete_object(Bucket=self.bucket_name, Key=self._key(name))
+                self._client().delete_object(Bucket=self.bucket_name, Key=self._key(name))
             return
         with _s3_errors(self.uri(name)):
             try:
-                s3_client().delete_object(Bucket=self.bucket_name, Key=self._key(name), IfMatch=head["ETag"])
+                self._client().delete_object(Bucket=self.bucket_name, Key=self._key(name), IfMatch=head["ETag"])
             except _s3_client_error() as error:
                 if _s3_status(error) in (404, 409, 412):
                     logger.info("%s was already removed or replaced by another writer", self.uri(name))
                 elif _s3_status(error) == 501:  # a store without conditional deletes
-                    s3_client().delete_object(Bucket=self.bucket_name, Key=self._key(name))
+                    self._client().delete_object(Bucket=self.bucket_name, Key=self._key(name))
                 else:
                     raise
 
     def copy(self, source: str, destination: str) -> None:
         """A server-side copy (the object's CRC32C metadata with it)."""
         with _s3_errors(self.uri(destination)):
-            s3_client().copy_object(
+            self._client().copy_object(
                 Bucket=self.bucket_name, Key=self._key(destination), MetadataDirective="COPY",
                 CopySource={"Bucket": self.bucket_name, "Key": self._key(source)},
             )  # fmt: skip
@@ -462,7 +501,7 @@ class S3Publisher:
         names = []
         with _s3_errors(self.root):
             pages = (
-                s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket_name, Prefix=start + prefix)
+                self._client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket_name, Prefix=start + prefix)
             )
             for page in pages:
                 names.extend(item["Key"][len(start) :] for item in page.get("Contents", []))
@@ -493,7 +532,7 @@ def store_mode(publisher: S3Publisher) -> str:
     """How documents are swapped on this store (checked once per process and bucket, said once): by its conditional
     writes when it honours them; else, chosen by the user, with a single writer assumed; else, in a pod, through the
     Kubernetes API (components/common/coordination.py); else UnsafeStoreError."""
-    key = (s3_endpoint(), publisher.bucket_name)
+    key = (s3_endpoint(publisher.bucket_name, publisher.prefix), publisher.bucket_name)
     with _checked_lock:
         if key not in _checked:
             started = time.monotonic()
@@ -506,21 +545,21 @@ def store_mode(publisher: S3Publisher) -> str:
                     "the S3 store at %s does not honour conditional writes (%s); going on because a single writer is "
                     "assumed (%s): concurrent publishers, "
                     "writers of one model directory and promotions are NOT detected and can overwrite each other",
-                    s3_endpoint() or "AWS S3", problem, "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER",
+                    key[0] or "AWS S3", problem, "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER",
                 )  # fmt: skip
             elif problem is None:
                 logger.info("the S3 store at %s honours conditional writes: documents are swapped by them",
-                            s3_endpoint() or "AWS S3")  # fmt: skip
+                            key[0] or "AWS S3")  # fmt: skip
             elif mode == KUBERNETES:
                 logger.info(
                     "the S3 store at %s does not honour conditional writes (%s): datasets, writer leases and "
-                    "promotions are swapped through the Kubernetes API instead", s3_endpoint() or "AWS S3", problem,
+                    "promotions are swapped through the Kubernetes API instead", key[0] or "AWS S3", problem,
                 )  # fmt: skip
         problem = _checked[key]
     mode = _mode_for(problem)
     if mode is None:
         raise UnsafeStoreError(
-            f"{publisher.root}: the S3 store at {s3_endpoint() or 'AWS S3'} does not honour conditional writes: "
+            f"{publisher.root}: the S3 store at {key[0] or 'AWS S3'} does not honour conditional writes: "
             f"{problem}. Publishing datasets, the model directory's writer lease and promotion rely on them (a "
             f"concurrent writer would overwrite silently). Stores that honour them: {WORKING_STORES}. In a Kubeflow "
             "step this is no problem: steps in a pod swap them through the Kubernetes API instead. Here, outside a "
@@ -532,7 +571,7 @@ def store_mode(publisher: S3Publisher) -> str:
 
 def known_mode(publisher: S3Publisher) -> str | None:
     """The store's mode when this process has checked it already, else None (nothing is probed)."""
-    key = (s3_endpoint(), publisher.bucket_name)
+    key = (s3_endpoint(publisher.bucket_name, publisher.prefix), publisher.bucket_name)
     with _checked_lock:
         if key not in _checked:
             return None
@@ -551,7 +590,7 @@ def _mode_for(problem: str | None) -> str | None:
 
 def conditional_write_problem(publisher: S3Publisher) -> str | None:
     """What the store does wrong with conditional PUTs, tried on probe objects (removed after), or None."""
-    client, bucket = s3_client(), publisher.bucket_name
+    client, bucket = s3_client(publisher.bucket_name, publisher.prefix), publisher.bucket_name
     folder = publisher._key(f"{PROBE_FOLDER}/{uuid.uuid4().hex}")
     created, raced = f"{folder}/create", f"{folder}/race"
 
@@ -688,10 +727,10 @@ def retried_read(uri: str, read: Callable[[], Any]) -> Any:
     raise AssertionError("unreachable")
 
 
-def _explain_s3_error(error: Exception) -> str | None:
+def _explain_s3_error(error: Exception, uri: str = "") -> str | None:
     from botocore import exceptions
 
-    endpoint = s3_endpoint() or "AWS S3 (no AWS_ENDPOINT_URL set)"
+    endpoint = _endpoint_of(uri) or "AWS S3 (no AWS_ENDPOINT_URL set)"
     if isinstance(error, exceptions.NoCredentialsError):
         return f"no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (endpoint {endpoint})"
     if isinstance(error, exceptions.EndpointConnectionError | exceptions.ConnectTimeoutError):
@@ -730,8 +769,15 @@ def _explain_gcs_error(error: Exception) -> str | None:
     return None
 
 
+def _endpoint_of(uri: str) -> str | None:
+    if not uri:
+        return s3_endpoint()
+    _scheme, bucket, key = split_uri(normalize_uri(uri))
+    return s3_endpoint(bucket, key)
+
+
 def _s3_errors(uri: str):
-    return _store_errors(uri, _explain_s3_error, s3_endpoint() or "AWS S3")
+    return _store_errors(uri, lambda error: _explain_s3_error(error, uri), _endpoint_of(uri) or "AWS S3")
 
 
 def _gcs_errors(uri: str):

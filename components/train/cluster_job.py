@@ -177,17 +177,32 @@ def gpu_tolerations(launch: LaunchConfig) -> list[dict]:
     return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
 
 
-def object_store_environment(launch: LaunchConfig) -> list[dict]:
-    """The launching step's own object-store settings, and its secret's keys by reference."""
+def object_store_environment(launch: LaunchConfig, location: str = "") -> list[dict]:
+    """The launching step's own object-store settings, and its secret's keys by reference. Where the namespace's
+    kfp-launcher ConfigMap gave the step the store of `location` (the model directory), the workers get the same
+    endpoint and region, and that secret's keys by reference: they may not read the ConfigMap or the secret."""
+    from components.common import object_stores
+
+    settings = None
+    if storage.is_s3_uri(location):
+        _scheme, bucket, key = storage.split_uri(storage.normalize_uri(location))
+        settings = object_stores.launcher_settings(bucket, key) if this_pod.in_kubernetes_pod() else None
     environment = [{"name": key, "value": os.environ[key]} for key in PASSED_ENVIRONMENT if os.environ.get(key)]
-    if launch.object_store_secret:
-        environment += [
-            {
-                "name": variable,
-                "valueFrom": {"secretKeyRef": {"name": launch.object_store_secret, "key": key, "optional": True}},
-            }
-            for variable, key in SECRET_KEYS.items()
-        ]
+    if settings is not None:
+        given = {"AWS_ENDPOINT_URL": settings.endpoint, "AWS_REGION": settings.region}
+        environment = [entry for entry in environment if entry["name"] not in given]
+        environment += [{"name": name, "value": value} for name, value in given.items() if value]
+    if settings is not None and settings.secret_ref:
+        name, access, secret = settings.secret_ref
+        references = {"AWS_ACCESS_KEY_ID": (name, access), "AWS_SECRET_ACCESS_KEY": (name, secret)}
+    elif launch.object_store_secret:
+        references = {variable: (launch.object_store_secret, key) for variable, key in SECRET_KEYS.items()}
+    else:
+        references = {}
+    environment += [
+        {"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
+        for variable, (secret, key) in references.items()
+    ]
     return environment
 
 

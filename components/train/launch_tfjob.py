@@ -67,7 +67,7 @@ class TFJobKind:
         container["image"] = worker_image(launch)
         container["args"] = worker_arguments(train)
         container["resources"] = worker_resources(launch)
-        container.setdefault("env", []).extend(object_store_environment(launch))
+        container.setdefault("env", []).extend(object_store_environment(launch, train.model_dir))
         container["env"].extend(step_lease.worker_environment(self, name, launch.step_lease_seconds))
         return job
 

@@ -112,7 +112,7 @@ class TrainJobKind:
                 "numNodes": train.workers,
                 "resourcesPerNode": worker_resources(launch),
                 "env": identity
-                + object_store_environment(launch)
+                + object_store_environment(launch, train.model_dir)
                 + step_lease.worker_environment(self, name, launch.step_lease_seconds),
             },
         }

@@ -190,30 +190,12 @@ def run_cluster_job(launcher: str, config: TrainConfig, launch: LaunchConfig) ->
     return exit_codes.SUCCESS
 
 
-KFP_LAUNCHER_CONFIG = "kfp-launcher"  # the namespace's KFP launcher settings (KFP's profile controller writes it)
-KFP_DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"
-
-
-def pipeline_root(core, namespace: str) -> str:
-    """The namespace's default pipeline root: the kfp-launcher ConfigMap's defaultPipelineRoot (KFP 2.15+ multi-user:
-    minio://mlpipeline/private-artifacts/<namespace>/v2/artifacts), else KFP's built-in default."""
-    from components.train.cluster_job import status_of
-
-    try:
-        config_map = core.read_namespaced_config_map(KFP_LAUNCHER_CONFIG, namespace, _request_timeout=30)
-    except Exception as error:
-        if status_of(error) in (403, 404):
-            return KFP_DEFAULT_PIPELINE_ROOT
-        raise
-    return (config_map.data or {}).get("defaultPipelineRoot") or KFP_DEFAULT_PIPELINE_ROOT
-
-
-def run_permissions(launcher: str, locations: list[str], api_client, namespace: str) -> list:
+def run_permissions(launcher: str, locations: list[str], api_client) -> list:
     """What a run with `launcher` that writes to `locations` (and the namespace's pipeline root) needs of the
     Kubernetes API: the job kind it launches, and Leases where a store cannot compare-and-swap."""
     from kubernetes import client
 
-    from components.common import access, object_stores, storage
+    from components.common import access, kfp_launcher, object_stores, storage
 
     permissions = []
     if launcher in CLUSTER_LAUNCHERS:
@@ -223,7 +205,7 @@ def run_permissions(launcher: str, locations: list[str], api_client, namespace: 
         permissions += access.job_permissions(served[0]) if served else []
     roots = [location for location in locations if storage.is_s3_uri(location)]
     modes = [object_stores.store_mode(object_stores.S3Publisher(root)) for root in roots]
-    default_root = pipeline_root(client.CoreV1Api(api_client), namespace)
+    default_root = kfp_launcher.default_pipeline_root()
     if storage.is_s3_uri(default_root):
         try:
             modes.append(object_stores.store_mode(object_stores.S3Publisher(default_root)))
@@ -243,5 +225,5 @@ def check_access(launcher: str, locations: list[str]) -> None:
         logger.debug("access: not in a Kubernetes pod, nothing to ask")
         return
     api_client, namespace = coordination.in_cluster_client()
-    permissions = run_permissions(launcher, [location for location in locations if location], api_client, namespace)
+    permissions = run_permissions(launcher, [location for location in locations if location], api_client)
     access.check(api_client, namespace, coordination.service_account_name(), permissions)

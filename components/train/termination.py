@@ -20,7 +20,8 @@ import threading
 
 logger = logging.getLogger(__name__)
 
-_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+# SIGHUP too: a closed terminal or a dropped session stops the training as SIGTERM does (a checkpoint, exit 143).
+_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
 class Terminated(Exception):  # noqa: N818 (a signal, not an error)
@@ -61,7 +62,9 @@ class Termination:
     def _watch(self) -> None:
         while not self._stop.is_set():
             received = signal.sigtimedwait(_SIGNALS, 0.2)
-            if received is not None:
+            # A stopped and continued process (SIGSTOP, SIGCONT: Ctrl-Z and fg, a debugger, a frozen cgroup) wakes
+            # from the wait with a siginfo of no signal taken: only a signal of the set is one.
+            if received is not None and received.si_signo in _SIGNALS:
                 self._record(received.si_signo)
 
     def _record(self, number: int = signal.SIGTERM) -> None:
