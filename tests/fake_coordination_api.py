@@ -114,9 +114,7 @@ def lease_problems(lease: dict, namespace: str) -> list[str]:
 def granted_verbs(service_account: str, namespace: str = "team-a", release: str = "26.03") -> set[str]:
     """The verbs on leases RBAC grants `service_account` on a cluster of `release` where the admin and the profile
     owner applied the project's manifests (tests/fake_rbac.py)."""
-    from tests.fake_rbac import Rbac
-
-    from tests.fake_rbac import NAMESPACE
+    from tests.fake_rbac import NAMESPACE, Rbac
 
     rbac = Rbac.installed(release)  # every profile is installed alike: asked of the stand-in's own profile
     user = f"system:serviceaccount:{NAMESPACE}:{service_account}"
