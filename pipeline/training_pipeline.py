@@ -104,7 +104,8 @@ def evaluate_and_promote(
             run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
             train_image=train_image,
         ).set_display_name("promote")
-        promotion.set_caching_options(False)
+        # a retry of the same promotion takes over its own claim at once, and finds a version it already made ready
+        promotion.set_caching_options(False).set_retry(num_retries=2, backoff_duration="60s", backoff_factor=2.0)
         with_pod_settings(promotion, object_store_secret, image_pull_secret)
 
 

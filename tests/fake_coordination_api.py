@@ -225,6 +225,9 @@ class FakeCoordinationApi:
         self.leases = self.store.leases
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
         self.down = False
+        # answers a proxy in front gives instead of the API's, one per request (not applied): (status, JSON body or
+        # bytes of HTML, headers), e.g. (429, {...}, {"Retry-After": "1"}), (200, b"<html>...", {})
+        self.faults: list[tuple[int, dict | bytes, dict[str, str]]] = []
         self.folder.mkdir(parents=True, exist_ok=True)
         certificate, key = self.folder / "ca.crt", self.folder / "server.key"
         subprocess.run(
@@ -266,6 +269,8 @@ class FakeCoordinationApi:
     # -- the API ------------------------------------------------------------------------------------------------
 
     def handle(self, method: str, path: str, headers: dict, raw: bytes) -> tuple[int, dict]:
+        if self.faults:  # a fault proxy in front: the next request is answered with this, and not applied
+            return self.faults.pop(0)
         if self.down:
             raise Refused(503, "ServiceUnavailable", "the server is currently unable to handle the request")
         scheme, _, token = {key.lower(): value for key, value in headers.items()}.get("authorization", "").partition(
@@ -288,17 +293,23 @@ class FakeCoordinationApi:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 path = self.path.split("?", 1)[0]
+                extra: dict[str, str] = {}
                 try:
-                    status, answer = api.handle(method, path, dict(self.headers), raw)
+                    answered = api.handle(method, path, dict(self.headers), raw)
+                    status, answer = answered[0], answered[1]
+                    extra = answered[2] if len(answered) > 2 else {}
                 except Refused as refused:
                     status = refused.status
                     answer = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": str(refused),
                               "reason": refused.reason, "code": refused.status}  # fmt: skip
                 api.requests.append((method, path, status))
-                content = json.dumps(answer).encode()
+                html = isinstance(answer, bytes)
+                content = answer if html else json.dumps(answer).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/html" if html else "application/json")
                 self.send_header("Content-Length", str(len(content)))
+                for name, value in extra.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(content)
 

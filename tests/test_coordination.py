@@ -213,3 +213,130 @@ def test_steps_in_a_pod_prepare_train_and_promote_on_a_store_without_conditional
     pointer = json.loads(storage.read_bytes(f"{models}/current.json"))
     assert pointer["version"] == 1 and pointer["state"] == "ready"
     assert lease_of(pod, f"{model}/.writer-lease.json") is None  # the writer's lease ended with the run
+
+
+# -- what stands in front of the API: throttling, bad moments, a login page, a proxy's own 409 --------------------
+
+
+def _status(code: int, reason: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure",
+        "reason": reason,
+        "code": code,
+        "message": reason,
+    }
+
+
+@pytest.mark.parametrize(
+    ("faults", "least_seconds"),
+    [([(429, _status(429, "TooManyRequests"), {"Retry-After": "1"})], 1.0),
+     ([(503, _status(503, "ServiceUnavailable"), {}), (500, _status(500, "InternalError"), {})], 1.0),
+     ([(409, _status(409, "AlreadyExists"), {})], 0.0)],
+    ids=["429-retry-after", "503-then-500", "409-not-applied"],
+)  # fmt: skip
+def test_throttling_bad_moments_and_a_409_nobody_caused_are_gone_through(pod, unsafe_s3, faults, least_seconds):
+    """A 429 is waited out as its Retry-After says, 5xx retried with back-off, and a create answered 409 with
+    nothing there (a proxy's answer, not another writer's) made again: the swap succeeds, nothing reported lost."""
+    publisher = storage.publisher_for(f"{unsafe_s3}/faults")
+    publisher.read_document("current.json")  # the store checked first (its probes are not this test's)
+    pod.faults = list(faults)
+    started = time.monotonic()
+    version = publisher.swap_document("current.json", b'{"version": 1}', storage.ABSENT)
+    assert version.startswith(coordination.VERSION_PREFIX) and time.monotonic() - started >= least_seconds
+    assert pod.faults == [] and publisher.read_document("current.json") == (b'{"version": 1}', version)
+
+
+def test_throttling_that_lasts_ends_retryably_naming_how_long(pod, unsafe_s3, monkeypatch):
+    monkeypatch.setattr(coordination, "RETRY_SECONDS", 2.0)
+    publisher = storage.publisher_for(f"{unsafe_s3}/throttled")
+    publisher.read_document("current.json")
+    pod.faults = [(429, _status(429, "TooManyRequests"), {"Retry-After": "1"})] * 10
+    with pytest.raises(coordination.CoordinationError, match=r"could not create a Lease \(429 .*, for 2 s\)"):
+        publisher.swap_document("current.json", b"{}", storage.ABSENT)
+    assert issubclass(coordination.CoordinationError, storage.StoreUnavailableError)  # exit 145: the step retried
+
+
+def test_an_html_page_instead_of_the_api_is_one_line_never_a_traceback(pod, unsafe_s3):
+    publisher = storage.publisher_for(f"{unsafe_s3}/login")
+    publisher.swap_document("current.json", b"{}", storage.ABSENT)
+    pod.faults = [(200, b"<html><body>Sign in</body></html>", {})]
+    with pytest.raises(
+        coordination.NotTheApiError, match=r"answer to read a Lease is not a Lease \(an HTML page"
+    ) as refused:
+        publisher.read_document("current.json")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_holder_whose_clock_is_1000_s_behind_keeps_its_lease_while_it_renews(pod, unsafe_s3, monkeypatch):
+    """client-go's rule: a newcomer acts on what it watches on its own clock, never on the record's timestamps.
+    The holder's records say it renewed 1000 s ago; it renews every half second: the newcomer sees the renewals and
+    refuses, after watching, however old the record looks."""
+    from components.common import writer_claim
+
+    monkeypatch.setattr(writer_claim, "LEASE_SECONDS", 3.0)
+    monkeypatch.setattr(writer_claim, "RENEW_SECONDS", 0.5)
+    monkeypatch.setattr(writer_claim, "POLL_SECONDS", 0.1)
+    uri = f"{unsafe_s3}/clocks/model"
+    holder = writer_claim.WriterLease(uri, "pid 1 on a host whose clock is behind")
+    behind = holder._record
+    monkeypatch.setattr(holder, "_record", lambda: json.dumps({
+        **json.loads(behind()), "renewed_at": time.time() - 1000}).encode())  # fmt: skip
+    holder.acquire()
+    try:
+        newcomer = writer_claim.WriterLease(uri, "pid 2 on here")
+        started = time.monotonic()
+        with pytest.raises(writer_claim.WriterClaimError, match="renewed its lease while this one watched"):
+            newcomer.acquire()
+        assert time.monotonic() - started < 3.0  # a renewal showed it alive before the lease could run out
+        holder.check()  # still its own
+    finally:
+        holder.release()
+    assert storage.publisher_for(uri).read_document(writer_claim.WRITER_LEASE)[0] is None
+
+
+def test_the_holder_gives_up_before_a_newcomer_may_take_over(pod, unsafe_s3, monkeypatch):
+    """The holder's deadline is a third of the lease shorter than the lease (LeaseDuration > RenewDeadline)."""
+    from components.common import writer_claim
+
+    monkeypatch.setattr(writer_claim, "LEASE_SECONDS", 3.0)
+    monkeypatch.setattr(writer_claim, "RENEW_SECONDS", 0.5)
+    lease = writer_claim.WriterLease(f"{unsafe_s3}/deadline/model", "pid 1 on here")
+    lease.acquire()
+    try:
+        pod.down = True  # no renewal goes through
+        time.sleep(writer_claim.renew_deadline() + 0.3)
+        with pytest.raises(writer_claim.WriterClaimError, match=r"a newcomer may take it over 3 s after"):
+            lease.check()
+        assert writer_claim.renew_deadline() == pytest.approx(2.0)
+    finally:
+        pod.down = False
+        lease.release()
+
+
+def test_a_release_removes_only_the_lease_it_holds(pod, unsafe_s3, monkeypatch):
+    """A delete carries the resourceVersion read: a lease that changed hands just before is not removed."""
+    from components.common import writer_claim
+
+    monkeypatch.setattr(writer_claim, "RENEW_SECONDS", 60.0)
+    uri = f"{unsafe_s3}/handover/model"
+    lease = writer_claim.WriterLease(uri, "pid 1 on here")
+    lease.acquire()
+    publisher = storage.publisher_for(uri)
+    content, version = publisher.read_document(writer_claim.WRITER_LEASE)
+    real_read = type(publisher).read_document
+
+    def read_then_taken_over(self, name):  # the release reads its own lease; a newcomer swaps right after
+        found = real_read(self, name)
+        if name == writer_claim.WRITER_LEASE and found[0] == content:
+            taken = {"holder": "pid 2 elsewhere", "token": "newcomer", "renewed_at": 0}
+            real_swap(self, name, json.dumps(taken).encode(), found[1])
+        return found
+
+    real_swap = type(publisher).swap_document
+    with monkeypatch.context() as patched:
+        patched.setattr(type(publisher), "read_document", read_then_taken_over)
+        lease.release()
+    held = json.loads(storage.publisher_for(uri).read_document(writer_claim.WRITER_LEASE)[0])
+    assert held["token"] == "newcomer" and version  # the newcomer's lease stands

@@ -223,6 +223,8 @@ def test_caching_retries_resources_and_tolerations_in_the_compiled_pipeline():
     for _dag, task, executor in trains:
         assert task["retryPolicy"]["maxRetryCount"] >= 2 and task["taskInfo"]["name"].startswith("train")
         assert int(platform[executor]["activeDeadlineSeconds"]) >= 7 * 24 * 3600  # stuck steps end
+    promotions = tasks_of(spec, "comp-promote-component")
+    assert promotions and all(task["retryPolicy"]["maxRetryCount"] >= 2 for _dag, task, _ in promotions)
     gpu_trains = [executor for dag, _task, executor in trains if dag == "comp-train-on-gpus"]
     assert len(gpu_trains) == 1
     for _dag, _task, executor in trains:

@@ -35,6 +35,7 @@ import functools
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,41 @@ MAX_CONTENT = 200 * 1024  # the API server takes at most 256 KiB of annotations 
 VERSION_PREFIX = "k8s:"
 LEASE_SECONDS = 90  # the leaseDurationSeconds shown for a document's claim (the writer claim's LEASE_SECONDS)
 REQUEST_SECONDS = 30
+CREATE_ATTEMPTS = 3  # a create answered 409 with nothing there (a proxy's answer, not another writer's) is tried again
+RETRY_SECONDS = 60.0  # how long throttling (429) and the API server's 5xx are retried through
+RETRY_AFTER_MOST = 10.0  # the longest single wait, whatever Retry-After asks
 
 
 class CoordinationError(StoreUnavailableError):
     """The Kubernetes API could not be asked (unreachable, or it answered 5xx): retryable."""
+
+
+def _retry_after(error) -> float | None:
+    """The seconds a 429's Retry-After asks for (a number; a date is taken as the longest wait)."""
+    value = (error.headers or {}).get("Retry-After") if hasattr(error, "headers") else None
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        return RETRY_AFTER_MOST
+
+
+class NotTheApiError(ValueError):
+    """What answered is not the Kubernetes API (a proxy's login page, another server): final, exit 2."""
+
+
+def _check_answer(answer: Any, what: str) -> None:
+    """A read, create or replace answered with the API's Lease (a proxy's login page or another server's HTML is
+    parsed by the client into an object with no fields): refused in one line, not taken for a document."""
+    if what in ("read", "create", "replace") and (
+        getattr(answer, "metadata", None) is None or not getattr(answer.metadata, "resource_version", None)
+    ):
+        raise NotTheApiError(
+            f"the Kubernetes API's answer to {what} a Lease is not a Lease (an HTML page: a proxy's login, or an "
+            "address that is not the API server's?); check KUBERNETES_SERVICE_HOST and what stands in front of the "
+            "API server"
+        )
 
 
 def lease_name(uri: str) -> str:
@@ -143,26 +175,45 @@ class KubernetesDocuments:
         self.namespace = namespace
 
     def _call(self, what: str, function):
+        """One API call, retried through throttling (429: after its Retry-After, at most RETRY_AFTER_MOST) and the
+        API server's bad moments (5xx) for at most RETRY_SECONDS; its answer must be the API's object. A 403 and an
+        answer that is not the API's are refused in one line (exit 2); what stays unavailable is retryable (145)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        try:
-            return function()
-        except ApiException as error:
-            if error.status in (404, 409):
-                raise
-            if error.status == 403:
-                from components.common.access import ADMIN_SET, AccessError
+        deadline = time.monotonic() + RETRY_SECONDS
+        delay = 1.0
+        while True:
+            try:
+                answer = function()
+            except ApiException as error:
+                if error.status in (404, 409):
+                    raise
+                if error.status == 403:
+                    from components.common.access import ADMIN_SET, AccessError
 
-                raise AccessError(
-                    f"the Kubernetes API refused to {what} Leases in namespace {self.namespace} (403), which the "
-                    f"project coordinates through on this store: they are granted by {ADMIN_SET}"
+                    raise AccessError(
+                        f"the Kubernetes API refused to {what} Leases in namespace {self.namespace} (403), which the "
+                        f"project coordinates through on this store: they are granted by {ADMIN_SET}"
+                    ) from None
+                retried = error.status == 429 or (error.status or 0) >= 500
+                if retried:
+                    wait = _retry_after(error) if error.status == 429 else None
+                    wait = min(wait if wait is not None else delay, RETRY_AFTER_MOST)
+                    if time.monotonic() + wait < deadline:
+                        logger.info("the Kubernetes API answered %s to %s a Lease: again in %.0f s", error.status,
+                                    what, wait)  # fmt: skip
+                        time.sleep(wait)
+                        delay = min(delay * 2, RETRY_AFTER_MOST)
+                        continue
+                during = f", for {RETRY_SECONDS:.0f} s" if retried else ""
+                raise CoordinationError(
+                    f"the Kubernetes API could not {what} a Lease ({error.status} {error.reason}{during})"
                 ) from None
-            raise CoordinationError(
-                f"the Kubernetes API could not {what} a Lease ({error.status} {error.reason})"
-            ) from None
-        except (HTTPError, OSError) as error:
-            raise CoordinationError(f"the Kubernetes API cannot be reached to {what} a Lease ({error})") from None
+            except (HTTPError, OSError) as error:
+                raise CoordinationError(f"the Kubernetes API cannot be reached to {what} a Lease ({error})") from None
+            _check_answer(answer, what)
+            return answer
 
     def _read(self, uri: str) -> Any | None:
         from kubernetes.client.exceptions import ApiException
@@ -210,22 +261,30 @@ class KubernetesDocuments:
                          "annotations": {URI_ANNOTATION: uri, CONTENT_ANNOTATION: text}},
             "spec": _claim(content),
         }  # fmt: skip
-        try:
-            if not expected_version.startswith(VERSION_PREFIX):
-                created = self._call("create", lambda: self.api.create_namespaced_lease(
-                    self.namespace, body, _request_timeout=REQUEST_SECONDS))  # fmt: skip
-                return VERSION_PREFIX + created.metadata.resource_version
+        creating = not expected_version.startswith(VERSION_PREFIX)
+        if not creating:
             body["metadata"]["resourceVersion"] = expected_version.removeprefix(VERSION_PREFIX)
-            replaced = self._call("replace", lambda: self.api.replace_namespaced_lease(
-                lease_name(uri), self.namespace, body, _request_timeout=REQUEST_SECONDS))  # fmt: skip
-            return VERSION_PREFIX + replaced.metadata.resource_version
-        except ApiException as error:
-            if error.status not in (404, 409):
-                raise
-            current, version = self.read(uri)
-            if current == content:  # another writer made the same document: both succeed, as publishing does
-                return version
-            raise conflict_error(uri) from None
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                if creating:
+                    created = self._call("create", lambda: self.api.create_namespaced_lease(
+                        self.namespace, body, _request_timeout=REQUEST_SECONDS))  # fmt: skip
+                    return VERSION_PREFIX + created.metadata.resource_version
+                replaced = self._call("replace", lambda: self.api.replace_namespaced_lease(
+                    lease_name(uri), self.namespace, body, _request_timeout=REQUEST_SECONDS))  # fmt: skip
+                return VERSION_PREFIX + replaced.metadata.resource_version
+            except ApiException as error:
+                if error.status not in (404, 409):
+                    raise
+                current, version = self.read(uri)
+                if current == content:  # another writer made the same document: both succeed, as publishing does
+                    return version
+                if creating and version == ABSENT and attempt + 1 < CREATE_ATTEMPTS:
+                    logger.info("the Kubernetes API answered %s to creating the Lease of %s, yet none is there: "
+                                "creating it again", error.status, uri)  # fmt: skip
+                    continue
+                raise conflict_error(uri) from None
+        raise AssertionError("unreachable")
 
     def still_current(self, uri: str, version: str) -> bool:
         """Whether `version` is still the document's (before writing the store's copy of it)."""

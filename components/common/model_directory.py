@@ -303,6 +303,7 @@ class ModelDirectory:
         ]
         changed.sort(key=lambda path: path.name == "checkpoint")  # the index that names the latest, last
         for path in changed:
+            self.check_writer()  # before each upload: none starts once the holder's deadline passed
             publisher.publish(path.relative_to(self.local).as_posix(), storage.read_bytes(str(path)))
             self._pushed[str(path)] = self._signature(path)
         if not remove_deleted_checkpoints:

@@ -300,7 +300,7 @@ class GcsPublisher:
     def swap_document(self, name: str, data: bytes, expected_version: str) -> str:
         return self.publish(name, data, expected_version)
 
-    def withdraw_document(self, name: str) -> None:
+    def withdraw_document(self, name: str, expected_version: str | None = None) -> None:
         self.withdraw(name)
 
 
@@ -460,14 +460,19 @@ class S3Publisher:
             self._put(name, data, crc32c_base64(data), coordinated_by=documents.namespace)
         return version
 
-    def withdraw_document(self, name: str) -> None:
+    def withdraw_document(self, name: str, expected_version: str | None = None) -> None:
+        """Remove the document; through the Kubernetes API only over `expected_version` when given (a document
+        another writer swapped meanwhile is theirs: PublishConflictError)."""
         if store_mode(self) != KUBERNETES:
             self.withdraw(name)
             return
         from components.common import coordination
 
+        documents = coordination.documents()
+        if expected_version is not None and documents.read(self.uri(name))[1] != expected_version:
+            raise conflict_error(self.uri(name))
         self.withdraw(name)  # the copy first: a stop in between leaves the document (the truth) standing
-        coordination.documents().remove(self.uri(name))
+        documents.remove(self.uri(name), expected_version)
 
     def withdraw(self, name: str) -> None:
         head = self._head(name)

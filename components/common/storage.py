@@ -473,7 +473,7 @@ class Publisher(Protocol):
     # them in the Kubernetes API (components/common/coordination.py) and the store holds a copy.
     def read_document(self, name: str) -> tuple[bytes | None, str]: ...
     def swap_document(self, name: str, data: bytes, expected_version: str) -> str: ...
-    def withdraw_document(self, name: str) -> None: ...
+    def withdraw_document(self, name: str, expected_version: str | None = None) -> None: ...
 
 
 def conflict_error(uri: str) -> PublishConflictError:
@@ -558,7 +558,7 @@ class LocalPublisher:
     def swap_document(self, name: str, data: bytes, expected_version: str) -> str:
         return self.publish(name, data, expected_version)
 
-    def withdraw_document(self, name: str) -> None:
+    def withdraw_document(self, name: str, expected_version: str | None = None) -> None:
         self.withdraw(name)
 
     def list(self, prefix: str = "") -> list[str]:

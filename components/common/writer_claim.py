@@ -155,20 +155,30 @@ def _path_lock_holder(name: bytes) -> str:
 
 
 # -- the writer lease of a remote model directory ------------------------------------------------------------
-# One writer at a time for a gs:// or s3:// model directory, across machines: a lease object in the store.
-# The lease (`.writer-lease.json`: holder, a token, when it was last renewed) is created with create-if-absent and
-# renewed every `RENEW_SECONDS` with a compare-and-swap on its version, by a thread, while the writer lives. A
-# second writer that finds a lease watches it: a renewal means its holder is alive, and the newcomer fails naming
-# it; a lease nobody renews for `LEASE_SECONDS` (its holder was killed) is taken over. A writer whose lease was
-# taken over stops at its next push, and so does one that could not renew it for `LEASE_SECONDS` (it may have been
-# taken over meanwhile). The lease ends (is removed) when the writer ends normally or by SIGTERM. The lease is a
-# document (`swap_document`): on a store without conditional writes, in a pod, it is a Kubernetes Lease
+# One writer at a time for a gs:// or s3:// model directory, across machines: a lease object in the store, by the
+# two rules of client-go's leader election:
+# - a newcomer never acts on the record's timestamps (another machine's clock): it takes the lease over only after
+#   it has watched the record unchanged for `LEASE_SECONDS` on its own monotonic clock; a change means the holder is
+#   alive, and the newcomer fails naming it. A record that looks old on arrival is watched like any other.
+# - the holder gives up first: it stops writing once it has not renewed for `RENEW_DEADLINE_SECONDS`, `MARGIN`
+#   less than the lease (client-go refuses LeaseDuration <= RenewDeadline), checked before each file it uploads, so
+#   no upload starts after the moment a newcomer may take over.
+# The lease (`.writer-lease.json`: holder, a token, when it was last renewed, for people to read) is created with
+# create-if-absent and renewed every `RENEW_SECONDS` with a compare-and-swap on its version, by a thread, while the
+# writer lives; it is removed when the writer ends normally or by SIGTERM, only over the version it last wrote. It
+# is a document (`swap_document`): on a store without conditional writes, in a pod, a Kubernetes Lease
 # (components/common/coordination.py).
 
 WRITER_LEASE = ".writer-lease.json"
-LEASE_SECONDS = 90.0  # a lease not renewed for this long belongs to a dead writer
+LEASE_SECONDS = 90.0  # a lease seen unchanged this long (on the newcomer's own clock) belongs to a dead writer
+MARGIN = 1 / 3  # of the lease: the holder's own deadline comes this much earlier
 RENEW_SECONDS = 20.0
 POLL_SECONDS = 2.0
+
+
+def renew_deadline() -> float:
+    """How long a holder may go without a renewal before it stops writing: `MARGIN` of the lease before it ends."""
+    return LEASE_SECONDS * (1 - MARGIN)
 
 
 LEASE_SCHEMA = documents.Fields(
@@ -206,29 +216,29 @@ class WriterLease:
         return json.dumps({"holder": self.holder, "token": self.token, "renewed_at": time.time()}).encode()
 
     def acquire(self) -> None:
-        """Take the lease, waiting out one that nobody renews; CheckpointError when its holder is alive."""
-        watched: tuple[str, float] | None = None  # (version seen, when first seen)
+        """Take the lease, waiting out one that nobody renews (watched unchanged for LEASE_SECONDS on this clock);
+        WriterClaimError when its holder is alive (the record changed while watched)."""
+        watched: tuple[str, float] | None = None  # (version seen, when first seen, on this process's clock)
         while True:
             content, version = self._publisher.read_document(WRITER_LEASE)
             lease = _parse(content, self._publisher.uri(WRITER_LEASE))
             if content is not None and lease is not None and lease["token"] != self.token:
-                age = time.time() - lease["renewed_at"]
                 if watched is not None and watched[0] != version:
                     raise WriterClaimError(
                         f"{self.folder.field}: {self.uri} is being written by {lease.get('holder', 'another writer')} "
-                        f"(it renewed its lease just now); {self.folder.rule}"
+                        f"(it renewed its lease while this one watched); {self.folder.rule}"
                     )
                 if watched is None:
                     watched = (version, time.monotonic())
-                    if age < LEASE_SECONDS:
-                        logger.warning(
-                            "%s has a writer lease of %s, renewed %.0f s ago: watching up to %.0f s whether it is "
-                            "alive", self.uri, lease.get("holder"), max(age, 0.0), LEASE_SECONDS - max(age, 0.0),
-                        )  # fmt: skip
-                if age < LEASE_SECONDS and time.monotonic() - watched[1] < LEASE_SECONDS:
+                    logger.warning(
+                        "%s has a writer lease of %s: watching up to %.0f s whether it is renewed (its holder is "
+                        "alive) or not (taken over)", self.uri, lease.get("holder"), LEASE_SECONDS,
+                    )  # fmt: skip
+                if time.monotonic() - watched[1] < LEASE_SECONDS:
                     time.sleep(POLL_SECONDS)
                     continue
-                logger.warning("taking over the writer lease of %s (not renewed for %.0f s)", lease.get("holder"), age)
+                logger.warning("taking over the writer lease of %s (unchanged for the %.0f s this writer watched it)",
+                               lease.get("holder"), LEASE_SECONDS)  # fmt: skip
             try:
                 self._version = self._publisher.swap_document(WRITER_LEASE, self._record(), version)
             except storage.PublishConflictError:
@@ -245,7 +255,15 @@ class WriterLease:
                 self._renewed = time.monotonic()
             except storage.PublishConflictError:
                 self.lost = True
-                logger.error("%s: another writer took over this model directory's lease", self.uri)
+                try:
+                    content = self._publisher.read_document(WRITER_LEASE)[0]
+                except Exception:  # what happened cannot be seen: say only what is known
+                    content = b"?"
+                if content is None:
+                    logger.error("%s: this model directory's writer lease was removed by someone else (nobody holds "
+                                 "it now); this writer stops at its next save", self.uri)  # fmt: skip
+                else:
+                    logger.error("%s: another writer took over this model directory's lease", self.uri)
                 return
             except Exception as error:  # a store that is briefly unreachable: try again at the next renewal
                 logger.warning("%s: could not renew the writer lease (%s)", self.uri, error)
@@ -254,11 +272,11 @@ class WriterLease:
         if self.lost:
             raise WriterClaimError(f"{self.folder.field}: {self.uri}: another writer took over; this one stops")
         silent = time.monotonic() - self._renewed
-        if silent > LEASE_SECONDS:  # it may have been taken over meanwhile: the holder fences itself
+        if silent > renew_deadline():  # before anyone may take it over: the holder fences itself
             raise WriterClaimError(
                 f"{self.folder.field}: {self.uri}: this writer could not renew its lease for {silent:.0f} s (the store "
-                "or the Kubernetes API did not answer), so another may have taken it over; this one stops (a retry "
-                "resumes)"
+                f"or the Kubernetes API did not answer); a newcomer may take it over {LEASE_SECONDS:.0f} s after the "
+                "last renewal, so this one stops now (a retry resumes)"
             )
 
     def release(self) -> None:
@@ -268,7 +286,11 @@ class WriterLease:
             self._renewer = None
         if self.lost or self._version is None:
             return
-        lease = _parse(self._publisher.read_document(WRITER_LEASE)[0], self._publisher.uri(WRITER_LEASE))
+        content, version = self._publisher.read_document(WRITER_LEASE)
+        lease = _parse(content, self._publisher.uri(WRITER_LEASE))
         if lease is not None and lease["token"] == self.token:
-            self._publisher.withdraw_document(WRITER_LEASE)
+            try:  # over the version read: a lease another writer took over meanwhile is theirs, not removed
+                self._publisher.withdraw_document(WRITER_LEASE, version)
+            except storage.PublishConflictError:
+                logger.info("%s: the writer lease changed hands while being released; left to its holder", self.uri)
         self._version = None

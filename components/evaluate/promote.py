@@ -322,6 +322,7 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
         except storage.PublishConflictError:
             attempts += 1
             continue  # another promotion moved first: read it again (and decide again)
+        claimed_at = time.monotonic()
         logger.info("claimed version %d under %s", version, root)
         clean_up(root, pointer, listed, token, clock)
         try:
@@ -346,8 +347,9 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
             publisher.swap_document(POINTER, _encode(stored(promoted, root)), claimed)
         except storage.PublishConflictError as error:
             raise PromotionConflictError(
-                f"version {version} was made visible at {publisher.uri(str(version))}, but another promotion took "
-                f"over its claim (it took longer than {STALE_CLAIM_SECONDS:.0f} s) before it could be marked ready"
+                f"version {version} was made visible at {publisher.uri(str(version))}, but the pointer was changed "
+                f"by someone else {time.monotonic() - claimed_at:.0f} s after this promotion claimed it, before it "
+                f"could be marked ready (a claim is taken over only once watched for {STALE_CLAIM_SECONDS:.0f} s)"
             ) from error
         except BaseException:  # the last write failed (or the step was stopped): the root goes back as it was
             _withdraw_claim(root, version, ready, claimed)
