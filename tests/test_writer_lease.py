@@ -104,3 +104,23 @@ def test_publish_answers_the_version_it_wrote_and_the_lease_never_reads_its_own_
         holder.check_writer()  # the lease is still its own
     finally:
         holder.release_writer()
+
+
+def test_a_local_mirror_holds_only_what_the_store_holds_once_pulled(object_store, tmp_path):
+    """A user who deleted a model directory's objects to start over, training again on the same machine: the mirror's
+    old checkpoints are not resumed from (the store is the truth)."""
+    model_dir = f"{object_store}/models/again"
+    first = machine(model_dir, tmp_path, "same-machine")
+    first.claim_writer()
+    try:
+        for name in ("ckpt-20.index", "ckpt-20.data-00000-of-00001", "checkpoint"):
+            (first.local / name).write_bytes(b"x")
+        first.push()
+    finally:
+        first.release_writer()
+    publisher = storage.publisher_for(model_dir)
+    for name in publisher.list():
+        publisher.withdraw(name)
+    again = machine(model_dir, tmp_path, "same-machine")
+    again.pull()
+    assert sorted(path.name for path in again.local.iterdir() if not path.name.startswith(".")) == []

@@ -276,6 +276,14 @@ class ModelDirectory:
             return
         publisher = storage.publisher_for(self.uri)
         names = publisher.list()
+        held = set(names)
+        forgotten = [path for path in sorted(self.local.rglob("*")) if path.is_file() and not path.name.startswith(".")
+                     and path.relative_to(self.local).as_posix() not in held]  # fmt: skip
+        for path in forgotten:  # the store is the truth: what it no longer holds (started over) is not resumed from
+            path.unlink()
+        if forgotten:
+            logger.info("removed %d file(s) of the local mirror %s that %s no longer holds", len(forgotten),
+                        self.local, self.uri)  # fmt: skip
         for name in names:
             target = self.local / name
             checksum = publisher.checksum(name)

@@ -5,6 +5,7 @@ and the masking every printed and logged line goes through.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import threading
@@ -64,19 +65,30 @@ _SHAPES = (
     (re.compile(r"(?i)\b(oauth2_proxy[a-z0-9_]*=)[^\s;\"',]{8,}"), r"\1" + MASK),
     (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@\"'<>]+@"), r"\1" + MASK + "@"),
     (re.compile(r"(?i)\b(X-Amz-(?:Signature|Credential|Security-Token)=)[^&\s\"']+"), r"\1" + MASK),
+    # an address's query values whose names say they carry a credential (?token=..., &sig=..., &key=...)
+    (re.compile(r"(?i)([?&;](?:[a-z0-9_.\-]*token|sig|signature|key|api_?key|password|passwd|secret|code|"
+                r"X-Amz-[a-z\-]+)=)[^&#\s\"'<>]+"), r"\1" + MASK),
 )  # fmt: skip
 _known: set[str] = set()
 _lock = threading.Lock()
 
 
+def encodings(secret: str) -> set[str]:
+    """`secret` as a server may echo it back: as it is, percent-encoded or decoded, in base64 (standard and URL-safe,
+    padded or not) and in hex (either case)."""
+    raw = secret.encode()
+    base64_forms = {base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()}
+    forms = {secret, urllib.parse.unquote(secret), urllib.parse.quote(secret, safe=""), raw.hex(), raw.hex().upper()}
+    forms |= base64_forms | {form.rstrip("=") for form in base64_forms}
+    return {form for form in forms if len(form) >= MIN_SECRET_CHARACTERS}
+
+
 def remember(secret: str | None) -> None:
-    """Mask `secret` in every line from now on (a value too short to be a secret is not remembered)."""
+    """Mask `secret`, in each of its encodings, in every line from now on (a value too short to be a secret is not
+    remembered)."""
     if secret and len(secret.strip()) >= MIN_SECRET_CHARACTERS:
         with _lock:
-            _known.add(secret.strip())
-            decoded = urllib.parse.unquote(secret.strip())
-            if len(decoded) >= MIN_SECRET_CHARACTERS:
-                _known.add(decoded)
+            _known.update(encodings(secret.strip()))
 
 
 def remember_environment(environment: dict[str, str] | None = None) -> None:
@@ -129,12 +141,19 @@ def refuse_user_info(address: str, field: str, where_credentials_go: str) -> Non
         )
 
 
+def holds_secret(text: str) -> bool:
+    """Whether `text` holds a known secret in any of its encodings, or a credential's shape."""
+    return mask(text) != text
+
+
 def server_words(text: str | bytes | None, limit: int = 120) -> str:
-    """A server's own message as a line quotes it: one line, masked, shortened, marked as the server's
-    (", the server says '...'"; "" for none)."""
+    """A server's own message as a line quotes it: one line, shortened, marked as the server's (", the server says
+    '...'"; "" for none). A message that holds a credential (echoed in any encoding) is left out whole, not quoted."""
     if isinstance(text, bytes):
         text = text[: limit * 8].decode("utf-8", errors="replace")
-    words = " ".join(mask(text or "").split())
+    if text and holds_secret(text):
+        return ", the server's words left out (they repeat a credential)"
+    words = " ".join((text or "").split())
     if not words:
         return ""
     if len(words) > limit:
