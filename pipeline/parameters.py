@@ -47,6 +47,7 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
     `on_cluster`, a prepare step's pod with less memory than its bound on the source needs. (Another pipeline's
     values are checked by its step, its first.)"""
     check_parameter_types(pipeline, parameters)
+    check_locations(parameters)  # every pipeline's, by one rule
     if on_cluster:
         check_cluster_locations(parameters)
     if not trains(pipeline):
@@ -68,7 +69,6 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
             f"synthetic_train_per_class: it sizes the synthetic dataset, and the source is {given.get('source')}: "
             "leave it out, or give source synthetic"
         )
-    check_locations(parameters)
     _check_values(given)  # as given: its messages quote what the user wrote
     if not resumed:
         check_used(parameters, given, on_cluster)
@@ -137,11 +137,14 @@ LOCATION_PARAMETERS = ("promotion_root", "model_dir", "warm_start", "sweep_dir",
 
 
 def check_locations(parameters: dict[str, Any]) -> None:
-    """A location parameter is a folder, gs:// or s3://: an http(s):// or ftp:// one would be taken for a folder."""
-    from components.common.config import STORE_SCHEMES, scheme_problem
+    """Every location parameter by one rule (components/common/config.py scheme_problem): a folder, gs:// or s3://
+    (a source also http(s)://: an ftp:// one would be taken for a folder), with a bucket, no '..' or '.' in an
+    object's key, no control character."""
+    from components.common.config import STORE_SCHEMES, URL_SCHEMES, scheme_problem
 
-    for name in LOCATION_PARAMETERS:
-        problem = scheme_problem(name, str(parameters.get(name) or ""), STORE_SCHEMES)
+    for name in (*LOCATION_PARAMETERS, "source", "model", "images"):
+        schemes = STORE_SCHEMES + URL_SCHEMES if name == "source" else STORE_SCHEMES
+        problem = scheme_problem(name, str(parameters.get(name) or ""), schemes)
         if problem:
             raise CommandError(problem)
 

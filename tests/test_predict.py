@@ -364,21 +364,24 @@ def test_any_file_name_can_be_reported(promoted, tmp_path):
     assert "caf\\xe9 &lt;b&gt;.png" in report and "<b>" not in report
 
 
-@pytest.mark.parametrize("count", [1, 11])
+@pytest.mark.parametrize("count", [1, 11, "ten cats"])
 @pytest.mark.parametrize("names_in", ["the SavedModel's asset", "the pointer", "the pointer, counted"])
 def test_class_names_that_do_not_match_the_models_outputs_are_refused(promoted, tmp_path, capsys, count, names_in):
-    """Names of each wrong length, where a model's names come from: its asset, or its promotion root's pointer
-    (which since this release also says how many there are: a pointer whose count and names differ is damaged)."""
+    """Names of each wrong length, or ten names all "cat", where a model's names come from: its asset, or its
+    promotion root's pointer (which since this release also says how many there are: a pointer whose count and names
+    differ is damaged)."""
     import shutil
 
     root, _evaluation = promoted
-    names = [f"class {index}" for index in range(count)]
+    names = ["cat"] * 10 if count == "ten cats" else [f"class {index}" for index in range(count)]
     if names_in == "the SavedModel's asset":
         model = tmp_path / "saved_model"
         shutil.copytree(root / "1", model)
         named_by = model / "assets" / "label_names.json"
         named_by.write_text(json.dumps({"label_names": names}))
         expected = f"{named_by}: lists {count} class names, but the model {model} scores 10 classes"
+        if count == "ten cats":
+            expected = f"{named_by}: names 'cat' more than once: each class needs a name of its own"
     else:
         model = tmp_path / "root"
         shutil.copytree(root, model)
@@ -389,6 +392,8 @@ def test_class_names_that_do_not_match_the_models_outputs_are_refused(promoted, 
             expected = f"{model}/current.json (label_names): lists {count} class names, but the model "
         else:
             expected = f"label_names: {count} names, but num_classes is 10; the pointer is damaged"
+        if count == "ten cats":
+            expected = f"{model}/current.json (label_names): names 'cat' more than once"
         (model / "current.json").write_text(json.dumps(pointer))
     code = predict_main(["--model", str(model), "--images", str(tmp_path), "--output", str(tmp_path / "p.jsonl")])
     assert code == 2

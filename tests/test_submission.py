@@ -387,6 +387,31 @@ def test_a_cluster_run_refuses_a_path_of_this_machine(kfp_api, capsys, pipeline_
     assert not kfp_api.bodies("POST", f"{API}/runs") and not kfp_api.bodies("POST", f"{API}/recurringruns")
 
 
+@pytest.mark.parametrize(
+    ("pipeline_name", "arguments", "message"),
+    [("training", ["run", "--promotion-root", "s3:///models"], "promotion_root: 's3:///models' names no bucket"),
+     ("training", ["run", "--model-dir", "s3://bucket/../other"], "model_dir: 's3://bucket/../other': an object store"),
+     ("training", ["schedule", "--promotion-root", "gs://b/models\n"], "holds a control character"),
+     ("training", ["run", "--source", "s3://b/./cifar.tar.gz"], "an object store has no folders"),
+     ("sweep", ["run", "--sweep-dir", "s3://b/sweeps/\x1b[2J"], "sweep_dir: 's3://b/sweeps/\\x1b[2J' holds a control"),
+     ("predict", ["run", "--model", "s3:///m", "--images", "s3://b/i"], "model: 's3:///m' names no bucket")],
+)  # fmt: skip
+def test_every_location_is_checked_by_one_rule_before_anything_is_sent(kfp_api, capsys, pipeline_name, arguments,
+                                                                        message):  # fmt: skip
+    """A bucket, no '..' or '.' in an object's key, no control character: for every location parameter, on every
+    pipeline, refused in one line before the run (an object named '..' is not the folder above)."""
+    from pipeline.predict_pipeline import predict_pipeline
+    from pipeline.sweep_pipeline import cifar10_sweep
+
+    pipeline = {"training": cifar10_pipeline, "sweep": cifar10_sweep, "predict": predict_pipeline}[pipeline_name]
+    command, *options = arguments
+    extra = ["--cron", "0 0 3 * * *"] if command == "schedule" else []
+    assert commands.main(pipeline, [command, "--host", kfp_api.url, *extra, *options]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert message in line, line
+    assert not kfp_api.bodies("POST", f"{API}/runs") and not kfp_api.bodies("POST", f"{API}/recurringruns")
+
+
 def test_launcher_pod_with_more_workers_than_its_pod_holds_is_refused_before_the_run(kfp_api, capsys):
     """launcher pod trains as processes of the training step's own pod: 32 workers of half a GB each do not fit its
     8Gi (the pod would be OOMKilled, and retried, after the data was prepared)."""

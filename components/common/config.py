@@ -106,15 +106,34 @@ URL_SCHEMES = ("http", "https")
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def scheme_problem(name: str, value: str, schemes: Sequence[str] = STORE_SCHEMES + URL_SCHEMES) -> str | None:
-    """Why `value` (field or parameter `name`) names a location of a scheme it cannot have, or None."""
+    """Why `value` (field or parameter `name`) names a location it cannot: a scheme it cannot have; for every
+    location with a scheme, a control character (a newline); for an object store's, no bucket or a `..` in its key
+    (an object named `..`, not the folder above). None when it may."""
     match = SCHEME.match(value)
-    if match is None or match.group(1) in schemes:
+    if match is None:
         return None
-    return (
-        f"{name}: {shown(value)}: {match.group(1)}:// is not a scheme this project reads or writes (a folder, "
-        f"{', '.join(scheme + '://' for scheme in schemes)})"
-    )
+    scheme = match.group(1)
+    if scheme not in schemes:
+        return (
+            f"{name}: {shown(value)}: {scheme}:// is not a scheme this project reads or writes (a folder, "
+            f"{', '.join(scheme + '://' for scheme in schemes)})"
+        )
+    if CONTROL_CHARACTER.search(value):
+        return f"{name}: {shown(value)} holds a control character (a newline, a tab): no location has one"
+    if scheme in STORE_SCHEMES:
+        bucket, _, key = value[match.end() :].partition("/")
+        if not bucket:
+            return f"{name}: {shown(value)} names no bucket: give {scheme}://BUCKET/PATH"
+        if ".." in key.split("/") or "." in key.split("/"):
+            return (
+                f"{name}: {shown(value)}: an object store has no folders to step out of or stay in ('..', '.'), so "
+                "these would be object names: give the prefix itself"
+            )
+    return None
 
 
 def _check_value(name: str, value: Any, annotation: Any) -> None:

@@ -716,7 +716,14 @@ class LabelCountError(ValueError):
 
 
 def check_label_count(scored: int, label_names, model: str, names_from: str) -> None:
-    """The model `model` scores `scored` classes; its class names (read from `names_from`) must name each one."""
+    """The model `model` scores `scored` classes; its class names (read from `names_from`) must name each one, each
+    once (two classes of one name could not be told apart in a prediction, a report or a confusion matrix)."""
+    repeated = sorted({name for name in label_names if list(label_names).count(name) > 1})
+    if repeated:
+        raise LabelCountError(
+            f"{names_from}: names {', '.join(repr(name) for name in repeated[:3])} more than once: each class needs a "
+            "name of its own"
+        )
     if scored != len(label_names):
         raise LabelCountError(
             f"{names_from}: lists {len(label_names)} class names, but the model {model} scores {scored} classes: "
