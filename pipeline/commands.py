@@ -547,6 +547,26 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     return parser
 
 
+
+# How long the KFP API server lets each name be (its database's columns: an experiment's name varchar(128), a run's and
+# a recurring run's display name varchar(255)); a longer one is refused after the pipeline was uploaded.
+NAME_LENGTHS = {"experiment": 128, "run_name": 255, "name": 255}
+
+
+def check_names(**names: str | None) -> None:
+    """A run's, schedule's or experiment's name: not empty, no control character, within the API's bound."""
+    from components.common.config import CONTROL_CHARACTER, shown
+
+    for field, value in names.items():
+        if value is None:
+            continue
+        if not value.strip():
+            raise CommandError(f"{field}: an empty name; give one, or leave it out for the default")
+        if CONTROL_CHARACTER.search(value):
+            raise CommandError(f"{field}: {shown(value)} holds a control character (a newline, a tab)")
+        if len(value) > NAME_LENGTHS[field]:
+            raise CommandError(f"{field}: {len(value)} characters, more than the KFP API keeps ({NAME_LENGTHS[field]})")
+
 def main(pipeline, argv: list[str] | None = None) -> int:
     arguments = build_parser(pipeline).parse_args(argv)
     setup_logging()
@@ -567,6 +587,7 @@ def main(pipeline, argv: list[str] | None = None) -> int:
 
             clean_runs(pipeline.name, arguments.output_root, arguments.keep, arguments.all)
         elif arguments.command == "run":
+            check_names(experiment=arguments.experiment, run_name=arguments.run_name)
             submit(
                 pipeline,
                 chosen_parameters(arguments, pipeline),
@@ -578,6 +599,7 @@ def main(pipeline, argv: list[str] | None = None) -> int:
                 arguments.poll_seconds,
             )
         elif arguments.command == "schedule":
+            check_names(experiment=arguments.experiment, name=arguments.name)
             schedule(
                 pipeline,
                 chosen_parameters(arguments, pipeline),

@@ -412,6 +412,21 @@ def test_every_location_is_checked_by_one_rule_before_anything_is_sent(kfp_api, 
     assert not kfp_api.bodies("POST", f"{API}/runs") and not kfp_api.bodies("POST", f"{API}/recurringruns")
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [(["run", "--run-name", "r" * 256], "run_name: 256 characters, more than the KFP API keeps (255)"),
+     (["run", "--experiment", "e" * 129], "experiment: 129 characters, more than the KFP API keeps (128)"),
+     (["schedule", "--cron", "0 0 3 * * *", "--name", "nightly\nretraining"], "name: 'nightly\\nretraining' holds a"),
+     (["run", "--run-name", "   "], "run_name: an empty name")],
+)  # fmt: skip
+def test_names_are_bounded_as_the_kfp_api_bounds_them_before_anything_is_sent(kfp_api, capsys, arguments, message):
+    command, *options = arguments
+    assert commands.main(cifar10_pipeline, [command, "--host", kfp_api.url, *options]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert message in line, line
+    assert not kfp_api.bodies("POST", f"{API}/runs") and not kfp_api.bodies("POST", f"{API}/recurringruns")
+
+
 def test_launcher_pod_with_more_workers_than_its_pod_holds_is_refused_before_the_run(kfp_api, capsys):
     """launcher pod trains as processes of the training step's own pod: 32 workers of half a GB each do not fit its
     8Gi (the pod would be OOMKilled, and retried, after the data was prepared)."""
