@@ -547,7 +547,6 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     return parser
 
 
-
 # How long the KFP API server lets each name be (its database's columns: an experiment's name varchar(128), a run's and
 # a recurring run's display name varchar(255)); a longer one is refused after the pipeline was uploaded.
 NAME_LENGTHS = {"experiment": 128, "run_name": 255, "name": 255}
@@ -566,6 +565,7 @@ def check_names(**names: str | None) -> None:
             raise CommandError(f"{field}: {shown(value)} holds a control character (a newline, a tab)")
         if len(value) > NAME_LENGTHS[field]:
             raise CommandError(f"{field}: {len(value)} characters, more than the KFP API keeps ({NAME_LENGTHS[field]})")
+
 
 def main(pipeline, argv: list[str] | None = None) -> int:
     arguments = build_parser(pipeline).parse_args(argv)

@@ -138,7 +138,7 @@ def default_namespace() -> tuple[str | None, str]:
     try:
         namespace = IN_CLUSTER_NAMESPACE.read_text(
             encoding="utf-8"
-        ).strip()  # reader: the kubelet's service-account file
+        ).strip()  # reader: the kubelet's one-line namespace file
         if namespace:
             return namespace, "this pod's namespace"
     except (OSError, UnicodeDecodeError):

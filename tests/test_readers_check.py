@@ -39,22 +39,37 @@ def test_this_repository_reads_and_writes_only_through_its_owners():
         ("settings = yaml.safe_load(Path(path).read_text())", ".read_text()"),
         ("Path(path).write_bytes(b'x')", ".write_bytes()"),
         ("answer = requests.get(url, timeout=5).json()", "requests.get()"),
-        ("body = urllib.request.urlopen(url).read()", "urlopen()"),
+        ("body = urllib.request.urlopen(url).read()", "urllib.request.urlopen()"),
         ("handle = os.open(path, os.O_RDONLY)", "os.open()"),
         ("data = np.load(path)", "np.load()"),
         ("settings = json.loads(text)  # reader: ok", "json.loads()"),  # a reason of fewer than three words
+        ("settings = json.loads(text)  # reader: ok ok ok", "json.loads()"),  # three words, none a reason
+        ("handle = io.open(path)", "io.open()"),
+        ("handle = Path(path).open()", ".open()"),
+        ("handle = codecs.open(path)", "codecs.open()"),
+        ("archive = tarfile.open(path)", "tarfile.open()"),
+        ("handle = gzip.open(path)", "gzip.open()"),
+        ("shutil.copyfile(path, url)", "shutil.copyfile()"),
+        ("image = Image.open(path)", "Image.open()"),
+        ("data = tf.io.read_file(path)", "tf.io.read_file()"),
+        ("settings = j.loads(text)", "j.loads()"),  # import json as j
+        ("settings = loads(text)", "loads()"),  # from json import loads
     ],
 )
 def test_a_read_added_outside_the_owners_fails_naming_its_file_and_line(scratch_copy, code, what):
     added = scratch_copy / "components" / "predict" / "added.py"
-    imports = "import json, os, urllib.request, requests, yaml\nimport numpy as np\nfrom pathlib import Path\n"
+    imports = (
+        "import codecs, gzip, io, json, os, shutil, tarfile, urllib.request, requests, yaml\nimport numpy as np\n"
+        "import json as j\nimport tensorflow as tf\nfrom json import loads\nfrom pathlib import Path\n"
+        "from PIL import Image\n"
+    )
     added.write_text(f"{imports}\n\ndef read(path, url, text):\n    {code}\n")
     try:
         result = check(scratch_copy)
     finally:
         added.unlink()
     assert result.returncode == 1
-    assert f"components/predict/added.py:7: {what} outside the owners" in result.stdout
+    assert f"components/predict/added.py:11: {what} outside the owners" in result.stdout, result.stdout
     assert "go through one, or give the reason" in result.stderr
 
 

@@ -13,7 +13,7 @@ def namespace_of_this_pod(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
     """The namespace this pod runs in (a KFP profile's namespace in multi-user Kubeflow): its service account's
     namespace file, else $POD_NAMESPACE (the downward API's usual name), else None (not in a pod)."""
     with contextlib.suppress(OSError, UnicodeDecodeError):
-        namespace = path.read_text(encoding="utf-8").strip()  # reader: the kubelet's service-account file
+        namespace = path.read_text(encoding="utf-8").strip()  # reader: the kubelet's one-line namespace file
         if namespace:
             return namespace
     return os.environ.get("POD_NAMESPACE") or None

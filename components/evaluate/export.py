@@ -100,4 +100,4 @@ def export_saved_model(
     for path in checkpoint_files:
         target = Path(directory, CHECKPOINT_FOLDER, Path(path).name)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
+        shutil.copyfile(path, target)  # writer: the model's own checkpoint files into its export folder

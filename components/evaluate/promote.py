@@ -170,7 +170,7 @@ def stage(root: str, export_dir: Path, token: str) -> list[str]:
                 f"{STAGING}/{token}/{name}", storage.read_bytes(str(path)), expected_version=storage.ABSENT
             )
     else:
-        shutil.copytree(export_dir, Path(root, STAGING, token))
+        shutil.copytree(export_dir, Path(root, STAGING, token))  # writer: this promotion's own export, staged
     return relative
 
 

@@ -232,7 +232,7 @@ def process_tree_stopped(pid: int) -> bool:
     while pending:
         current = pending.pop()
         try:
-            with open(f"/proc/{current}/stat") as handle:  # reader: the kernel's /proc
+            with open(f"/proc/{current}/stat") as handle:  # reader: the kernel's /proc lines of one process
                 state = handle.read().rsplit(")", 1)[-1].split()[0]
         except (OSError, IndexError):
             continue
@@ -243,7 +243,7 @@ def process_tree_stopped(pid: int) -> bool:
         except OSError:
             continue
         for task in tasks:
-            # reader: the kernel's /proc
+            # reader: the kernel's /proc lines of one process
             with contextlib.suppress(OSError), open(f"/proc/{current}/task/{task}/children") as handle:
                 pending.extend(int(child) for child in handle.read().split())
     return False

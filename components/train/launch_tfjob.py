@@ -38,7 +38,7 @@ CONTAINER_NAME = "tensorflow"  # TF_CONFIG is injected only into the container o
 
 def template() -> dict[str, Any]:
     """The TFJob template, packaged with the code (found the same way in an editable or a wheel install)."""
-    # reader: a file shipped in this package
+    # reader: a YAML template shipped in this package
     template = resources.files("components.train").joinpath("tfjob.yaml").read_text()
     return yaml.safe_load(template)  # reader: the packaged template above
 

@@ -163,7 +163,7 @@ class Supervisor:
                 return exit_codes.FAILED
 
     def _read(self, read_end: int) -> bool:
-        chunk = os.read(read_end, 4096)
+        chunk = os.read(read_end, 4096)  # reader: the training process's pipe, 4096 bytes at most
         if not chunk:
             return False
         self._buffer += chunk

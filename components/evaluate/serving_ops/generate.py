@@ -61,7 +61,7 @@ def download_wheel(version: str, folder: Path) -> Path:
 
 
 def op_list_bytes(wheel: Path, folder: Path) -> bytes:
-    with zipfile.ZipFile(wheel) as archive:
+    with zipfile.ZipFile(wheel) as archive:  # reader: the TensorFlow Serving wheel pip fetched, by its index
         present = [name for name in LIBRARIES if name in archive.namelist()]
         for name in present:
             archive.extract(name, folder)
