@@ -262,7 +262,9 @@ def sweep(values: Values) -> list[Command]:
     space = _in_repository(values["SPACE"], SPACE_DEFAULT)
     in_extra = _options_in(values.extra()).get("--space")
     searched = _searched(in_extra[0] or "" if in_extra else space)  # EXTRA='--space ...' is the space searched
-    arguments = [*_local(values, ["sweep"], searched), "--space", space]
+    arguments = _local(values, ["sweep"], searched)
+    if values.has("SPACE") or not values.has("RESUME"):  # a resumed sweep searches its own space unless one is given
+        arguments += ["--space", space]
     if values.has("TRIALS") or not values.has("RESUME"):
         default = "12" if any(values.has(name) for name in ("PRESET", "TRAIN_STEPS", "EPOCHS")) else "4"
         arguments += ["--trials", values["TRIALS"] if values.has("TRIALS") else default]

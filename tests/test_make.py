@@ -282,6 +282,18 @@ def test_make_n_shows_the_command_a_target_runs(tmp_path):
     assert "--train-steps" not in resumed and resumed[resumed.index("--resume") + 1] == "last"
 
 
+def test_a_resumed_sweep_is_given_only_what_the_user_gave():
+    """`make sweep RESUME=last` (docs/sweep.md) continues with the study's own space and budget: make passes no
+    default of its own as if the user gave it; a SPACE or TRIALS given anew is passed, for the sweep to check."""
+    resumed = make.commands_of("sweep", make.Values({"RESUME": "last"}, environment={}))[0].arguments
+    assert "--space" not in resumed and "--trials" not in resumed and "--resume" in resumed
+    given = make.commands_of("sweep", make.Values({"RESUME": "last", "SPACE": "my.yaml", "TRIALS": "9"},
+                                                  environment={}))[0].arguments  # fmt: skip
+    assert given[given.index("--space") + 1] == "my.yaml" and given[given.index("--trials") + 1] == "9"
+    fresh = make.commands_of("sweep", make.Values({}, environment={}))[0].arguments
+    assert fresh[fresh.index("--space") + 1].endswith("pipeline/sweep_space.yaml") and "--trials" in fresh
+
+
 def test_the_images_setting_reaches_the_image_builder():
     (command,) = make.commands_of("images", make.Values({"REGISTRY": "registry.example.com/ml"}, environment={}))
     shown = subprocess.run(

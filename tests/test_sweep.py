@@ -563,6 +563,24 @@ def test_a_journal_cut_by_an_abrupt_end_is_read_up_to_its_last_whole_line_and_a_
     assert journal.read_text() == lines[0] + "\n{damaged\n" + lines[1] + "\n"  # left as it was, for a restore
 
 
+def test_an_emptied_journal_beside_recorded_trials_is_refused_as_damaged(split_data, tmp_path, capsys):
+    """Emptied (truncated, replaced by an empty file) while trials.jsonl records the study's trials: refused, not
+    taken for a new study that would write over the first one's records; nothing changed."""
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    (sweep_dir / "study.journal").write_bytes(b"")
+    record = {"trial": 0, "state": "complete", "accuracy": 0.5, "settings": {"learning_rate": 0.1}}
+    (sweep_dir / "trials.jsonl").write_text(json.dumps(record) + "\n")
+    space = {"learning_rate": {"low": 0.01, "high": 0.1, "log": True}}
+    assert sweep_main(arguments(split_data, sweep_dir, space, trials=1)) == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "study.journal: the study journal is empty, yet trials.jsonl beside it records finished trials" in message
+    assert (sweep_dir / "trials.jsonl").read_text() == json.dumps(record) + "\n"
+    with pytest.raises(sweep_module.SweepError):  # and the rule itself, without the folder
+        sweep_module.recover_journal(sweep_dir / "study.journal", "s3://b/sweep/study.journal", trials_recorded=True)
+    sweep_module.recover_journal(sweep_dir / "study.journal", "s3://b/sweep/study.journal")  # a new study's: fine
+
+
 def test_a_lost_journal_never_puts_a_new_trial_into_an_old_trials_folder(split_data, tmp_path):
     """The study's journal emptied after a trial: the new study's trial 0 trains in a folder of its own, and a trial
     folder refuses to be trained with settings other than those it records."""

@@ -188,7 +188,8 @@ def _study(folder: SweepFolder, config: SweepConfig):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     folder.pull(STUDY)
-    recover_journal(folder.local / STUDY, folder.location(STUDY))
+    folder.pull(TRIALS)
+    recover_journal(folder.local / STUDY, folder.location(STUDY), (folder.local / TRIALS).is_file())
     journal = JournalStorage(JournalFileBackend(str(folder.local / STUDY)))
     startup = config.startup_trials
     sampler = (
@@ -207,16 +208,23 @@ def _study(folder: SweepFolder, config: SweepConfig):
     )  # fmt: skip
 
 
-def recover_journal(path: Path, uri: str) -> None:
+def recover_journal(path: Path, uri: str, trials_recorded: bool = False) -> None:
     """The study's journal as Optuna will read it: a regular file of bounded size, one JSON object per line. A last
     line cut short (an abrupt end mid-write) is dropped, saying so; a line damaged before it is one line naming the
-    file and the remedy."""
+    file and the remedy, and so is a journal emptied where trials were recorded (`trials_recorded`: trials.jsonl
+    is there), which would otherwise start a new study over the first one's records."""
     if not path.exists() and not path.is_symlink():
         return
     try:
         content = storage.read_regular_file(path, MAX_JOURNAL_BYTES)
     except (storage.FileReadError, OSError) as error:
         raise SweepError(f"{uri}: {error}; not a study journal: give another sweep folder") from None
+    if trials_recorded and b"\n" not in content:
+        raise SweepError(
+            f"{uri}: the study journal is empty, yet {TRIALS} beside it records finished trials: the journal was "
+            "emptied or replaced; restore it (a copy of the folder), or give another sweep folder to start a new "
+            "study; nothing was changed"
+        )
     whole = content.rfind(b"\n") + 1
     lines = content[:whole].split(b"\n")[:-1]
     for number, line in enumerate(lines, start=1):
