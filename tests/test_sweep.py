@@ -581,6 +581,25 @@ def test_an_emptied_journal_beside_recorded_trials_is_refused_as_damaged(split_d
     sweep_module.recover_journal(sweep_dir / "study.journal", "s3://b/sweep/study.journal")  # a new study's: fine
 
 
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_a_continued_study_samples_new_settings_not_trial_zeros_again(tmp_path, sampler):
+    """The sampler's seed is the sweep's for a new study; a continued one goes on from the trials already asked, so
+    its next trial is not trial 0's settings once more."""
+    import optuna
+
+    config = sweep_module.SweepConfig(data="d", sweep_dir=str(tmp_path / "sweep"), sampler=sampler,
+                                      space=json.dumps({"learning_rate": {"low": 0.01, "high": 0.1}}))  # fmt: skip
+    folder = sweep_module.SweepFolder(config.sweep_dir, None)
+    distribution = {"learning_rate": optuna.distributions.FloatDistribution(0.01, 0.1)}
+    first = sweep_module._study(folder, config)
+    asked = first.ask(distribution)
+    first.tell(asked, 0.5)
+    again = sweep_module._study(folder, config)  # the sweep started again on its folder
+    assert len(again.trials) == 1
+    following = again.ask(distribution)
+    assert following.params["learning_rate"] != asked.params["learning_rate"]
+
+
 def test_a_lost_journal_never_puts_a_new_trial_into_an_old_trials_folder(split_data, tmp_path):
     """The study's journal emptied after a trial: the new study's trial 0 trains in a folder of its own, and a trial
     folder refuses to be trained with settings other than those it records."""

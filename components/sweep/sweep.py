@@ -192,20 +192,25 @@ def _study(folder: SweepFolder, config: SweepConfig):
     recover_journal(folder.local / STUDY, folder.location(STUDY), (folder.local / TRIALS).is_file())
     journal = JournalStorage(JournalFileBackend(str(folder.local / STUDY)))
     startup = config.startup_trials
-    sampler = (
-        optuna.samplers.TPESampler(seed=config.seed, n_startup_trials=startup, constant_liar=config.parallelism > 1)
-        if config.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed=config.seed)
-    )
+
+    def sampler(seed: int):
+        if config.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=config.parallelism > 1)
+        return optuna.samplers.RandomSampler(seed=seed)
+
     pruner = {
         "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=max(startup, 1), n_warmup_steps=0),
         "asha": lambda: optuna.pruners.SuccessiveHalvingPruner(),
         "none": lambda: optuna.pruners.NopPruner(),
     }[config.pruner]()
-    return optuna.create_study(
-        study_name=STUDY_NAME, storage=journal, sampler=sampler, pruner=pruner, direction="maximize",
+    study = optuna.create_study(
+        study_name=STUDY_NAME, storage=journal, sampler=sampler(config.seed), pruner=pruner, direction="maximize",
         load_if_exists=True,
     )  # fmt: skip
+    asked = len(study.get_trials(deepcopy=False))
+    if asked:  # a continued study: the sampler's draws go on from the trials already asked, not from trial 0's
+        study.sampler = sampler(config.seed + asked)
+    return study
 
 
 def recover_journal(path: Path, uri: str, trials_recorded: bool = False) -> None:
