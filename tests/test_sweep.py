@@ -105,22 +105,25 @@ def test_a_failed_and_a_pruned_trial_are_recorded_and_the_search_goes_on(split_d
 
 
 def test_a_stopped_sweep_continues_without_training_a_finished_trial_again(split_data, tmp_path):
+    """Ctrl-C on the terminal (SIGINT to the sweep and its trials, one process group): the running trial saves a
+    checkpoint and is neither recorded as failed nor counted; the sweep started again continues it."""
     sweep_dir = tmp_path / "sweep"
     space = {"learning_rate": {"low": 0.01, "high": 0.1, "log": True}}
     slow = {**TINY, "train_steps": 120, "validation_every_steps": 40, "checkpoint_every_steps": 20}
     command = [sys.executable, "-m", "components.sweep",
                *arguments(split_data, sweep_dir, space, trials=2, pruner="none", train_options=slow)]  # fmt: skip
-    first = subprocess.Popen(command, cwd=REPOSITORY, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(command, cwd=REPOSITORY, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # until the first trial finished and the second has a checkpoint
         done = (sweep_dir / "trials.jsonl").exists() and records(sweep_dir)
         if done and list((sweep_dir / "trials").glob("0001-*/ckpt-*.index")):
             break
         time.sleep(0.5)
-    first.send_signal(signal.SIGTERM)
+    os.killpg(first.pid, signal.SIGINT)  # as the terminal sends Ctrl-C: to every process of the group
     _out, log = first.communicate(timeout=180)
-    assert first.returncode == 143, log[-3000:]
-    assert [record["trial"] for record in records(sweep_dir)] == [0]
+    assert first.returncode == 130, log[-3000:]
+    assert [record["trial"] for record in records(sweep_dir)] == [0]  # the stopped trial is not recorded as failed
+    assert "trial 1 failed" not in log
 
     second = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=400)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -150,6 +153,11 @@ def test_repeats_give_a_trial_its_mean_and_spread_and_the_time_budget_stops_the_
     assert sweep_main(arguments(split_data, timed, space, trials=5, max_minutes=0.05, pruner="none")) == 0
     (stopped,) = records(timed)
     assert stopped["state"] == "failed" and stopped["reason"] == "out of time"
+
+    limited = tmp_path / "limited"  # a trial's own limit, 2 seconds: that trial fails, the search goes on
+    assert sweep_main(arguments(split_data, limited, space, trials=1, trial_max_minutes=0.035, pruner="none")) == 0
+    (over,) = records(limited)
+    assert over["state"] == "failed" and over["reason"].startswith("over its own time limit (0.035 min")
 
 
 @pytest.mark.parametrize(

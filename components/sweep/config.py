@@ -91,6 +91,14 @@ class SweepConfig:
             "measures if that is longer, has stopped reporting: it is failed and the search goes on",
         },
     )
+    trial_max_minutes: float = field(
+        default=0.0,
+        metadata={
+            "range": "[0, 100000]",
+            "help": "a trial's own time limit (its repeats together): one that runs longer is stopped, saving a "
+            "checkpoint, and recorded as failed, and the search goes on (0: none; max_minutes bounds the sweep)",
+        },
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "where remote datasets are mirrored"})
 
     def __post_init__(self) -> None:

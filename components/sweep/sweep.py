@@ -507,8 +507,11 @@ class Sweep:
                     running, f"stopped reporting: no new validation measure for {waited:.0f} min (stall_minutes)"
                 )
                 return
+            minutes = (time.time() - running.started) / 60
             if self.out_of_time():
                 running.stopping = "out of time"
+            elif self.config.trial_max_minutes and minutes > self.config.trial_max_minutes:
+                running.stopping = f"over its own time limit ({self.config.trial_max_minutes:g} min, trial_max_minutes)"
             elif running.repeat == 0 and running.reported and running.trial.should_prune():
                 running.stopping = "pruned"
             if running.stopping:
@@ -522,6 +525,11 @@ class Sweep:
         from optuna.trial import TrialState
 
         trial = running.trial
+        if self.stop_signal is not None and running.stopping is None:  # Ctrl-C reached the trial with the sweep
+            logger.info("trial %d stopped with the sweep (exit %d): it continues when the sweep runs again",
+                        trial.number, code)  # fmt: skip
+            self.running.remove(running)  # left running in the study: continued, and not counted, on resume
+            return
         if running.stopping == "pruned":
             self._record(running, TrialState.PRUNED, "behind on its validation curve")
             return
