@@ -504,6 +504,7 @@ def test_a_promotion_whose_last_write_fails_leaves_the_root_as_it_was_and_no_cla
 
 
 def test_a_claim_is_taken_over_only_when_its_holder_is_gone_or_it_was_watched_long_enough(monkeypatch):
+    """client-go's rule: what the watcher saw on its own clock decides, never a timestamp another machine wrote."""
     import os
     import socket
     import subprocess
@@ -513,16 +514,37 @@ def test_a_claim_is_taken_over_only_when_its_holder_is_gone_or_it_was_watched_lo
     gone.wait()
     now = time.time()
     fresh = {"version": 2, "claimed_at": now - 5, "staging": "x", "holder": "another machine"}
-    assert not promote._abandoned(fresh, None, now, watched_seconds=0)
-    # This machine's clock 31 minutes ahead: the claim looks old by it, but was seen only now.
-    assert not promote._abandoned(fresh, None, now + 31 * 60, watched_seconds=0)
-    assert promote._abandoned(fresh, None, now, watched_seconds=promote.STALE_CLAIM_SECONDS + 1)
+    assert not promote._abandoned(fresh, None, watched_seconds=0)
+    days_old = {**fresh, "claimed_at": now - 10 * 86400}  # its writer's clock is days behind, or it is old: unknown
+    assert not promote._abandoned(days_old, None, watched_seconds=promote.CLAIM_LEASE_SECONDS - 1)
+    assert promote._abandoned(fresh, None, watched_seconds=promote.CLAIM_LEASE_SECONDS)
     here = {**fresh, "host": socket.gethostname()}
-    assert promote._abandoned({**here, "pid": gone.pid}, None, now, watched_seconds=0)  # its process is gone
-    assert not promote._abandoned({**here, "pid": os.getpid()}, None, now, watched_seconds=0)  # alive
-    days_old = {**fresh, "claimed_at": now - 2 * promote.UNTRUSTED_CLOCK_SECONDS}
-    assert promote._abandoned(days_old, None, now, watched_seconds=0)
-    assert promote._abandoned({**fresh, "checkpoint": "m/ckpt-10"}, "m/ckpt-10", now, watched_seconds=0)  # a retry
+    assert promote._abandoned({**here, "pid": gone.pid}, None, watched_seconds=0)  # its process is gone
+    assert not promote._abandoned({**here, "pid": os.getpid()}, None, watched_seconds=0)  # alive
+    assert promote._abandoned({**fresh, "checkpoint": "m/ckpt-10"}, "m/ckpt-10", watched_seconds=0)  # a retry
+    assert promote.claim_deadline() < promote.CLAIM_LEASE_SECONDS  # the holder gives up first
+
+
+def test_a_lost_promotions_claim_is_taken_over_after_the_claims_lease_not_half_an_hour(trained, tmp_path, monkeypatch):
+    """A promotion pod lost after its claim (another host's: no process to look for): the next promotion watches the
+    claim unchanged for the claim's lease and takes it over, removing what it left; a live one renews its claim while
+    it stages, so it is never taken over however long staging takes."""
+    import json
+    import time
+
+    monkeypatch.setattr(promote, "CLAIM_LEASE_SECONDS", 3.0)
+    monkeypatch.setattr(promote, "WAIT_POLL_SECONDS", 0.2)
+    root = tmp_path / "models"
+    promote_once(trained, root, step=5)
+    pointer = json.loads((root / "current.json").read_text())
+    claim = {"version": 2, "holder": "pid 7 on a lost pod", "host": "a-lost-pod", "pid": 7, "claimed_at": time.time(),
+             "staging": "1-lost", "checkpoint": "elsewhere"}  # fmt: skip
+    (root / "current.json").write_text(json.dumps({**pointer, "promoting": claim}))
+    (root / "2").mkdir()  # what it had made visible
+    started = time.monotonic()
+    outcome = promote_once(trained, root, step=10)
+    assert 3.0 <= time.monotonic() - started < 60.0 and outcome.promotion.version == 3
+    assert not (root / "2").exists()
 
 
 @pytest.mark.parametrize("kept", [0.1, 0.5])
@@ -680,3 +702,39 @@ def test_a_promotion_root_moved_or_copied_is_read_promoted_into_and_warm_started
     line = str(refused.value)
     assert f"saved_model {old / '2'} is outside this root" in line and f"copy {old / '2'} to {moved / '2'}" in line
     assert "remove" not in line and "\n" not in line
+
+
+def test_a_live_promotion_renews_its_claim_while_it_stages_and_is_never_taken_over(trained, tmp_path, monkeypatch,
+                                                                                  caplog):  # fmt: skip
+    """Staging takes longer than the claim's lease: the renewals show the waiting promotion it is alive, which waits
+    and then promotes the next version; nobody's claim is taken over."""
+    import threading
+    import time
+
+    monkeypatch.setattr(promote, "CLAIM_LEASE_SECONDS", 1.5)
+    monkeypatch.setattr(promote, "CLAIM_RENEW_SECONDS", 0.2)
+    monkeypatch.setattr(promote, "WAIT_POLL_SECONDS", 0.1)
+    root = tmp_path / "models"
+    promote_once(trained, root, step=5)
+    slow_stage = promote.stage
+
+    def stage(*arguments):
+        if threading.current_thread().name == "first":
+            time.sleep(8.0)  # five times the lease, and longer than the second takes to export
+        return slow_stage(*arguments)
+
+    monkeypatch.setattr(promote, "stage", stage)
+    outcomes = {}
+
+    def first():
+        outcomes["first"] = promote_once(trained, root, step=10)
+
+    thread = threading.Thread(target=first, name="first")
+    thread.start()
+    with caplog.at_level("INFO", logger="components.evaluate.promote"):
+        second = promote_once(trained, root, step=5, decide_again=lambda ready: promote.Decision(True, ["again"]))
+    thread.join()
+    said = [record.getMessage() for record in caplog.records]
+    assert not [line for line in said if "taking over the claim" in line], said
+    assert [line for line in said if "is being promoted by" in line], said
+    assert {outcomes["first"].promotion.version, second.promotion.version} == {2, 3}

@@ -38,6 +38,7 @@ POINTER_SCHEMA = documents.Fields(
                 "staging": documents.Text(max_length=128),
                 "host": documents.Text(max_length=256, nullable=True),
                 "pid": documents.Number("[1, 4194304]", integer=True, nullable=True),
+                "renewals": documents.Number("[0, inf)", integer=True),  # the claim's renewals while it stages
             },
             required=("version", "claimed_at", "staging"),
         ),

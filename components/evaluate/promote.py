@@ -16,8 +16,13 @@ export under `.staging/`; (4) makes the version visible: a rename on a local roo
 s3:// (saved_model.pb last); (5) swaps the pointer to the new ready version. Readers (the gate, warm starts, servers
 through the numbers) only ever see ready versions. A promotion that loses the race reads the new pointer, decides
 again against its model (bounded), and either promotes after it or ends not promoted, never failed. The next
-promotion removes what a dead one left (a claim older than STALE_CLAIM_SECONDS, or an earlier attempt of the same
-promotion): its staged files and its numeric folder.
+promotion removes what a dead one left (a claim it watched unchanged for CLAIM_LEASE_SECONDS, a claim of a process
+of this host that is gone, or an earlier attempt of the same promotion): its staged files and its numeric folder.
+
+The claim is a lease by client-go's rules: its holder renews it (the pointer swapped again, its `renewals` counted)
+every CLAIM_RENEW_SECONDS while it stages, and gives up a third of the lease before anyone may take over; a waiting
+promotion takes it over only after it has watched the pointer unchanged for CLAIM_LEASE_SECONDS on its own clock,
+never by comparing a timestamp written by another machine's clock with its own.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import logging
 import os
 import shutil
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -55,8 +61,9 @@ logger = logging.getLogger(__name__)
 
 STAGING = ".staging"
 SAVED_MODEL_PROTO = "saved_model.pb"
-STALE_CLAIM_SECONDS = 1800.0  # a claim watched this long belongs to a dead promotion (staging takes minutes)
-UNTRUSTED_CLOCK_SECONDS = 86400.0  # a claim older than this by any clock is dead, however far clocks disagree
+CLAIM_LEASE_SECONDS = 90.0  # a claim watched unchanged this long (on the watcher's own clock) is a dead promotion's
+CLAIM_RENEW_SECONDS = 20.0  # how often a promotion renews its claim while it stages
+STALE_CLAIM_SECONDS = 1800.0  # staged files older than this (by their name's start) belong to a dead promotion
 WAIT_POLL_SECONDS = 2.0
 ATTEMPTS = 4  # pointer compare-and-swaps lost to other promotions before giving up
 
@@ -195,18 +202,72 @@ def remove(root: str, prefix: str) -> None:
         publisher.withdraw(name)
 
 
-def _abandoned(promoting: dict, mine: str | None, now: float, watched_seconds: float) -> bool:
+def claim_deadline() -> float:
+    """How long a promotion may go without renewing its claim before it stops: a third of the lease before anyone
+    may take the claim over."""
+    return CLAIM_LEASE_SECONDS * 2 / 3
+
+
+def _abandoned(promoting: dict, mine: str | None, watched_seconds: float) -> bool:
     """A claim whose promotion died: an earlier attempt of this very promotion (the same checkpoint: a retried
-    promote step); a process of this host that no longer exists; one this promotion has watched unchanged for
-    STALE_CLAIM_SECONDS (a duration on its own clock, not a comparison with another machine's); or one claimed more
-    than UNTRUSTED_CLOCK_SECONDS ago even by a clock that is hours off. A claim seconds old is never taken over
-    because this machine's clock runs ahead."""
+    promote step); a process of this host that no longer exists; one this promotion has watched unchanged (no
+    renewal) for CLAIM_LEASE_SECONDS, a duration on its own clock. No timestamp of another machine's is compared
+    with this one's clock."""
     if mine is not None and promoting.get("checkpoint") == mine:
         return True
     pid = promoting.get("pid")
     if promoting.get("host") == socket.gethostname() and pid is not None and not storage.process_alive(pid):
         return True
-    return watched_seconds > STALE_CLAIM_SECONDS or now - promoting["claimed_at"] > UNTRUSTED_CLOCK_SECONDS
+    return watched_seconds >= CLAIM_LEASE_SECONDS
+
+
+class ClaimRenewal:
+    """Keeps this promotion's claim alive while it stages: the pointer swapped again with the claim, its renewals
+    counted, every CLAIM_RENEW_SECONDS; `version` is the pointer's latest version (the last write's answer)."""
+
+    def __init__(self, root: str, claim: dict, version: str):
+        self.root, self.claim, self.version = root, claim, version
+        self.lost = False
+        self._renewed = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="promotion-claim", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        publisher = storage.publisher_for(self.root)
+        while not self._stop.wait(CLAIM_RENEW_SECONDS):
+            self.claim["promoting"]["renewals"] = self.claim["promoting"].get("renewals", 0) + 1
+            try:
+                self.version = publisher.swap_document(POINTER, _encode(stored(self.claim, self.root)), self.version)
+                self._renewed = time.monotonic()
+            except storage.PublishConflictError:
+                self.lost = True
+                return
+            except Exception as error:  # a store's bad moment: renewed at the next turn, or the deadline stops it
+                logger.warning(
+                    "could not renew the claim on version %s (%s)", self.claim["promoting"]["version"], error
+                )
+
+    def check(self) -> None:
+        """Before each step of the promotion: the claim is still this one's and was renewed in time."""
+        if self.lost:
+            raise PromotionConflictError(
+                f"the claim on version {self.claim['promoting']['version']} under {self.root} was taken over (its "
+                "renewal found the pointer changed); nothing of this promotion was made visible"
+            )
+        silent = time.monotonic() - self._renewed
+        if silent > claim_deadline():
+            raise PromotionConflictError(
+                f"the claim on version {self.claim['promoting']['version']} under {self.root} could not be renewed "
+                f"for {silent:.0f} s; another promotion may take it over after {CLAIM_LEASE_SECONDS:.0f} s, so this "
+                "one stops first"
+            )
+
+    def stop(self) -> str:
+        """Stop renewing; the pointer's latest version."""
+        self._stop.set()
+        self._thread.join()
+        return self.version
 
 
 def clean_up(root: str, pointer: dict | None, names: list[str], mine: str, clock: Callable[[], float]) -> None:
@@ -275,14 +336,14 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
     mine = candidate.record.get("checkpoint")
     token = f"{int(clock())}-{uuid.uuid4().hex[:12]}"  # when it was started: stale staging is found by its name
     decision = None
-    first_seen: dict[str, float] = {}  # a claim's staging token: when this promotion first saw it (monotonic)
+    first_seen: dict[str, float] = {}  # a pointer version with a claim: when this promotion first saw it (monotonic)
     attempts = 0
     while attempts < ATTEMPTS:
         pointer, seen = read_pointer(root)
         promoting = (pointer or {}).get("promoting")
-        if promoting:
-            watched = time.monotonic() - first_seen.setdefault(promoting["staging"], time.monotonic())
-            if not _abandoned(promoting, mine, clock(), watched):
+        if promoting:  # watched from when this pointer version was first seen: any renewal starts it over
+            watched = time.monotonic() - first_seen.setdefault(seen, time.monotonic())
+            if not _abandoned(promoting, mine, watched):
                 logger.info(
                     "version %s is being promoted by %s: waiting", promoting["version"], promoting.get("holder")
                 )
@@ -324,14 +385,20 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
             continue  # another promotion moved first: read it again (and decide again)
         claimed_at = time.monotonic()
         logger.info("claimed version %d under %s", version, root)
-        clean_up(root, pointer, listed, token, clock)
+        renewal = ClaimRenewal(root, claim, claimed)
         try:
+            clean_up(root, pointer, listed, token, clock)
             names = stage(root, export_dir, token)
+            renewal.check()  # before anything becomes visible: the claim is still this one's
             make_visible(root, token, names, version)
+            renewal.check()
         except BaseException:
-            _withdraw_claim(root, version, ready, claimed)
+            claimed = renewal.stop()
+            if not renewal.lost:
+                _withdraw_claim(root, version, ready, claimed)
             raise
         finally:
+            claimed = renewal.stop()
             remove(root, f"{STAGING}/{token}")
         promoted = {
             **candidate.record,
@@ -349,7 +416,8 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
             raise PromotionConflictError(
                 f"version {version} was made visible at {publisher.uri(str(version))}, but the pointer was changed "
                 f"by someone else {time.monotonic() - claimed_at:.0f} s after this promotion claimed it, before it "
-                f"could be marked ready (a claim is taken over only once watched for {STALE_CLAIM_SECONDS:.0f} s)"
+                f"could be marked ready (a claim is taken over only once watched unchanged for "
+                f"{CLAIM_LEASE_SECONDS:.0f} s)"
             ) from error
         except BaseException:  # the last write failed (or the step was stopped): the root goes back as it was
             _withdraw_claim(root, version, ready, claimed)
