@@ -523,15 +523,20 @@ def _data_lines(run_folder: Path, model_dir: Path | None) -> list[str]:
 # -- cleaning up ------------------------------------------------------------------------------------------------
 
 
+PREPARE_TASK = "prepare-data-component"  # a run's folder of its prepared dataset (kfp.local's task folder)
+
+
 def clean_runs(pipeline_name: str, output_root: Path, keep: int = 0, interrupted_too: bool = False) -> list[Path]:
     """Remove the run folders under `output_root` but the newest `keep`, a run that is still running, and (unless
     `interrupted_too`) an interrupted run, which can be resumed; promoted models (models/) stay, and so does a run's
     dataset while a kept run uses it (kfp.local's cache then prepares it again when needed). Says what it removed
     and what it kept, and why."""
     runs = run_folders(pipeline_name, output_root.resolve())
+    records = {folder: run_record.read(folder) for folder in runs}
+    live = [folder.name for folder, record in records.items() if record is not None and record.still_running()]
     removed = []
     for index, folder in enumerate(runs):
-        record = run_record.read(folder)
+        record = records[folder]
         if index >= len(runs) - keep:
             why = "one of the newest kept"
         elif record is not None and record.still_running():
@@ -539,6 +544,16 @@ def clean_runs(pipeline_name: str, output_root: Path, keep: int = 0, interrupted
         elif record is not None and record.resumable() and not interrupted_too:
             removes = f"{_make_command('clean-runs', output_root)} ALL=1"
             why = f"{record.standing()}, can be resumed ({removes} removes it too)"
+        elif live and (folder / PREPARE_TASK).is_dir():
+            # A live run may be reading this run's prepared dataset (kfp.local's cache hands it the earlier run's):
+            # everything else goes; the dataset when no run is live.
+            for child in folder.iterdir():
+                if child.name != PREPARE_TASK:
+                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+            removed.append(folder)
+            logger.info("removed %s but its prepared dataset, which the running %s may be reading (a clean-runs "
+                        "after it ends removes it)", folder.name, live[0])  # fmt: skip
+            continue
         else:
             shutil.rmtree(folder)
             removed.append(folder)

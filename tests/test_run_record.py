@@ -138,6 +138,26 @@ def test_clean_runs_keeps_running_and_interrupted_runs_unless_told(tmp_path, cap
     assert running.is_dir()
 
 
+def test_clean_runs_keeps_the_prepared_dataset_a_live_run_may_be_reading(tmp_path, caplog):
+    """`make clean-runs KEEP=1` while a run trains on the dataset an earlier run prepared (kfp.local's cache handed
+    it over): the earlier run goes but its dataset, which a clean-runs after the live run ends removes."""
+    earlier = a_run(tmp_path, "09-00-00", "finished")
+    dataset = earlier / local_run.PREPARE_TASK / "dataset"
+    dataset.mkdir(parents=True)
+    (dataset / "manifest.json").write_text("{}")
+    running = a_run(tmp_path, "11-00-00", "running", pid=os.getpid())
+    with caplog.at_level("INFO", logger="pipeline"):
+        assert local_run.clean_runs(PIPELINE, tmp_path, keep=1) == [earlier]
+    assert (dataset / "manifest.json").read_text() == "{}"
+    assert sorted(path.name for path in earlier.iterdir()) == [local_run.PREPARE_TASK]
+    assert f"removed {earlier.name} but its prepared dataset, which the running {running.name} may be reading" in (
+        caplog.text
+    )
+    run_record.ended(running, run_record.read(running), "finished")  # the live run ended
+    local_run.clean_runs(PIPELINE, tmp_path, keep=1)
+    assert not earlier.exists() and running.is_dir()
+
+
 @pytest.mark.parametrize(
     "content",
     [b"[]", b"{", b'{"state": "running"}', b"x" * (run_record.MAX_RECORD_BYTES + 1)],
