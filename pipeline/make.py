@@ -249,13 +249,25 @@ def local_run(values: Values) -> list[Command]:
 
 
 def _searched(space: str) -> frozenset[str]:
-    """The settings the search space searches (none if it cannot be read: the sweep says why, in one line)."""
+    """The settings the search space names, so that the demo's own values leave them to the search: those of a
+    valid space; of one the sweep will refuse (a bad range), the names it gives, so that its refusal is about the
+    range, not about a demo value the user never gave; none when it cannot be read at all (the sweep says why)."""
+    from components.common import documents
     from components.sweep.space import read_space
 
     try:
         return frozenset(dimension.name for dimension in read_space(space).dimensions)
     except ValueError:
+        pass
+    text = space.strip()
+    try:
+        if text.startswith("{"):
+            document = documents.load(text, "space", "search space", yaml_allowed=False)
+        else:
+            document = documents.load(documents.read_bytes(space, "search space"), space, "search space")
+    except (ValueError, OSError):
         return frozenset()
+    return frozenset(document) if isinstance(document, dict) else frozenset()
 
 
 def sweep(values: Values) -> list[Command]:

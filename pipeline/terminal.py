@@ -50,7 +50,13 @@ SHOWN = (
     ("components.prepare_data.prepare", re.compile(r"^published |already holds this dataset")),
     ("components.evaluate.", re.compile(r"^(BLESSED|NOT BLESSED|step \d+ \(|promoted version |not promoted)")),
     ("components.evaluate.data_check", re.compile(r"^(data check against |(ERROR|WARNING|NOTE) finding: )")),
-    ("components.sweep.sweep", re.compile(r"^(trial \d+ (started|validation accuracy|pruned|failed|was)|sweep done)")),
+    (
+        "components.sweep.sweep",
+        re.compile(
+            r"^(trial \d+ (started|step \d+: validation accuracy|validation accuracy|pruned|failed|was|stopped with|: )"
+            r"|sweep done)"
+        ),
+    ),  # each trial's measures as they come: a trial is minutes long
     ("components.sweep.kfp_run", re.compile(r"^best trial ")),
 )
 TAIL_LINES = 20  # of a failed step that said nothing itself

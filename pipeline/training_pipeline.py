@@ -214,7 +214,7 @@ def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None
         start = warm_start_component(
             warm_start=p.warm_start, promotion_root=p.promotion_root, from_promoted=p.warm_start_from_promoted
         ).set_display_name("choose the warm start")
-        start.set_caching_options(False)
+        start.set_caching_options(False).after(data)  # a failed prepare ends the run: nothing else starts
         with_pod_settings(start, p.object_store_secret, p.image_pull_secret)
 
         # The sweep pipeline: the options of the best trial (trained on all the training data); else the parameter.

@@ -389,3 +389,11 @@ def test_make_sweep_leaves_a_searched_setting_to_the_search_and_refuses_one_give
     given_decay = "^train_options' batch_norm_decay: 0.95"
     with pytest.raises(CommandError, match=given_decay + searched.format("batch_norm_decay")):
         checked({"SPACE": space, "TRAIN_OPTIONS": '{"batch_norm_decay": 0.95}'})
+
+
+def test_a_space_the_sweep_will_refuse_keeps_the_demo_off_the_settings_it_names():
+    """A bad range for depth, no TRAIN_STEPS: the demo does not add its own --depth, so the sweep's refusal is the
+    range's, not "depth: 8 is given" of a value the user never gave."""
+    bad = '{"depth": {"low": 8, "high": 21, "step": 6}}'
+    arguments = make.commands_of("sweep", make.Values({"SPACE": bad}, environment={}))[0].arguments
+    assert "--depth" not in arguments and arguments[arguments.index("--space") + 1] == bad

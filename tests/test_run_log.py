@@ -76,3 +76,18 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return "zombie" not in status
+
+
+def test_a_sweeps_trials_show_their_measures_on_the_terminal_as_they_come(tmp_path, capsys):
+    """A trial trains for minutes: each validation measure it reports is shown, not only its start and its end."""
+    with terminal.steps_shown(tmp_path / "run" / "local-run.log", verbose=False):
+        print("12:00:00.000 - INFO - Executing task 'sweep-component'")
+        for message in ("trial 0 started: learning_rate=0.05",
+                        "trial 0 step 40: validation accuracy 0.4000 (0 of 4 trials finished)",
+                        "trial 0 validation accuracy 0.7000 (1 of 4 trials finished, best 0.7000, about 3m left)",
+                        "checked the conditional writes of x in 0.01 s"):  # fmt: skip
+            print(f"2026-11-25 12:00:01,000 INFO components.sweep.sweep: {message}")
+    shown = capsys.readouterr().out
+    assert "trial 0 step 40: validation accuracy 0.4000 (0 of 4 trials finished)" in shown
+    assert "trial 0 started" in shown and "trial 0 validation accuracy 0.7000" in shown
+    assert "checked the conditional writes" not in shown
