@@ -77,6 +77,7 @@ def check_parameters(pipeline, parameters: dict[str, Any], resumed: bool = False
         check_train_step_memory(given)
     else:
         check_machine_holds(given)
+        check_sweep_folder_free(given)
     # and as the steps will see them (a dict parameter's numbers all doubles), so that nothing passes here and fails
     # there
     return _check_values({name: as_delivered(value) for name, value in given.items()})
@@ -397,6 +398,23 @@ def check_prepare_memory(values: dict[str, Any]) -> None:
             f"prepare_step_memory {quantity} or more, "
             "or a smaller max_source_megabytes"
         )
+
+
+def check_sweep_folder_free(values: dict[str, Any]) -> None:
+    """A local sweep folder another sweep drives is refused before the run, naming its driver (the sweep step would
+    refuse it only after the data was prepared)."""
+    from components.common import writer_claim
+    from components.sweep.sweep import SWEEP_FOLDER
+
+    folder = str(values.get("sweep_dir") or "")
+    if not folder or "://" in folder or not Path(folder).is_dir():
+        return
+    claim = writer_claim.DirectoryClaim(Path(folder), folder, SWEEP_FOLDER)
+    try:
+        claim.acquire()
+    except writer_claim.WriterClaimError as error:
+        raise CommandError(str(error)) from None
+    claim.release()
 
 
 def check_machine_holds(values: dict[str, Any]) -> None:

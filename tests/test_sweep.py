@@ -768,3 +768,25 @@ def test_a_sweep_that_completed_no_trial_says_so_and_where_to_look(tmp_path):
     line = str(refused.value)
     assert line.startswith(f"{tmp_path}: no trial of the sweep completed, so there is no best one to train")
     assert "trials.jsonl says how each ended" in line and "best.json" not in line
+
+
+def test_a_local_sweep_on_a_folder_another_sweep_drives_is_refused_before_the_run(tmp_path, capsys):
+    """Refused at once, before any step (the sweep step would refuse it after the data was prepared)."""
+    from components.common import writer_claim
+    from pipeline import commands
+    from pipeline.sweep_pipeline import cifar10_sweep
+
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    driver = writer_claim.DirectoryClaim(folder, str(folder), sweep_module.SWEEP_FOLDER)
+    driver.acquire()  # another sweep drives this folder
+    try:
+        started = time.monotonic()
+        code = commands.main(cifar10_sweep, ["local-run", "--output-root", str(tmp_path / "out"), "--sweep-dir",
+                                             str(folder), "--train-steps", "3"])  # fmt: skip
+    finally:
+        driver.release()
+    assert code == 2 and time.monotonic() - started < 30
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"sweep_dir: {folder} is being written by pid {os.getpid()}" in message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("cifar10-sweep-*"))
