@@ -109,15 +109,19 @@ def coordination_api(namespace: str | None):
     return client.CoordinationV1Api(), namespace
 
 
-def main(argv: list[str] | None = None) -> int:
-    from components.common.logs import setup_logging
-
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.leases", description=__doc__.splitlines()[0])
     parser.add_argument("--namespace", help="the profile namespace (default: the kubeconfig context's)")
     parser.add_argument("--remove", action="store_true", help="remove the stale Leases")
     parser.add_argument("--min-age-hours", type=float, default=MIN_AGE_HOURS,
                         help="a Lease changed more recently is never stale (default 1)")  # fmt: skip
-    arguments = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from components.common.logs import setup_logging
+
+    arguments = build_parser().parse_args(argv)
     setup_logging()
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError

@@ -27,14 +27,14 @@ SAMPLES = {
     "VERBOSE": "1", "EXTRA": "--source-sha256 abc", "SPACE": '{"depth": {"low": 8, "high": 20}}', "TRIALS": "9",
     "KFP_HOST": "http://127.0.0.1:8", "NAMESPACE": "sample-ns", "EXPERIMENT": "sample-experiment", "WAIT": "1",
     "CRON": "0 0 5 * * 1", "NAME": "sample-schedule", "REPLACE": "1", "ENABLE": "sample-a", "DISABLE": "sample-b",
-    "DELETE": "sample-c", "LOGDIR": "/tmp/sample-logs", "PORT": "6123", "KEEP": "3", "ALL": "1",
+    "DELETE": "sample-c", "REMOVE": "1", "LOGDIR": "/tmp/sample-logs", "PORT": "6123", "KEEP": "3", "ALL": "1",
     "MODEL": "/tmp/sample-model", "IMAGES": "/tmp/sample-images", "PREDICTIONS": "/tmp/sample.jsonl",
     "REGISTRY": "registry.example.com/sample", "TAG": "sample-tag", "ENGINE": "podman", "BASE_IMAGE": "sample:base",
     "CA_BUNDLE": "/tmp/sample-ca.pem", "STAND_IN_BASE": "1", "VERSION": "2.6.2", "PYTHON": "python3.99",
 }  # fmt: skip
 # How a flag variable shows in the command: the option it adds.
 FLAGS = {"VERBOSE": "--verbose", "WAIT": "--wait", "REPLACE": "--replace", "ALL": "--all",
-         "STAND_IN_BASE": "--stand-in-base"}  # fmt: skip
+         "STAND_IN_BASE": "--stand-in-base", "REMOVE": "--remove"}  # fmt: skip
 # Variables of several targets that only one of a pair can show at once (RESUME drops the demo's length, say) are still
 # each checked alone; a variable that sets the images (REGISTRY, TAG) reaches the command through its environment.
 IMAGE_SETTINGS = {"REGISTRY": "CIFAR10_PIPELINE_REGISTRY", "TAG": "CIFAR10_PIPELINE_TAG"}
@@ -57,6 +57,10 @@ def parser_of(command: make.Command):
         return build_parser(config, "test"), command.arguments
     if command.module == "images.build":
         from images.build import build_parser
+
+        return build_parser(), command.arguments
+    if command.module == "pipeline.leases":
+        from pipeline.leases import build_parser
 
         return build_parser(), command.arguments
     if command.module == "components.evaluate.serving_ops.generate":
