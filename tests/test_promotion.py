@@ -718,11 +718,20 @@ def test_a_live_promotion_renews_its_claim_while_it_stages_and_is_never_taken_ov
     promote_once(trained, root, step=5)
     slow_stage = promote.stage
 
+    watching = threading.Event()  # the second promotion found the first's claim and watches it
+    real_abandoned = promote._abandoned
+
+    def abandoned(*arguments, **options):
+        watching.set()
+        return real_abandoned(*arguments, **options)
+
     def stage(*arguments):
         if threading.current_thread().name == "first":
-            time.sleep(8.0)  # five times the lease, and longer than the second takes to export
+            assert watching.wait(120), "the second promotion never met the claim"
+            time.sleep(3.0)  # twice the lease while the second watches: only the renewals keep the claim
         return slow_stage(*arguments)
 
+    monkeypatch.setattr(promote, "_abandoned", abandoned)
     monkeypatch.setattr(promote, "stage", stage)
     outcomes = {}
 
