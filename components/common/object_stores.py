@@ -169,10 +169,10 @@ def s3_client(bucket: str | None = None, key: str = ""):
     """A boto3 S3 client for s3://bucket/key: the endpoint, region and keys the environment names now, or the
     kfp-launcher ConfigMap gives the location (one client per endpoint, region and keys, reused)."""
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    settings = launcher_settings(bucket, key) if bucket is not None else None
+    settings = launcher_settings(bucket, key)
     if settings is not None:
         return _s3_client(settings.endpoint, settings.region or region or "us-east-1", settings.keys)
-    return _s3_client(s3_endpoint(bucket, key), region or "us-east-1")
+    return _s3_client(s3_endpoint(), region or "us-east-1")  # the settings asked: the environment's, or the guess
 
 
 def reset_clients() -> None:

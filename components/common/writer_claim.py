@@ -160,9 +160,9 @@ def _path_lock_holder(name: bytes) -> str:
 # - a newcomer never acts on the record's timestamps (another machine's clock): it takes the lease over only after
 #   it has watched the record unchanged for `LEASE_SECONDS` on its own monotonic clock; a change means the holder is
 #   alive, and the newcomer fails naming it. A record that looks old on arrival is watched like any other.
-# - the holder gives up first: it stops writing once it has not renewed for `RENEW_DEADLINE_SECONDS`, `MARGIN`
-#   less than the lease (client-go refuses LeaseDuration <= RenewDeadline), checked before each file it uploads, so
-#   no upload starts after the moment a newcomer may take over.
+# - the holder gives up first: it stops writing once it has not renewed for `renew_deadline()`, `MARGIN` of the
+#   lease less than the lease (client-go refuses LeaseDuration <= RenewDeadline), checked before each file it
+#   uploads, so no upload starts after the moment a newcomer may take over.
 # The lease (`.writer-lease.json`: holder, a token, when it was last renewed, for people to read) is created with
 # create-if-absent and renewed every `RENEW_SECONDS` with a compare-and-swap on its version, by a thread, while the
 # writer lives; it is removed when the writer ends normally or by SIGTERM, only over the version it last wrote. It
@@ -176,9 +176,15 @@ RENEW_SECONDS = 20.0
 POLL_SECONDS = 2.0
 
 
+def holder_deadline(lease_seconds: float) -> float:
+    """How long a holder of a lease of `lease_seconds` may go without a renewal before it stops: `MARGIN` of the
+    lease before anyone may take it over."""
+    return lease_seconds * (1 - MARGIN)
+
+
 def renew_deadline() -> float:
-    """How long a holder may go without a renewal before it stops writing: `MARGIN` of the lease before it ends."""
-    return LEASE_SECONDS * (1 - MARGIN)
+    """The writer lease's holder deadline."""
+    return holder_deadline(LEASE_SECONDS)
 
 
 LEASE_SCHEMA = documents.Fields(

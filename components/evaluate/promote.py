@@ -203,9 +203,10 @@ def remove(root: str, prefix: str) -> None:
 
 
 def claim_deadline() -> float:
-    """How long a promotion may go without renewing its claim before it stops: a third of the lease before anyone
-    may take the claim over."""
-    return CLAIM_LEASE_SECONDS * 2 / 3
+    """How long a promotion may go without renewing its claim before it stops (the writer lease's margin)."""
+    from components.common.writer_claim import holder_deadline
+
+    return holder_deadline(CLAIM_LEASE_SECONDS)
 
 
 def _abandoned(promoting: dict, mine: str | None, watched_seconds: float) -> bool:
