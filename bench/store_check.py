@@ -22,7 +22,7 @@ from pathlib import Path
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 
-from components.common import object_stores, storage  # noqa: E402
+from components.common import object_stores, storage, stores  # noqa: E402
 
 
 def _free_port() -> int:
@@ -50,8 +50,8 @@ def main() -> None:
         for round_index in range(arguments.rounds):
             steps = [
                 ("check", lambda: object_stores.conditional_write_problem(publisher)),
-                ("small publish", lambda: publisher.publish(f"s/{uuid.uuid4().hex}", small, storage.ABSENT)),
-                ("shard publish", lambda: publisher.publish(f"b/{uuid.uuid4().hex}", shard, storage.ABSENT)),
+                ("small publish", lambda: publisher.publish(f"s/{uuid.uuid4().hex}", small, stores.ABSENT)),
+                ("shard publish", lambda: publisher.publish(f"b/{uuid.uuid4().hex}", shard, stores.ABSENT)),
             ]
             for name, step in steps if round_index % 2 == 0 else reversed(steps):
                 started = time.perf_counter()

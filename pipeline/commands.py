@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from components.common import exit_codes
+from components.common import exit_codes, storage
 from components.common.config import ArgumentParser
 from components.common.logs import setup_logging
 from pipeline.cron import cron_problem
@@ -68,7 +68,7 @@ def parse_json(text: str) -> Any:
     try:
         if text.lstrip().startswith(("{", "[")):
             return documents.load(text, f"inline JSON {_shortened(text)}", "value", yaml_allowed=False)
-        content = documents.read_bytes(str(Path(text).expanduser()), "JSON or YAML file")
+        content = storage.document_bytes(str(Path(text).expanduser()), "JSON or YAML file")
         value = documents.load(content, text, "JSON or YAML document")
     except FileNotFoundError:
         raise argparse.ArgumentTypeError(
@@ -115,7 +115,7 @@ SECONDS = number_in(float, 1e-3, 1e9, "a number of seconds (more than 0)")
 
 def _converter(kfp_type: str):
     if kfp_type == "Boolean":
-        from components.common.config import parse_bool
+        from components.common.values import parse_bool
 
         return parse_bool
     if kfp_type == "Integer":
@@ -554,7 +554,8 @@ NAME_LENGTHS = {"experiment": 128, "run_name": 255, "name": 255}
 
 def check_names(**names: str | None) -> None:
     """A run's, schedule's or experiment's name: not empty, no control character, within the API's bound."""
-    from components.common.config import CONTROL_CHARACTER, shown
+    from components.common.config import shown
+    from components.common.filesystem import CONTROL_CHARACTER
 
     for field, value in names.items():
         if value is None:

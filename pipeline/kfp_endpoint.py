@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.common import documents, replies, secrets, storage
+from components.common import documents, filesystem, replies, secrets
 from components.common.pod import SERVICE_ACCOUNT_NAMESPACE
 
 logger = logging.getLogger("pipeline")
@@ -130,7 +130,7 @@ def default_namespace() -> tuple[str | None, str]:
     """(namespace, where it came from) when none is given: kfp's own context, then the pod's namespace."""
     context = Path.home() / ".config" / "kfp" / "context.json"
     try:
-        setting = documents.load(storage.read_regular_file(context, MAX_CONTEXT_BYTES), str(context), "kfp context")
+        setting = documents.load(filesystem.read_regular_file(context, MAX_CONTEXT_BYTES), str(context), "kfp context")
         if isinstance(setting, dict) and isinstance(setting.get("namespace"), str) and setting["namespace"]:
             return setting["namespace"], f"kfp's context ({context})"
     except (OSError, ValueError):

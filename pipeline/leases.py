@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from components.common import exit_codes
+from components.common import exit_codes, filesystem, stores
 
 logger = logging.getLogger("pipeline.leases")
 
@@ -68,8 +68,8 @@ def store_holds(uri: str) -> bool:
     """Whether the store has an object at `uri`."""
     from components.common import storage
 
-    parent, name = storage.parent_and_name(uri)
-    return storage.publisher_for(parent).version(name) != storage.ABSENT
+    parent, name = filesystem.parent_and_name(uri)
+    return storage.publisher_for(parent).version(name) != stores.ABSENT
 
 
 def remove(api, namespace: str, stale: list[LeaseRow]) -> int:

@@ -25,6 +25,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from components.common import storage
 from pipeline import run_record, terminal
 from pipeline.parameters import (
     DEFAULT_OUTPUT_ROOT,
@@ -446,7 +447,6 @@ def describe_predictions(run_folder: Path, log_path: Path) -> list[str]:
 
 def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list[str]:
     """Where the run's main outputs are, for a person reading the terminal."""
-    from components.common import documents
     from components.common.model_directory import EVAL_METRICS, EVAL_METRICS_SCHEMA, read_document
     from components.evaluate.pointer import POINTER, parse_pointer
 
@@ -476,7 +476,7 @@ def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list
     lines += _data_lines(run_folder, model_dir)
     pointer = promotion_root / POINTER
     if pointer.exists():
-        current = parse_pointer(documents.read_bytes(str(pointer), "promotion pointer"), str(promotion_root))
+        current = parse_pointer(storage.document_bytes(str(pointer), "promotion pointer"), str(promotion_root))
         if current.get("state") == "ready":
             where = f"version {current['version']} at {current['saved_model']}"
             promoted_here = any(run_folder.glob("promote-component*/executor_output.json"))
@@ -501,7 +501,7 @@ def _data_lines(run_folder: Path, model_dir: Path | None) -> list[str]:
 
     lines = []
     for findings_file in sorted(run_folder.glob("check-data-component*/findings")):
-        found = documents.read(findings_file, documents.ANY_OBJECT, "data check findings")
+        found = storage.document(findings_file, documents.ANY_OBJECT, "data check findings")
         fields = set(Finding.__dataclass_fields__)
         findings = [Finding(**{"kind": "finding", "message": "", **{key: value for key, value in finding.items()
                                                                      if key in fields}})
@@ -511,7 +511,7 @@ def _data_lines(run_folder: Path, model_dir: Path | None) -> list[str]:
                      f"{blocked}; the findings (JSON): {findings_file}")  # fmt: skip
     config_file = model_dir / "config.json" if model_dir else None
     if config_file is not None and config_file.is_file():
-        data = str(documents.read(config_file, documents.ANY_OBJECT, "training config").get("data") or "")
+        data = str(storage.document(config_file, documents.ANY_OBJECT, "training config").get("data") or "")
         statistics_file = Path(data) / "statistics.json"
         if data and "://" not in data and statistics_file.is_file():
             removed = read_statistics(str(statistics_file)).get("leakage_removed")

@@ -24,6 +24,8 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 
+from components.common import storage
+
 # Settings the programs read from the environment: given on make's command line, make hands them on.
 ENVIRONMENT_SETTINGS = ("KFP_*", "KF_*", "AWS_*", "GOOGLE_*", "CIFAR10_PIPELINE_*", "CONTAINERS_*", "BUILDAH_*",
                         "DOCKER_*", "STORAGE_EMULATOR_HOST", "HOME", "TMPDIR", "XDG_*")  # fmt: skip
@@ -264,7 +266,7 @@ def _searched(space: str) -> frozenset[str]:
         if text.startswith("{"):
             document = documents.load(text, "space", "search space", yaml_allowed=False)
         else:
-            document = documents.load(documents.read_bytes(space, "search space"), space, "search space")
+            document = documents.load(storage.document_bytes(space, "search space"), space, "search space")
     except (ValueError, OSError):
         return frozenset()
     return frozenset(document) if isinstance(document, dict) else frozenset()

@@ -141,7 +141,7 @@ def check_locations(parameters: dict[str, Any]) -> None:
     """Every location parameter by one rule (components/common/config.py scheme_problem): a folder, gs:// or s3://
     (a source also http(s)://: an ftp:// one would be taken for a folder), with a bucket, no '..' or '.' in an
     object's key, no control character."""
-    from components.common.config import STORE_SCHEMES, URL_SCHEMES, scheme_problem
+    from components.common.filesystem import STORE_SCHEMES, URL_SCHEMES, scheme_problem
 
     for name in (*LOCATION_PARAMETERS, "source", "model", "images"):
         schemes = STORE_SCHEMES + URL_SCHEMES if name == "source" else STORE_SCHEMES
@@ -163,7 +163,7 @@ def check_cluster_locations(parameters: dict[str, Any]) -> None:
     """A run on a cluster reads and writes where its steps' pods can: a path of this machine is not in them, and
     what a step writes to its own disk is gone with its pod (a promotion root there would promote every run's model
     as the first, and lose it), so a path is refused, naming the parameter and what it may be."""
-    from components.common.config import SCHEME
+    from components.common.filesystem import SCHEME
 
     for name, expected in CLUSTER_LOCATIONS.items():
         value = parameters.get(name)

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from components.common import filesystem, storage
+
 RECORD = "run.json"
 MAX_RECORD_BYTES = 1024 * 1024
 STATES = ("running", "finished", "interrupted", "failed")
@@ -56,7 +58,7 @@ class RunRecord:
 
     def still_running(self) -> bool:
         """`running`, by a process of this host that is alive."""
-        from components.common.storage import process_alive
+        from components.common.filesystem import process_alive
 
         return self.state == "running" and self.host == socket.gethostname() and process_alive(self.pid)
 
@@ -71,7 +73,6 @@ class RunRecord:
 
 
 def write(run_folder: Path, record: RunRecord) -> None:
-    from components.common import storage
 
     document = dataclasses.asdict(record)
     output_root = os.path.abspath(run_folder.parent)
@@ -84,7 +85,7 @@ def write(run_folder: Path, record: RunRecord) -> None:
                 relative.append(name)
     document["relative"] = sorted(relative)
     content = json.dumps(document, indent=2, sort_keys=True).encode()
-    storage.atomic_write_bytes(run_folder / RECORD, content)
+    filesystem.atomic_write_bytes(run_folder / RECORD, content)
 
 
 def started(run_folder: Path, parameters: dict[str, Any], runner: str, continues: str | None) -> RunRecord:
@@ -107,11 +108,10 @@ def ended(run_folder: Path, record: RunRecord, state: str) -> None:
 
 def read(run_folder: Path) -> RunRecord | None:
     """The run's record; None for a run from before records. A damaged record is a ValueError naming the file."""
-    from components.common import documents
 
     path = run_folder / RECORD
     try:
-        document = documents.read(path, _schema(), "run record", root=run_folder, max_bytes=MAX_RECORD_BYTES)
+        document = storage.document(path, _schema(), "run record", root=run_folder, max_bytes=MAX_RECORD_BYTES)
     except FileNotFoundError:
         return None
     parameters = dict(document["parameters"])

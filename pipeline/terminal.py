@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from components.common import secrets, storage
+from components.common import filesystem, secrets
 from components.common.logs import LOG_FORMAT, EscapingFormatter
 
 # kfp.local's names of the pipeline's tasks (component names), as a person would name the steps.
@@ -153,7 +153,7 @@ def steps_shown(log_path: Path, verbose: bool):
     """For the duration of a local run: kfp.local's output (and Python warnings) through a StepView."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # Line-buffered: every line is in the file as soon as it is written (a stopped run leaves its record).
-    with storage.open_for_append(log_path, text=True) as log:
+    with filesystem.open_for_append(log_path, text=True) as log:
         view = StepView(log, sys.stdout, verbose)
         original_stdout, original_showwarning = sys.stdout, warnings.showwarning
 

@@ -8,6 +8,8 @@ import uuid
 
 import pytest
 
+from components.common import filesystem
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -159,12 +161,12 @@ def pod(tmp_path, monkeypatch):
 def unsafe_s3(s3_server, s3_bucket, monkeypatch):
     """The root URI of a bucket behind a store that ignores conditional writes, as Kubeflow 1.9 and 1.10's MinIO
     RELEASE.2019-08-14 does (tests/fake_s3_stores.py); nothing assumes a single writer."""
-    from components.common import object_stores, storage
+    from components.common import object_stores
     from tests.fake_s3_stores import S3Proxy
 
     with S3Proxy(s3_server, conditions="ignored") as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        monkeypatch.delenv(storage.ASSUME_SINGLE_WRITER, raising=False)
+        monkeypatch.delenv(filesystem.ASSUME_SINGLE_WRITER, raising=False)
         object_stores.reset_clients()
         yield f"s3://{s3_bucket}"
         object_stores.reset_clients()

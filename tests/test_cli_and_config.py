@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from components.common import filesystem
 from components.common.config import config_from_mapping, config_to_dict, parse_config
 from components.common.dataset import open_dataset
 from components.prepare_data.__main__ import main
@@ -451,7 +452,7 @@ def test_a_publisher_refuses_a_uri_it_would_take_for_a_folder(tmp_path):
     """What a config lets through as a download (http://) is no place to publish: not a folder named "http:"."""
     from components.common import storage
 
-    with pytest.raises(storage.StorageError, match=r"^http://host/models: not a folder, gs:// or s3:// location"):
+    with pytest.raises(filesystem.StorageError, match=r"^http://host/models: not a folder, gs:// or s3:// location"):
         storage.publisher_for("http://host/models")
     assert storage.publisher_for(str(tmp_path)).root == str(tmp_path)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from components.common import coordination, object_stores, storage
+from components.common import coordination, filesystem, object_stores, storage, stores
 from components.common.access import AccessError
 from tests.fake_coordination_api import FakeCoordinationApi
 
@@ -36,8 +36,8 @@ def test_one_of_many_concurrent_writers_wins_a_document_and_the_store_holds_the_
         publisher = storage.publisher_for(root)
         barrier.wait(timeout=30)
         try:
-            outcomes[index] = publisher.swap_document("current.json", f'{{"writer": {index}}}'.encode(), storage.ABSENT)
-        except storage.PublishConflictError as error:
+            outcomes[index] = publisher.swap_document("current.json", f'{{"writer": {index}}}'.encode(), stores.ABSENT)
+        except filesystem.PublishConflictError as error:
             outcomes[index] = error
 
     threads = [threading.Thread(target=write, args=(index,)) for index in range(6)]
@@ -60,14 +60,14 @@ def test_a_holder_paused_past_its_turn_cannot_make_its_late_copy_the_truth(pod, 
     """A swaps, then pauses before writing the store's copy; B swaps after it and writes its copy; A wakes and writes
     its copy late. Steps read the Lease: B's document; A's next swap, on the version it saw, is refused."""
     publisher = storage.publisher_for(f"{unsafe_s3}/root")
-    a_version = publisher.swap_document("current.json", b'{"version": 1}', storage.ABSENT)
+    a_version = publisher.swap_document("current.json", b'{"version": 1}', stores.ABSENT)
     _content, seen = publisher.read_document("current.json")
     publisher.swap_document("current.json", b'{"version": 2}', seen)  # B, while A is paused
     object_stores.s3_client().put_object(  # A's late copy, straight to the store
-        Bucket=storage.split_uri(publisher.root)[1], Key="root/current.json", Body=b'{"version": 1}'
+        Bucket=filesystem.split_uri(publisher.root)[1], Key="root/current.json", Body=b'{"version": 1}'
     )
     assert publisher.read_document("current.json")[0] == b'{"version": 2}'
-    with pytest.raises(storage.PublishConflictError):
+    with pytest.raises(filesystem.PublishConflictError):
         publisher.swap_document("current.json", b'{"version": 1, "again": true}', a_version)
     _content, latest = publisher.read_document("current.json")
     publisher.swap_document("current.json", b'{"version": 3}', latest)  # the next swap writes the copy again
@@ -76,16 +76,16 @@ def test_a_holder_paused_past_its_turn_cannot_make_its_late_copy_the_truth(pod, 
 
 def test_a_document_written_before_the_coordination_is_read_and_swapped_from_the_stores_copy(pod, unsafe_s3):
     publisher = storage.publisher_for(f"{unsafe_s3}/older")
-    object_stores.s3_client().put_object(Bucket=storage.split_uri(publisher.root)[1], Key="older/current.json",
+    object_stores.s3_client().put_object(Bucket=filesystem.split_uri(publisher.root)[1], Key="older/current.json",
                                          Body=b'{"version": 4}')  # fmt: skip
     content, version = publisher.read_document("current.json")
     assert content == b'{"version": 4}' and not version.startswith(coordination.VERSION_PREFIX)
     swapped = publisher.swap_document("current.json", b'{"version": 5}', version)
     assert swapped.startswith(coordination.VERSION_PREFIX)
-    with pytest.raises(storage.PublishConflictError):  # a second writer that read the same copy loses
+    with pytest.raises(filesystem.PublishConflictError):  # a second writer that read the same copy loses
         publisher.swap_document("current.json", b'{"version": 5, "other": true}', version)
     publisher.withdraw_document("current.json")
-    assert publisher.read_document("current.json") == (None, storage.ABSENT)
+    assert publisher.read_document("current.json") == (None, stores.ABSENT)
     assert lease_of(pod, publisher.uri("current.json")) is None
 
 
@@ -93,7 +93,7 @@ def test_a_lost_api_server_fails_the_write_retryably_and_a_silent_writer_fences_
     from components.common import writer_claim
 
     publisher = storage.publisher_for(f"{unsafe_s3}/lost")
-    publisher.swap_document("current.json", b"{}", storage.ABSENT)
+    publisher.swap_document("current.json", b"{}", stores.ABSENT)
     monkeypatch.setattr(writer_claim, "LEASE_SECONDS", 2.0)
     monkeypatch.setattr(writer_claim, "RENEW_SECONDS", 0.5)
     lease = writer_claim.WriterLease(f"{unsafe_s3}/lost/model", "pid 1 on here")
@@ -102,7 +102,7 @@ def test_a_lost_api_server_fails_the_write_retryably_and_a_silent_writer_fences_
         pod.down = True
         with pytest.raises(coordination.CoordinationError, match="could not read a Lease"):
             publisher.read_document("current.json")
-        assert issubclass(coordination.CoordinationError, storage.StoreUnavailableError)  # exit 145: retried
+        assert issubclass(coordination.CoordinationError, filesystem.StoreUnavailableError)  # exit 145: retried
         time.sleep(2.6)  # renewals fail against the lost server past the lease's duration
         with pytest.raises(writer_claim.WriterClaimError, match="could not renew its lease for"):
             lease.check()
@@ -117,9 +117,9 @@ def test_without_the_role_the_step_says_who_grants_it_in_one_line(tmp_path, unsa
             monkeypatch.setenv(name, value)
         object_stores.reset_clients()
         with pytest.raises(AccessError) as refused:  # a ValueError: exit 2 from every stage, one line
-            storage.publisher_for(f"{unsafe_s3}/x").swap_document("current.json", b"{}", storage.ABSENT)
+            storage.publisher_for(f"{unsafe_s3}/x").swap_document("current.json", b"{}", stores.ABSENT)
         assert "kubectl apply -k manifests/admin/" in str(refused.value) and "\n" not in str(refused.value)
-        assert storage.publisher_for(f"{unsafe_s3}/x").read_document("current.json") == (None, storage.ABSENT)
+        assert storage.publisher_for(f"{unsafe_s3}/x").read_document("current.json") == (None, stores.ABSENT)
     object_stores.reset_clients()
 
 
@@ -134,7 +134,7 @@ def test_a_second_profile_writing_one_prefix_is_refused_in_one_line_and_may_read
             object_stores.reset_clients()
             publisher = storage.publisher_for(root)
             if namespace == "team-a":
-                publisher.swap_document("current.json", b'{"version": 1}', storage.ABSENT)
+                publisher.swap_document("current.json", b'{"version": 1}', stores.ABSENT)
                 continue
             assert publisher.read_document("current.json")[0] == b'{"version": 1}'
             with pytest.raises(ValueError) as refused:
@@ -188,7 +188,7 @@ def test_steps_in_a_pod_prepare_train_and_promote_on_a_store_without_conditional
     from tests.builders import tiny_train_config
 
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    assert storage.ASSUME_SINGLE_WRITER not in environment and "KUBERNETES_SERVICE_HOST" in environment
+    assert filesystem.ASSUME_SINGLE_WRITER not in environment and "KUBERNETES_SERVICE_HOST" in environment
     data, model, models = f"{unsafe_s3}/datasets/d", f"{unsafe_s3}/runs/r/model", f"{unsafe_s3}/models"
 
     def step(*command: str) -> str:
@@ -243,7 +243,7 @@ def test_throttling_bad_moments_and_a_409_nobody_caused_are_gone_through(pod, un
     publisher.read_document("current.json")  # the store checked first (its probes are not this test's)
     pod.faults = list(faults)
     started = time.monotonic()
-    version = publisher.swap_document("current.json", b'{"version": 1}', storage.ABSENT)
+    version = publisher.swap_document("current.json", b'{"version": 1}', stores.ABSENT)
     assert version.startswith(coordination.VERSION_PREFIX) and time.monotonic() - started >= least_seconds
     assert pod.faults == [] and publisher.read_document("current.json") == (b'{"version": 1}', version)
 
@@ -254,13 +254,13 @@ def test_throttling_that_lasts_ends_retryably_naming_how_long(pod, unsafe_s3, mo
     publisher.read_document("current.json")
     pod.faults = [(429, _status(429, "TooManyRequests"), {"Retry-After": "1"})] * 10
     with pytest.raises(coordination.CoordinationError, match=r"could not create a Lease \(429 .*, for 2 s\)"):
-        publisher.swap_document("current.json", b"{}", storage.ABSENT)
-    assert issubclass(coordination.CoordinationError, storage.StoreUnavailableError)  # exit 145: the step retried
+        publisher.swap_document("current.json", b"{}", stores.ABSENT)
+    assert issubclass(coordination.CoordinationError, filesystem.StoreUnavailableError)  # exit 145: the step retried
 
 
 def test_an_html_page_instead_of_the_api_is_one_line_never_a_traceback(pod, unsafe_s3):
     publisher = storage.publisher_for(f"{unsafe_s3}/login")
-    publisher.swap_document("current.json", b"{}", storage.ABSENT)
+    publisher.swap_document("current.json", b"{}", stores.ABSENT)
     pod.faults = [(200, b"<html><body>Sign in</body></html>", {})]
     with pytest.raises(
         coordination.NotTheApiError, match=r"answer to read a Lease is not a Lease \(an HTML page"

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from components.common import storage
+from components.common import filesystem
 from components.common.dataset import DatasetError, open_dataset
 from tests.builders import REPOSITORY, tiny_train_config
 
@@ -137,7 +137,7 @@ def _replace_train_shard(dataset, content: bytes, num_records: int | None = None
     def change(manifest):
         entry = manifest["splits"]["train"]["shards"][0]
         entry.update(size_bytes=len(content), sha256=hashlib.sha256(content).hexdigest(),
-                     crc32c=storage.crc32c_base64(content))  # fmt: skip
+                     crc32c=filesystem.crc32c_base64(content))  # fmt: skip
         if compression:
             manifest["compression"] = compression
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components.common import documents
+from components.common import documents, storage
 from components.common.model import ModelSpec, model_spec_of
 from components.common.model_directory import RESOLVED_CONFIG
 from components.evaluate import gate, pointer
@@ -52,7 +52,7 @@ def test_hostile_json_is_refused_in_one_short_line_naming_the_file(tmp_path, for
     path.write_bytes(HOSTILE_CONTENT[form])
     started = time.monotonic()
     with pytest.raises(documents.DocumentError) as refused:
-        documents.read(path, documents.ANY_OBJECT, "configuration file")
+        storage.document(path, documents.ANY_OBJECT, "configuration file")
     message = str(refused.value)
     assert message.startswith(f"{path}: ") and "\n" not in message and len(message) < 300, message
     assert time.monotonic() - started < 5
@@ -62,7 +62,7 @@ def test_a_refused_value_names_its_field_path(tmp_path):
     path = tmp_path / "doc.json"
     path.write_bytes(b'{"outer": {"items": [1, {"deep": NaN}]}}')
     with pytest.raises(documents.DocumentError, match=r"outer\.items\[1\]\.deep: NaN is not a finite number"):
-        documents.read(path, documents.ANY_OBJECT, "document")
+        storage.document(path, documents.ANY_OBJECT, "document")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "folder", "link out", "too large"])
@@ -83,14 +83,14 @@ def test_special_files_links_out_and_large_files_are_refused_without_blocking_or
         path.write_bytes(b'{"a": "' + b"x" * (2 << 20) + b'"}')
     started = time.monotonic()
     with pytest.raises(documents.DocumentError) as refused:
-        documents.read(path, documents.ANY_OBJECT, "configuration file", root=root, max_bytes=1 << 20)
+        storage.document(path, documents.ANY_OBJECT, "configuration file", root=root, max_bytes=1 << 20)
     assert str(refused.value).startswith(str(path)) and time.monotonic() - started < 5
 
 
 def test_a_link_that_stays_inside_its_root_is_read(tmp_path):
     (tmp_path / "real.json").write_text('{"a": 1}')
     (tmp_path / "config.json").symlink_to("real.json")
-    assert documents.read(tmp_path / "config.json", documents.ANY_OBJECT, "document", root=tmp_path) == {"a": 1}
+    assert storage.document(tmp_path / "config.json", documents.ANY_OBJECT, "document", root=tmp_path) == {"a": 1}
 
 
 SCHEMA = documents.Fields(
@@ -137,10 +137,10 @@ def test_values_are_checked_against_the_schema_naming_the_field(tmp_path, change
     path = tmp_path / "doc.json"
     path.write_text(json.dumps(document))
     with pytest.raises(documents.DocumentError, match=f"not a valid thing: {re.escape(field)}: "):
-        documents.read(path, SCHEMA, "thing", root=tmp_path)
+        storage.document(path, SCHEMA, "thing", root=tmp_path)
     path.write_text(json.dumps({key: value for key, value in WELL_FORMED.items() if key != "count"}))
     with pytest.raises(documents.DocumentError, match="count: missing"):
-        documents.read(path, SCHEMA, "thing", root=tmp_path)
+        storage.document(path, SCHEMA, "thing", root=tmp_path)
 
 
 def test_a_location_inside_the_root_is_accepted_on_every_store():

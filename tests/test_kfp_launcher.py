@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.common import kfp_launcher, object_stores, storage
+from components.common import filesystem, kfp_launcher, object_stores, storage
 from components.train.config import TrainConfig
 from components.train.launch_config import LaunchConfig
 from components.train.launch_trainjob import TrainJobKind
@@ -81,7 +81,7 @@ def test_a_step_in_a_pod_reaches_the_store_the_launcher_config_names_with_its_se
             monkeypatch.setenv(name, value)
         for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv(storage.ASSUME_SINGLE_WRITER, "1")  # the store's own check is not this test's
+        monkeypatch.setenv(filesystem.ASSUME_SINGLE_WRITER, "1")  # the store's own check is not this test's
         object_stores.reset_clients()
         try:
             with caplog.at_level("INFO", logger="components.common.kfp_launcher"):

@@ -8,7 +8,7 @@ import datetime
 import subprocess
 import sys
 
-from components.common import coordination, object_stores, storage
+from components.common import coordination, object_stores, storage, stores
 from tests.builders import REPOSITORY
 from tests.fake_kubernetes_api import NAMESPACE, FakeKubernetesApi
 
@@ -30,7 +30,7 @@ def test_leases_whose_documents_are_gone_are_listed_and_removed_and_no_other(
         object_stores.reset_clients()
         kept, retired, recent = (f"{unsafe_s3}/{folder}" for folder in ("models", "run-1", "run-2"))
         for root in (kept, retired, recent):
-            storage.publisher_for(root).swap_document("current.json", b'{"version": 1}', storage.ABSENT)
+            storage.publisher_for(root).swap_document("current.json", b'{"version": 1}', stores.ABSENT)
         for root in (retired, recent):  # KFP's retention expired these runs' folders
             storage.publisher_for(root).withdraw("current.json")
         for root in (kept, retired):

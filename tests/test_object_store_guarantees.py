@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from components.common import object_stores, storage
+from components.common import filesystem, object_stores, storage, stores
 from components.common.model_directory import ModelDirectory
 from tests.fake_s3_stores import S3Proxy
 
@@ -25,14 +25,14 @@ def store(s3_server, s3_bucket, monkeypatch, request):
     """A proxy playing the store `request.param` in front of the S3 server; the environment points at it."""
     with S3Proxy(s3_server, conditions=request.param) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        monkeypatch.delenv(storage.ASSUME_SINGLE_WRITER, raising=False)
+        monkeypatch.delenv(filesystem.ASSUME_SINGLE_WRITER, raising=False)
         object_stores.reset_clients()
         yield proxy, f"s3://{s3_bucket}"
         object_stores.reset_clients()
 
 
 def stored_keys(root: str) -> list[str]:
-    _scheme, bucket, _prefix = storage.split_uri(root)
+    _scheme, bucket, _prefix = filesystem.split_uri(root)
     listed = object_stores.s3_client().list_objects_v2(Bucket=bucket).get("Contents", [])
     return sorted(item["Key"] for item in listed)
 
@@ -48,7 +48,7 @@ def prepare(output: str, **options):
 @pytest.mark.parametrize("store", UNSAFE, indirect=True)
 def test_a_store_without_working_conditional_writes_is_refused_before_anything_is_published(store):
     proxy, root = store
-    with pytest.raises(storage.UnsafeStoreError) as refused:
+    with pytest.raises(filesystem.UnsafeStoreError) as refused:
         prepare(f"{root}/datasets/cifar10")
     message = str(refused.value)
     assert f"the S3 store at {proxy.url} does not honour conditional writes" in message
@@ -61,7 +61,7 @@ def test_a_store_without_working_conditional_writes_is_refused_before_anything_i
 def test_the_model_directorys_writer_lease_refuses_it_too(store, tmp_path):
     _proxy, root = store
     directory = ModelDirectory(f"{root}/runs/1/model-directory", tmp_path / "cache")
-    with pytest.raises(storage.UnsafeStoreError, match="does not honour conditional writes"):
+    with pytest.raises(filesystem.UnsafeStoreError, match="does not honour conditional writes"):
         directory.claim_writer()
     directory.release_writer()
     assert stored_keys(root) == []
@@ -73,9 +73,9 @@ def test_promotion_refuses_it_too(store, tmp_path):
     from tests.builders import tiny_model
 
     _proxy, root = store
-    with pytest.raises(storage.UnsafeStoreError, match="does not honour conditional writes"):
+    with pytest.raises(filesystem.UnsafeStoreError, match="does not honour conditional writes"):
         candidate = promote.Candidate(tiny_model(), ["a", "b"], {"metrics": {"accuracy": 0.5}})
-        promote.promote(candidate, f"{root}/models", storage.ABSENT)
+        promote.promote(candidate, f"{root}/models", stores.ABSENT)
     assert stored_keys(root) == []
 
 
@@ -120,12 +120,12 @@ def test_the_cli_refuses_it_with_one_line_and_exit_code_2(store, tmp_path):
 @pytest.mark.parametrize("store", ["ignored"], indirect=True)
 def test_a_misspelt_single_writer_variable_is_named_not_read_as_no(store, monkeypatch, tmp_path):
     _proxy, root = store
-    monkeypatch.setenv(storage.ASSUME_SINGLE_WRITER, "ture")
+    monkeypatch.setenv(filesystem.ASSUME_SINGLE_WRITER, "ture")
     assert "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER: 'ture' is neither true" in refused_by_the_cli(root)
     assert stored_keys(root) == []
     for text, assumed in (("on", True), (" 0 ", False), ("", False)):
-        monkeypatch.setenv(storage.ASSUME_SINGLE_WRITER, text)
-        assert storage.assume_single_writer() is assumed
+        monkeypatch.setenv(filesystem.ASSUME_SINGLE_WRITER, text)
+        assert filesystem.assume_single_writer() is assumed
 
 
 def test_the_check_costs_little(s3_bucket):
@@ -187,7 +187,7 @@ def test_nothing_the_pipeline_writes_in_its_documented_set_up_is_outside_a_profi
     promotion_root = f"s3://{BUCKET}/private/{NAMESPACE}/cifar10/{run}/models"
 
     assert source_fingerprint(source).startswith("object:")
-    dataset = storage.normalize_uri(f"{root}/prepare-data-component/1a2b/dataset")  # where KFP's launcher puts it
+    dataset = filesystem.normalize_uri(f"{root}/prepare-data-component/1a2b/dataset")  # where KFP's launcher puts it
     prepare(dataset, source=source, validation_fraction=0.0)
     model = SimpleNamespace(uri=f"{root}/train-component/3c4d/model", path="/minio/x", name="model", metadata={})
     model_dir = pipeline_model_directory(model, run, None, shared=True)
@@ -196,7 +196,7 @@ def test_nothing_the_pipeline_writes_in_its_documented_set_up_is_outside_a_profi
                                      cache_dir=str(tmp_path / "evaluate")))  # fmt: skip
     assert result.promotion.version == 1
     assert promote.warm_start_checkpoint("", promotion_root, True).startswith(promotion_root)
-    logdir = storage.normalize_uri(f"s3://{BUCKET}/private-artifacts/{NAMESPACE}/v2/artifacts/cifar10-pipeline")
+    logdir = filesystem.normalize_uri(f"s3://{BUCKET}/private-artifacts/{NAMESPACE}/v2/artifacts/cifar10-pipeline")
     assert mirror(logdir, local_copy(logdir, tmp_path / "board")) > 0  # the TensorBoard manifest's logdir
     assert proxy.denied() == [] and len(proxy.requests) > 50
 
@@ -209,8 +209,8 @@ def test_a_location_outside_the_profiles_prefixes_is_access_denied_naming_the_ob
 
     proxy, _admin = profile_store
     candidate = promote.Candidate(tiny_model(), ["a", "b"], {"metrics": {"accuracy": 0.5}})
-    with pytest.raises(storage.StorageError) as denied:
-        promote.promote(candidate, f"s3://{BUCKET}/models/cifar10", storage.ABSENT)  # the old documented root
+    with pytest.raises(filesystem.StorageError) as denied:
+        promote.promote(candidate, f"s3://{BUCKET}/models/cifar10", stores.ABSENT)  # the old documented root
     message = str(denied.value)
     assert message.startswith(f"s3://{BUCKET}/models/cifar10/") and "access denied" in message
     assert "mlpipeline/private/<namespace>/" in message and "refused the credentials" not in message

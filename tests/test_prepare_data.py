@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from components.common import dataset as dataset_module
+from components.common import filesystem, stores
 from components.common.dataset import DatasetError, open_dataset, read_manifest
 from components.prepare_data.config import PrepareDataConfig
 from components.prepare_data.prepare import prepare_data
@@ -335,14 +336,12 @@ def test_clean_up_never_removes_shards_another_run_is_about_to_publish(tmp_path,
     B's shards alone, so B's manifest (which rightly replaces A's) verifies. Both runs succeed."""
     import threading
 
-    from components.common import storage
-
     first_archive = builders.write_python_archive(tmp_path / "a.tar.gz", builders.official_data(per_batch=20))
     second_archive = builders.write_python_archive(tmp_path / "b.tar.gz", builders.official_data(per_batch=20, seed=5))
     output = tmp_path / "out"
     prepare(tmp_path, first_archive, examples_per_shard=10)  # an earlier dataset, replaced by run A below
     b_wrote_its_shards, a_cleaned_up = threading.Event(), threading.Event()
-    original_publish = storage.LocalPublisher.publish
+    original_publish = stores.LocalPublisher.publish
     outcomes, threads = {}, []
 
     def run(name, archive, per_shard):
@@ -362,7 +361,7 @@ def test_clean_up_never_removes_shards_another_run_is_about_to_publish(tmp_path,
             b_wrote_its_shards.wait(timeout=60)  # A cleans up while B's shards are written but not yet published
         return version
 
-    monkeypatch.setattr(storage.LocalPublisher, "publish", publish)
+    monkeypatch.setattr(stores.LocalPublisher, "publish", publish)
     run_a = threading.Thread(target=run, args=("a", first_archive, 40), name="run-a")
     run_a.start()
     run_a.join(timeout=120)
@@ -376,17 +375,15 @@ def test_clean_up_never_removes_shards_another_run_is_about_to_publish(tmp_path,
 def test_what_a_killed_run_left_half_written_is_removed_by_the_next(tmp_path):
     import subprocess
 
-    from components.common import storage
-
     archive = builders.write_python_archive(tmp_path / "cifar.tar.gz", builders.official_data(per_batch=10))
     output = tmp_path / "out"
     prepare_data(PrepareDataConfig(output=str(output), source=str(archive)))
     finished = subprocess.Popen(["true"])
     finished.wait()  # a process that has ended: what a kill -9 leaves behind
     shard = next(output.glob("train/*.tfrecord"))
-    left = storage.temporary_path(shard).name.replace(f".{os.getpid()}.", f".{finished.pid}.")
+    left = filesystem.temporary_path(shard).name.replace(f".{os.getpid()}.", f".{finished.pid}.")
     (shard.parent / left).write_bytes(b"half a shard")
-    live = storage.temporary_path(shard)  # a writer that is still at work
+    live = filesystem.temporary_path(shard)  # a writer that is still at work
     live.write_bytes(b"being written")
     prepare_data(PrepareDataConfig(output=str(output), source=str(archive), force=True))
     assert not (shard.parent / left).exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from components.common import storage
+from components.common import filesystem, storage, stores
 from components.common.dataset import DatasetError, open_dataset
 from components.prepare_data.config import PrepareDataConfig
 from components.prepare_data.prepare import prepare_data
@@ -156,10 +156,10 @@ def test_compare_and_swap_publish_refuses_a_lost_race_and_accepts_identical_byte
         root = f"{backend}://{request.getfixturevalue('gcs_bucket' if backend == 'gs' else 's3_bucket')}/p"
     writer, other = storage.publisher_for(root), storage.publisher_for(root)
     _content, seen = writer.read_versioned("manifest.json")
-    assert seen == storage.ABSENT
+    assert seen == stores.ABSENT
     other.publish("manifest.json", b"one", expected_version=seen)  # the other writer wins the race
     writer.publish("manifest.json", b"one", expected_version=seen)  # same bytes: fine
-    with pytest.raises(storage.PublishConflictError, match=r"p/manifest.json was changed by another writer"):
+    with pytest.raises(filesystem.PublishConflictError, match=r"p/manifest.json was changed by another writer"):
         writer.publish("manifest.json", b"two", expected_version=seen)
     content, current = writer.read_versioned("manifest.json")
     assert content == b"one"
@@ -230,7 +230,7 @@ def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, 
     def run(index):
         try:
             outcomes[index] = prepare_data(PrepareDataConfig(output=output, source=str(sources[index])))
-        except storage.PublishConflictError as error:
+        except filesystem.PublishConflictError as error:
             outcomes[index] = error
 
     with pytest.MonkeyPatch.context() as patch:

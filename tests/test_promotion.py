@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.common import documents, storage
+from components.common import documents, filesystem, storage
 from components.common.model import build_model, model_spec_of
 from components.common.model_directory import checkpoint_files
 from components.evaluate import canary, promote
@@ -60,7 +60,7 @@ def root(request, tmp_path):
 
 
 def names_under(root: str) -> list[str]:
-    if storage.is_remote(root):
+    if filesystem.is_remote(root):
         return storage.publisher_for(root).list()
     base = Path(root)
     return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()) if base.exists() else []
@@ -91,7 +91,7 @@ def test_a_promotion_writes_the_serving_layout_with_the_checkpoint_beside_it(tra
     assert (first.version, second.version) == (1, 2)
     ready = promote.read_ready(root)
     assert ready["version"] == 2 and ready["state"] == "ready" and "promoting" not in ready
-    assert ready["warm_start"] == storage.join(root, "2/checkpoint/ckpt-5")
+    assert ready["warm_start"] == filesystem.join(root, "2/checkpoint/ckpt-5")
     assert ready["serving"]["loads_in_tensorflow_serving"] == ["2.21.0"]  # what this TensorFlow wrote
     assert "DisableCopyOnRead" in " ".join(ready["serving"]["not_in"]["2.6.2"])
     assert_every_numeric_folder_is_a_complete_saved_model(root)
@@ -150,7 +150,7 @@ def test_a_promotion_killed_at_any_step_leaves_only_ready_versions_and_the_next_
 
             patch.setattr(promote, "make_visible", visible_then_die)
         elif point == "mid_copy":
-            if not storage.is_remote(root):
+            if not filesystem.is_remote(root):
                 pytest.skip("a local root becomes visible with one rename: there is no middle")
             original_copy = publisher_class.copy
 
@@ -165,7 +165,7 @@ def test_a_promotion_killed_at_any_step_leaves_only_ready_versions_and_the_next_
 
     # What readers see: the last ready version, whatever the pointer holds besides.
     assert promote.read_ready(root)["version"] == 1
-    assert promote.warm_start_checkpoint("", root, True) == storage.join(root, "1/checkpoint/ckpt-5")
+    assert promote.warm_start_checkpoint("", root, True) == filesystem.join(root, "1/checkpoint/ckpt-5")
     if point != "mid_copy":  # a remote copy's middle is the one moment a folder is incomplete (docs/evaluate.md)
         assert_every_numeric_folder_is_a_complete_saved_model(root)
     if point == "mark_ready":
@@ -489,12 +489,12 @@ def test_a_promotion_whose_last_write_fails_leaves_the_root_as_it_was_and_no_cla
         document = json.loads(data) if name == promote.POINTER else {}
         ready_mark = document.get("state") == "ready" and "promoting" not in document
         if ready_mark and document.get("checkpoint", "").endswith("ckpt-10"):
-            raise storage.StorageError(f"{self.uri(name)}: 503 SlowDown after 5 attempts")
+            raise filesystem.StorageError(f"{self.uri(name)}: 503 SlowDown after 5 attempts")
         return original_swap(self, name, data, expected_version)
 
     with monkeypatch.context() as patch:
         patch.setattr(publisher_class, "swap_document", refuse_the_ready_mark)
-        with pytest.raises(storage.StorageError, match="SlowDown"):
+        with pytest.raises(filesystem.StorageError, match="SlowDown"):
             promote_once(trained, root, step=10)
     assert promote.read_pointer(root)[0] == before
     assert sorted(numeric_folders(root)) == ([1] if ready_before else [])

@@ -80,7 +80,7 @@ def test_a_read_with_its_reason_or_through_an_owner_passes(scratch_copy):
         "def read(path):\n"
         "    # reader: the kernel's own file, a few bytes\n"
         "    first = Path('/proc/self/stat').read_text()\n"
-        "    return first, documents.load(storage.read_regular_file(path, 1024), path, 'settings')\n"
+        "    return first, documents.load(filesystem.read_regular_file(path, 1024), path, 'settings')\n"
     )
     try:
         result = check(scratch_copy)

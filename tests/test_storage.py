@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from components.common import object_stores, storage
+from components.common import filesystem, object_stores, storage
 from components.common.model_directory import artifact_location, pipeline_model_directory
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -25,11 +25,11 @@ def artifact(uri: str, path: str, name: str = "model"):
 
 
 def test_kfp_minio_uris_are_s3_uris():
-    assert storage.normalize_uri("minio://mlpipeline/v2/artifacts/x") == "s3://mlpipeline/v2/artifacts/x"
-    assert storage.split_uri("minio://mlpipeline/a/b") == ("s3://", "mlpipeline", "a/b")
+    assert filesystem.normalize_uri("minio://mlpipeline/v2/artifacts/x") == "s3://mlpipeline/v2/artifacts/x"
+    assert filesystem.split_uri("minio://mlpipeline/a/b") == ("s3://", "mlpipeline", "a/b")
     assert isinstance(storage.publisher_for("minio://mlpipeline/v2"), object_stores.S3Publisher)
     assert storage.publisher_for("minio://mlpipeline/v2").uri("x") == "s3://mlpipeline/v2/x"
-    assert storage.join("minio://b/p", "q") == "s3://b/p/q"
+    assert filesystem.join("minio://b/p", "q") == "s3://b/p/q"
 
 
 def test_the_model_directory_of_a_run_outlives_the_pod_and_the_attempt():
@@ -92,7 +92,7 @@ def test_missing_s3_credentials_are_one_clear_line(tmp_path, s3_server, monkeypa
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     object_stores.reset_clients()
     try:
-        with pytest.raises(storage.StorageError, match=r"s3://bucket/x: no S3 credentials: set AWS_ACCESS_KEY_ID"):
+        with pytest.raises(filesystem.StorageError, match=r"s3://bucket/x: no S3 credentials: set AWS_ACCESS_KEY_ID"):
             storage.read_bytes("s3://bucket/x")
     finally:
         object_stores.reset_clients()
@@ -118,7 +118,7 @@ def test_unusable_cloud_storage_credentials_are_one_clear_line(tmp_path, monkeyp
     object_stores.reset_clients()
     try:
         with pytest.raises(
-            storage.StorageError,
+            filesystem.StorageError,
             match=r"gs://bucket/x: no usable Google Cloud credentials \(.*missing-key\.json.*\): set "
             r"GOOGLE_APPLICATION_CREDENTIALS",
         ):

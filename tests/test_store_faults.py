@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from components.common import exit_codes, object_stores, storage
+from components.common import exit_codes, filesystem, object_stores, storage, stores
 from components.common.cli import report_error
 from tests.fake_s3_stores import Fault, S3Proxy
 
@@ -41,7 +41,7 @@ def test_a_read_cut_short_every_time_ends_in_one_retryable_line_naming_the_objec
     proxy, publisher = faulty
     publisher.publish("shard-0", CONTENT)
     proxy.faults.append(Fault("GET", "*shard-0", "cut"))
-    with pytest.raises(storage.StoreUnavailableError) as failed:
+    with pytest.raises(filesystem.StoreUnavailableError) as failed:
         publisher.read("shard-0")
     message = str(failed.value)
     assert message.startswith(f"{publisher.uri('shard-0')}: the store at {proxy.url} kept failing"), message
@@ -58,7 +58,7 @@ def test_slow_down_answers_are_retried(faulty, method):
         publisher.publish("current.json", b"{}")
     proxy.faults.append(Fault(method, "*current.json", "503", 2))
     if method == "PUT":
-        publisher.publish("current.json", b'{"version": 1}', expected_version=storage.ABSENT)
+        publisher.publish("current.json", b'{"version": 1}', expected_version=stores.ABSENT)
         assert publisher.read("current.json") == b'{"version": 1}'
     elif method == "GET":
         assert publisher.read("current.json") == b"{}"
@@ -74,7 +74,7 @@ def test_a_store_that_keeps_answering_slow_down_is_retryable_in_one_line_within_
     proxy.faults.append(Fault(method, "*current.json", "503"))
     started = time.monotonic()
     kept_failing = r"current\.json: the store at .* kept failing .*503 SlowDown"
-    with pytest.raises(storage.StoreUnavailableError, match=kept_failing):
+    with pytest.raises(filesystem.StoreUnavailableError, match=kept_failing):
         if method == "PUT":
             publisher.publish("current.json", b'{"version": 2}', expected_version=publisher.version("current.json"))
         else:

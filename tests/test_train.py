@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.common import filesystem
 from components.common.config import config_to_dict
 from components.common.model_directory import checkpoint_key
 from components.train import checkpoints, loop
@@ -323,7 +324,7 @@ def test_a_remote_model_directory_is_written_and_resumed_from(synthetic_data, tm
     assert sorted(name for name in uploads if "tfevents" in name) == sorted(event_files)
     copy = tmp_path / "tensorboard"
     for name in event_files:
-        storage.download_file(storage.join(model_dir, name), copy / name)
+        storage.download_file(filesystem.join(model_dir, name), copy / name)
     assert set(step for step, _ in scalar_series(copy / "train", "loss")) == {2, 4, 6}
 
     # Another machine (an empty cache) resumes from what is in the bucket.

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from components.common import storage
+from components.common import storage, stores
 from components.common import writer_claim as writer_lease
 from components.common.model_directory import ModelDirectory
 from components.common.writer_claim import WriterClaimError
@@ -49,7 +49,7 @@ def test_the_lease_of_a_killed_writer_is_taken_over_after_it_runs_out(coordinate
     killed = {"holder": "pid 1 on gone-host since then", "token": "dead", "renewed_at": time.time()}
     started = time.monotonic()  # the lease runs out counted from its last renewal, this moment
     storage.publisher_for(model_dir).swap_document(
-        writer_lease.WRITER_LEASE, json.dumps(killed).encode(), storage.ABSENT
+        writer_lease.WRITER_LEASE, json.dumps(killed).encode(), stores.ABSENT
     )
     newcomer = machine(model_dir, tmp_path, "a")
     newcomer.claim_writer()
@@ -84,7 +84,7 @@ def test_publish_answers_the_version_it_wrote_and_the_lease_never_reads_its_own_
     """The lease's next compare-and-swap uses the version the store answered to its own write: read back instead,
     another writer's version written in between would be taken for its own."""
     store = storage.publisher_for(f"{coordinated_store}/versions")
-    written = store.publish("record.json", b"one", expected_version=storage.ABSENT)
+    written = store.publish("record.json", b"one", expected_version=stores.ABSENT)
     assert written == store.read_versioned("record.json")[1]
     replaced = store.publish("record.json", b"two", expected_version=written)
     assert replaced != written and replaced == store.read_versioned("record.json")[1]

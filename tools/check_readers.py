@@ -20,7 +20,9 @@ from pathlib import Path
 SCANNED = ("components", "pipeline", "images")
 OWNERS = {
     "components/common/documents.py",  # every document: size, depth, values
-    "components/common/storage.py",  # every file and object: regular files, bounded reads, atomic writes
+    "components/common/filesystem.py",  # every local file: regular files, bounded reads, atomic writes
+    "components/common/stores.py",  # a local folder as a store
+    "components/common/storage.py",  # every location: bounded reads of objects, documents at a location
     "components/common/object_stores.py",  # storage's S3 side
     "components/common/outputs.py",  # every file written for a user
     "components/common/secrets.py",  # token files
@@ -92,7 +94,7 @@ def flagged(call: ast.Call, names: dict[str, str]) -> str | None:
     if name is not None:
         module = name.split(".")[-2] if "." in name else ""
         if name.startswith("components.") and module in OWNER_MODULES:
-            return None  # storage.read_bytes(...), documents.read_bytes(...): the owners' own functions
+            return None  # storage.read_bytes(...), storage.document_bytes(...): the owners' own functions
         if name in QUALIFIED:
             return f"{_dotted(call.func)}()"
     function = call.func

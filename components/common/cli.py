@@ -10,8 +10,8 @@ from typing import Any
 
 from components.common import exit_codes, file_errors, out_of_space
 from components.common.config import parse_configs
+from components.common.filesystem import StoreUnavailableError
 from components.common.logs import setup_logging
-from components.common.storage import StoreUnavailableError
 
 
 def run_stage(

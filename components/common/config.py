@@ -13,7 +13,6 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 import sys
 import types
 import typing
@@ -21,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from components.common import documents
-from components.common.values import in_interval, shown
+from components.common import documents, storage
+from components.common.filesystem import scheme_problem
+from components.common.values import in_interval, parse_bool, shown
 
 ConfigT = TypeVar("ConfigT")
 
@@ -39,16 +39,6 @@ def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
         if len(arguments) == 1:
             return arguments[0], True
     return annotation, False
-
-
-def parse_bool(text: str) -> bool:
-    """The project's one reading of a boolean written as text (command lines, make variables)."""
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def changed_fields(config: Any, names: Sequence[str], recipe: dict[str, Any] | None = None) -> list[str]:
@@ -96,44 +86,6 @@ def check_fields(config: Any) -> None:
             for item in value if isinstance(value, tuple) else (value,):
                 if not in_interval(item, interval):
                     raise ValueError(f"{field.name}: {shown(item)} is not in {interval}")
-
-
-# The schemes a location may have: object stores (minio:// is how KFP names its own store's artifacts) and, for a
-# source, a download. Any other scheme:// (ftp://, file://, S3://) would otherwise be taken for a local folder whose
-# name begins "ftp:" and be read or written there.
-STORE_SCHEMES = ("gs", "s3", "minio")
-URL_SCHEMES = ("http", "https")
-SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def scheme_problem(name: str, value: str, schemes: Sequence[str] = STORE_SCHEMES + URL_SCHEMES) -> str | None:
-    """Why `value` (field or parameter `name`) names a location it cannot: a scheme it cannot have; for every
-    location with a scheme, a control character (a newline); for an object store's, no bucket or a `..` in its key
-    (an object named `..`, not the folder above). None when it may."""
-    match = SCHEME.match(value)
-    if match is None:
-        return None
-    scheme = match.group(1)
-    if scheme not in schemes:
-        return (
-            f"{name}: {shown(value)}: {scheme}:// is not a scheme this project reads or writes (a folder, "
-            f"{', '.join(scheme + '://' for scheme in schemes)})"
-        )
-    if CONTROL_CHARACTER.search(value):
-        return f"{name}: {shown(value)} holds a control character (a newline, a tab): no location has one"
-    if scheme in STORE_SCHEMES:
-        bucket, _, key = value[match.end() :].partition("/")
-        if not bucket:
-            return f"{name}: {shown(value)} names no bucket: give {scheme}://BUCKET/PATH"
-        if ".." in key.split("/") or "." in key.split("/"):
-            return (
-                f"{name}: {shown(value)}: an object store has no folders to step out of or stay in ('..', '.'), so "
-                "these would be object names: give the prefix itself"
-            )
-    return None
 
 
 def _check_value(name: str, value: Any, annotation: Any) -> None:
@@ -291,7 +243,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if isinstance(path, str) and path.lstrip().startswith("{"):
         return documents.parse(path, "--config (inline)", documents.ANY_OBJECT, "configuration")
     try:
-        return documents.read(path, documents.ANY_OBJECT, "configuration file", max_bytes=MAX_CONFIG_BYTES)
+        return storage.document(path, documents.ANY_OBJECT, "configuration file", max_bytes=MAX_CONFIG_BYTES)
     except FileNotFoundError as error:
         raise ValueError(f"{path}: configuration file does not exist") from error
 

@@ -25,7 +25,7 @@ document lives in a Lease of the run's namespace:
   holder that cannot renew its lease for the lease's duration stops writing by itself.
 
 Outside a pod (no service account, no API address), nothing here is used: the store must honour conditional writes,
-or the user assumes a single writer (components/common/storage.py).
+or the user assumes a single writer (components/common/filesystem.py).
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from components.common import access, pod
 from components.common.documents import DocumentError, load
-from components.common.storage import ABSENT, PublishConflictError, StoreUnavailableError, conflict_error
+from components.common.filesystem import PublishConflictError, StoreUnavailableError
+from components.common.stores import ABSENT, conflict_error
 
 logger = logging.getLogger(__name__)
 
@@ -110,15 +112,13 @@ def in_cluster_client():
     from kubernetes import client
     from kubernetes.config.incluster_config import InClusterConfigLoader
 
-    from components.common.pod import namespace_of_this_pod
-
     folder = service_account()
     configuration = client.Configuration()
     InClusterConfigLoader(token_filename=str(folder / "token"), cert_filename=str(folder / "ca.crt")).load_and_set(
         configuration
     )
     configuration.retries = 2
-    namespace = namespace_of_this_pod(folder / "namespace")
+    namespace = pod.namespace_of_this_pod(folder / "namespace")
     if not namespace:
         raise CoordinationError(f"{folder / 'namespace'}: this pod's namespace cannot be read")
     return client.ApiClient(configuration), namespace
@@ -190,11 +190,9 @@ class KubernetesDocuments:
                 if error.status in (404, 409):
                     raise
                 if error.status == 403:
-                    from components.common.access import ADMIN_SET, AccessError
-
-                    raise AccessError(
+                    raise access.AccessError(
                         f"the Kubernetes API refused to {what} Leases in namespace {self.namespace} (403), which the "
-                        f"project coordinates through on this store: they are granted by {ADMIN_SET}"
+                        f"project coordinates through on this store: they are granted by {access.ADMIN_SET}"
                     ) from None
                 retried = error.status == 429 or (error.status or 0) >= 500
                 if retried:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from components.common import documents, storage
+from components.common import documents, filesystem, storage
 from components.common.config import check_fields
 from components.common.dataset import STATISTICS_NAME, DatasetError
 
@@ -146,7 +146,7 @@ STATISTICS_SCHEMA = documents.Fields(
 def read_statistics(location: str, expected_sha256: str | None = None) -> dict:
     """The statistics document at `location` (a statistics.json or a promoted data_statistics.json), checked; with
     `expected_sha256` (the manifest's), also that it is the one the manifest was published with."""
-    content = documents.read_bytes(location, "dataset statistics", MAX_STATISTICS_BYTES)
+    content = storage.document_bytes(location, "dataset statistics", MAX_STATISTICS_BYTES)
     if expected_sha256 is not None and hashlib.sha256(content).hexdigest() != expected_sha256:
         raise DatasetError(
             f"{location}: not the statistics its manifest was published with (SHA-256 differs): damaged, or written "
@@ -175,7 +175,7 @@ def dataset_statistics(dataset_uri: str, manifest) -> dict | None:
     """The statistics of a prepared dataset (None when it was prepared before statistics were)."""
     if manifest.statistics is None:
         return None
-    location = storage.join(dataset_uri, STATISTICS_NAME)
+    location = filesystem.join(dataset_uri, STATISTICS_NAME)
     try:
         return read_statistics(location, manifest.statistics["sha256"])
     except FileNotFoundError as error:

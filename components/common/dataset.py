@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common import documents, records, storage
+from components.common import documents, filesystem, records, storage
 from components.common.compression import gunzip_bounded
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def manifest_digest(content: bytes) -> str:
 
 def read_manifest(dataset_uri: str) -> tuple[Manifest, str]:
     """The manifest of a prepared dataset and the SHA-256 of its bytes."""
-    uri = storage.join(dataset_uri, MANIFEST_NAME)
+    uri = filesystem.join(dataset_uri, MANIFEST_NAME)
     try:
         content = _read_bounded(uri, MAX_MANIFEST_BYTES)
     except FileNotFoundError as error:
@@ -120,7 +120,7 @@ def _read_bounded(uri: str, max_bytes: int, expected_size: int | None = None) ->
     checked before it is read: DatasetError naming it otherwise; FileNotFoundError when it is absent."""
     try:
         content = storage.read_bounded(uri, max_bytes if expected_size is None else expected_size)
-    except storage.FileReadError as error:
+    except filesystem.FileReadError as error:
         if error.size is not None:
             _check_size(uri, error.size, max_bytes, expected_size)
         raise DatasetError(str(error)) from error
@@ -397,8 +397,8 @@ def open_dataset(
     manifest, digest = read_manifest(dataset_uri)
     wanted = splits or tuple(manifest.splits)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    if storage.is_remote(dataset_uri):
-        storage.remove_stale_temporaries(cache / "shards")
+    if filesystem.is_remote(dataset_uri):
+        filesystem.remove_stale_temporaries(cache / "shards")
     files: dict[str, list[str]] = {}
     for split_name in wanted:
         split = manifest.split(split_name)
@@ -429,8 +429,8 @@ def open_dataset(
 
 def _verified_local_copy(dataset_uri: str, shard: ShardInfo, manifest: Manifest, cache: Path) -> tuple[str, np.ndarray]:
     """A local path of the verified shard (the shard itself, or a cached copy of a remote one), and its counts."""
-    uri = storage.join(dataset_uri, shard.path)
-    if not storage.is_remote(dataset_uri):
+    uri = filesystem.join(dataset_uri, shard.path)
+    if not filesystem.is_remote(dataset_uri):
         root = os.path.realpath(dataset_uri)
         resolved = os.path.realpath(uri)
         if not resolved.startswith(root + os.sep):
@@ -442,7 +442,7 @@ def _verified_local_copy(dataset_uri: str, shard: ShardInfo, manifest: Manifest,
         return str(local), verify_shard(_read_shard(str(local), shard), shard, manifest, origin)
     content = _read_shard(uri, shard)
     counts = verify_shard(content, shard, manifest, uri)
-    storage.atomic_write_bytes(local, content)
+    filesystem.atomic_write_bytes(local, content)
     return str(local), counts
 
 

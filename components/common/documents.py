@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import storage
+from components.common import filesystem
 from components.common.values import in_interval, shown
 
 MAX_DOCUMENT_BYTES = 4 << 20  # configs, pointers, metrics, records: kilobytes when well-formed
@@ -91,39 +91,6 @@ class Fields:
 
 
 ANY_OBJECT = Fields()
-
-
-# -- reading ---------------------------------------------------------------------------------------------------
-
-
-def read(
-    location: str | Path,
-    schema: Fields,
-    kind: str,
-    root: str | Path | None = None,
-    max_bytes: int = MAX_DOCUMENT_BYTES,
-) -> dict:
-    """The document at `location` (a local path or a gs:// / s3:// URI) checked against `schema`; `kind` names what
-    it should be ("promotion pointer"). FileNotFoundError when it does not exist; DocumentError otherwise."""
-    location = str(location)
-    if root is not None and not confined(location, str(root)):
-        raise DocumentError(f"{location}: not inside {root}, where the {kind} must be")
-    return parse(read_bytes(location, kind, max_bytes, root), location, schema, kind, root)
-
-
-def read_bytes(location: str, kind: str, max_bytes: int = MAX_DOCUMENT_BYTES, root: str | Path | None = None) -> bytes:
-    """The bytes of a document, bounded, from a regular file (whose real path stays inside `root`) or an object."""
-    local = not storage.is_remote(location)
-    if local and root is not None and not confined(os.path.realpath(location), os.path.realpath(root)):
-        raise DocumentError(f"{location}: a link leading out of {root}; a {kind} is read only from inside it")
-    try:
-        return storage.read_bounded(location, max_bytes)
-    except storage.FileReadError as error:
-        raise DocumentError(f"{error}; expected a {kind}") from error
-    except IsADirectoryError as error:
-        raise DocumentError(f"{location}: a folder, not a {kind}") from error
-    except PermissionError as error:
-        raise DocumentError(f"{location}: permission denied reading the {kind}") from error
 
 
 def check_size(content: bytes, location: str, kind: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes:
@@ -435,8 +402,8 @@ class _Reader:
 def confined(location: str, root: str) -> bool:
     """Whether `location` lies inside `root` (or is it), after `.` and `..` are resolved: on the same store and
     bucket for gs:// and s3://; a local path lexically (callers resolve links themselves, as `read` does)."""
-    if storage.is_remote(location) or storage.is_remote(root):
-        if not (storage.is_remote(location) and storage.is_remote(root)):
+    if filesystem.is_remote(location) or filesystem.is_remote(root):
+        if not (filesystem.is_remote(location) and filesystem.is_remote(root)):
             return False
         scheme, _, rest = location.partition("://")
         root_scheme, _, root_rest = root.partition("://")

@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from components.common import coordination, documents
+
 logger = logging.getLogger(__name__)
 
 CONFIG_MAP = "kfp-launcher"
@@ -65,11 +67,10 @@ def matching(providers: dict, bucket: str, key: str) -> tuple[dict, str] | None:
 
 @functools.lru_cache(maxsize=4)
 def _parsed(text: str) -> dict:
-    from components.common.documents import DocumentError, load
 
     try:
-        return _mapping(load(text, "the kfp-launcher ConfigMap's providers", "providers"), "providers")
-    except DocumentError as error:
+        return _mapping(documents.load(text, "the kfp-launcher ConfigMap's providers", "providers"), "providers")
+    except documents.DocumentError as error:
         raise LauncherConfigError(str(error)) from None
 
 
@@ -116,7 +117,6 @@ def settings_from(data: dict[str, str], bucket: str, key: str, read_secret) -> S
 @functools.cache
 def _launcher_data() -> tuple[tuple[str, str], ...] | None:
     """This pod's namespace's kfp-launcher data (None where there is none or it may not be read)."""
-    from components.common import coordination
 
     if not coordination.available():
         return None
@@ -136,8 +136,6 @@ def _launcher_data() -> tuple[tuple[str, str], ...] | None:
 @functools.cache
 def _read_secret(name: str) -> dict[str, str]:
     from kubernetes import client
-
-    from components.common import coordination
 
     api_client, namespace = coordination.in_cluster_client()
     secret = client.CoreV1Api(api_client).read_namespaced_secret(name, namespace, _request_timeout=30)

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from components.common import documents, storage
+from components.common import documents, filesystem, storage
 from components.common.dataset import default_cache_dir
 from components.common.writer_claim import DirectoryClaim, WriterLease, holder_description
 
@@ -103,7 +103,7 @@ def read_document(local_dir: str | Path, name: str, schema: documents.Fields, sh
     checked against `schema`; errors name `shown_as/name` (the directory as the user gave it)."""
     location = Path(local_dir, name)
     try:
-        document = documents.read(location, schema, f"model directory's {name}", root=local_dir)
+        document = storage.document(location, schema, f"model directory's {name}", root=local_dir)
     except documents.DocumentError as error:
         if shown_as is None or str(shown_as) == str(local_dir):
             raise
@@ -178,9 +178,9 @@ def artifact_location(artifact: Any, shared: bool = False) -> str:
 
     On a cluster the launcher downloads inputs to `artifact.path`, which only this pod sees; other pods (TFJob
     workers) need `artifact.uri` (`minio://...` in KFP's default store, mapped to s3://; or gs://, s3://)."""
-    uri = storage.normalize_uri(artifact.uri or "")
+    uri = filesystem.normalize_uri(artifact.uri or "")
     if shared:
-        if not storage.is_remote(uri):
+        if not filesystem.is_remote(uri):
             raise ValueError(
                 f"{artifact.name or 'artifact'}: {artifact.path} is pod-local ({artifact.uri!r}); the TFJob's workers "
                 "run in other pods and cannot read it. Run the pipeline with its default object store (KFP's "
@@ -201,15 +201,15 @@ def pipeline_model_directory(
     sweep step's folder is found the same way, under `folder`).
     Otherwise (kfp.local, or no run id) the artifact's own folder. `shared` (a TFJob) requires an object store."""
     if explicit:
-        location = storage.normalize_uri(explicit)
+        location = filesystem.normalize_uri(explicit)
     else:
-        uri = storage.normalize_uri(model_artifact.uri or "")
-        if storage.is_remote(uri):
+        uri = filesystem.normalize_uri(model_artifact.uri or "")
+        if filesystem.is_remote(uri):
             marker = f"/{run_id}/" if run_id else None
             location = uri[: uri.index(marker) + len(marker)] + folder if marker and marker in uri else uri
         else:
             location = model_artifact.path
-    if shared and not storage.is_remote(location):
+    if shared and not filesystem.is_remote(location):
         raise ValueError(
             f"model_dir: {location} is pod-local; the TFJob's workers run in other pods and cannot write it. Run "
             "the pipeline with its default object store (KFP's MinIO/SeaweedFS) or a pipeline_root on gs:// or "
@@ -223,8 +223,8 @@ class ModelDirectory:
 
     def __init__(self, uri: str, cache_dir: str | Path | None = None, create: bool = True):
         """`create=False` (for readers): a local directory must already exist."""
-        self.uri = storage.normalize_uri(uri).rstrip("/")
-        self.remote = storage.is_remote(uri)
+        self.uri = filesystem.normalize_uri(uri).rstrip("/")
+        self.remote = filesystem.is_remote(uri)
         if self.remote:
             key = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
             self.local = Path(cache_dir or default_cache_dir()) / "model_dirs" / key
@@ -252,7 +252,7 @@ class ModelDirectory:
                 self.release_writer()
                 raise
             self._lease = lease
-        storage.remove_stale_temporaries(self.local)  # the only writer now: what a killed one left is garbage
+        filesystem.remove_stale_temporaries(self.local)  # the only writer now: what a killed one left is garbage
 
     def check_writer(self) -> None:
         """Before writing: this process still holds the directory (the folder at its path is the one it claimed,
@@ -288,7 +288,7 @@ class ModelDirectory:
             target = self.local / name
             checksum = publisher.checksum(name)
             local_content = storage.read_bytes(str(target)) if target.exists() else None
-            if local_content is not None and checksum == (len(local_content), storage.crc32c_base64(local_content)):
+            if local_content is not None and checksum == (len(local_content), filesystem.crc32c_base64(local_content)):
                 continue
             storage.download_file(publisher.uri(name), target)
         logger.info("pulled %d file(s) of %s into %s", len(names), self.uri, self.local)

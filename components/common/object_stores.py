@@ -1,7 +1,7 @@
 """The object stores behind `storage.publisher_for`: Cloud Storage (gs://) and S3-compatible stores (s3://,
 KFP's minio://), their clients, and one-line explanations of their connection and credential errors.
 
-The publishing rules are those of `components.common.storage`, which this module implements for the two remote
+The publishing rules are those of `components.common.stores`, which this module implements for the two remote
 back ends; nothing else imports it directly but tests (for the clients).
 
 It owns the two back ends, each with its preconditions, its client and the explanation of its errors.
@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from components.common import access, coordination, kfp_launcher, pod, secrets
 from components.common.causes import causes
-from components.common.storage import (
-    ABSENT,
+from components.common.filesystem import (
     CRC32C_METADATA,
     GCS_SCHEME,
     S3_SCHEME,
@@ -33,12 +33,12 @@ from components.common.storage import (
     UnsafeStoreError,
     assume_single_writer,
     can_connect,
-    conflict_error,
     crc32c_base64,
     normalize_uri,
     split_gcs_uri,
     split_uri,
 )
+from components.common.stores import ABSENT, conflict_error
 
 logger = logging.getLogger(__name__)
 
@@ -106,15 +106,12 @@ def s3_endpoint(bucket: str | None = None, key: str = "") -> str | None:
     """The S3 endpoint for s3://bucket/key: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL when set; else, in a Kubernetes
     pod, what the namespace's kfp-launcher ConfigMap gives the location (components/common/kfp_launcher.py), else the
     store the Kubeflow release installed (SeaweedFS or MinIO, whichever service name resolves); else None (AWS S3)."""
-    from components.common.pod import in_kubernetes_pod
 
     given = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if given:
-        from components.common import secrets
-
         variable = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
         secrets.refuse_user_info(given, variable, "give the keys as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-    if given or not in_kubernetes_pod():
+    if given or not pod.in_kubernetes_pod():
         return given or None
     settings = launcher_settings(bucket, key)
     if settings is not None:
@@ -124,7 +121,6 @@ def s3_endpoint(bucket: str | None = None, key: str = "") -> str | None:
 
 def launcher_settings(bucket: str | None, key: str):
     """The kfp-launcher ConfigMap's settings for the location, where no endpoint is given and this is a pod."""
-    from components.common import kfp_launcher
 
     if bucket is None or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
         return None
@@ -161,8 +157,8 @@ def _s3_client(endpoint: str | None, region: str, keys: tuple[str, str] | None =
         read_timeout=120,
         s3={"addressing_style": "path"} if endpoint else {},
     )
-    access = {"aws_access_key_id": keys[0], "aws_secret_access_key": keys[1]} if keys else {}
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=config, **access)
+    credentials = {"aws_access_key_id": keys[0], "aws_secret_access_key": keys[1]} if keys else {}
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=config, **credentials)
 
 
 def s3_client(bucket: str | None = None, key: str = ""):
@@ -178,7 +174,6 @@ def s3_client(bucket: str | None = None, key: str = ""):
 def reset_clients() -> None:
     """Forget the cached clients and checked stores (after the environment that configures them changed, e.g. in
     tests)."""
-    from components.common import coordination, kfp_launcher
 
     gcs_client.cache_clear()
     _s3_client.cache_clear()
@@ -431,14 +426,12 @@ class S3Publisher:
     def read_document(self, name: str) -> tuple[bytes | None, str]:
         """The document and its version: in a pod, its Lease when it has one (the authority), else the store's
         object. Reading never probes the store (a reader may only read it)."""
-        from components.common import coordination
-        from components.common.access import AccessError
 
         if not coordination.available() or known_mode(self) == CONDITIONAL:
             return self.read_versioned(name)
         try:
             content, version = coordination.documents().read(self.uri(name))
-        except AccessError:  # not allowed to read Leases here: none was made by this namespace's steps either
+        except access.AccessError:  # not allowed to read Leases here: none was made by this namespace's steps either
             return self.read_versioned(name)
         if version == ABSENT:  # never swapped through the API (written before it was used, or removed): the copy
             return self.read_versioned(name)
@@ -447,7 +440,6 @@ class S3Publisher:
     def swap_document(self, name: str, data: bytes, expected_version: str) -> str:
         if store_mode(self) != KUBERNETES:
             return self.publish(name, data, expected_version)
-        from components.common import coordination
 
         documents = coordination.documents()
         if not expected_version.startswith(coordination.VERSION_PREFIX):  # the first swap of a store's document
@@ -466,7 +458,6 @@ class S3Publisher:
         if store_mode(self) != KUBERNETES:
             self.withdraw(name)
             return
-        from components.common import coordination
 
         documents = coordination.documents()
         if expected_version is not None and documents.read(self.uri(name))[1] != expected_version:
@@ -584,7 +575,6 @@ def known_mode(publisher: S3Publisher) -> str | None:
 
 
 def _mode_for(problem: str | None) -> str | None:
-    from components.common import coordination
 
     if problem is None:
         return CONDITIONAL

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from components.common import documents, storage
+from components.common import documents, filesystem, storage
 from components.common.out_of_space import out_of_space
 
 RECORD_SUFFIX = ".job.json"
@@ -55,10 +55,10 @@ def check_destination(path: str | Path, what: str, others: Iterable[str | Path] 
     if mode is not None and stat.S_ISLNK(mode):
         raise OutputError(f"{path}: a link; give the {what} a path of its own (a link would send it elsewhere)")
     if mode is not None and not stat.S_ISREG(mode):
-        raise OutputError(f"{path}: {storage.file_kind(mode)}, not a file; give the {what} a file's path")
+        raise OutputError(f"{path}: {filesystem.file_kind(mode)}, not a file; give the {what} a file's path")
     for other in others:
         other_text = str(other)
-        if not other_text or storage.is_remote(other_text):
+        if not other_text or filesystem.is_remote(other_text):
             continue
         other = Path(other_text)
         inside = other.is_dir() and os.path.abspath(path).startswith(os.path.abspath(other).rstrip("/") + "/")
@@ -78,7 +78,7 @@ def write_text(path: str | Path, text: str, what: str, others: Iterable[str | Pa
     read as surrogates) are written as backslash escapes."""
     path = check_destination(path, what, others)
     try:
-        storage.atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"))
+        filesystem.atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"))
     except OSError as error:
         if out_of_space(error):
             raise  # a condition an operator fixes and retries (exit_codes.NO_SPACE), not a setting
@@ -167,7 +167,7 @@ def continued_file(path: str | Path, kind: str, job: dict, others: Iterable[str 
 
 def _read_record(record: Path) -> dict:
     try:
-        return documents.read(record, _RECORD_SCHEMA, "output record", max_bytes=MAX_RECORD_BYTES)
+        return storage.document(record, _RECORD_SCHEMA, "output record", max_bytes=MAX_RECORD_BYTES)
     except FileNotFoundError:
         return {}
     except documents.DocumentError as error:

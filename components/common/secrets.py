@@ -12,7 +12,7 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-from components.common import storage
+from components.common import filesystem
 
 MAX_TOKEN_BYTES = 64 * 1024
 
@@ -25,10 +25,10 @@ def read_token_file(path: str | Path, source: str, how_to: str) -> str:
     """The token in `path`, stripped; `source` names where the path came from (the variable), `how_to` says what to
     give instead. A FIFO or device is refused without blocking on it, a large file without reading it."""
     try:
-        content = storage.read_regular_file(path, MAX_TOKEN_BYTES)
+        content = filesystem.read_regular_file(path, MAX_TOKEN_BYTES)
     except FileNotFoundError:
         raise TokenFileError(f"{source}: {path} does not exist; {how_to}") from None
-    except storage.FileReadError as error:
+    except filesystem.FileReadError as error:
         why = "larger than a token" if error.size is not None else str(error).removeprefix(f"{path}: ")
         raise TokenFileError(f"{source}: {path} is not a token file ({why}); {how_to}") from None
     except IsADirectoryError:

@@ -1,301 +1,40 @@
-"""Reading and atomically publishing files on a local disk, Google Cloud Storage (`gs://bucket/prefix`) or an
-S3-compatible store (`s3://bucket/prefix`: AWS S3, MinIO, SeaweedFS; `minio://` is KFP's name for the same).
+"""Any location, local or remote: the publisher for it, and its bounded reads (an object's size checked before it is
+read, from its metadata), a document at a location read and checked against its schema. The storage layer's top
+floor: it stands on filesystem.py, documents.py and the stores, and none of them imports it.
 
 gs:// goes through google-cloud-storage (which honours `STORAGE_EMULATOR_HOST`, so tests use a real
 fake-gcs-server), never through TensorFlow's own GCS filesystem. s3:// goes through boto3, configured the
 standard AWS way: the endpoint from `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` (path-style addressing when
 one is set, as MinIO and SeaweedFS need), credentials from `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (or any
 other source boto3 knows), the region from `AWS_REGION`/`AWS_DEFAULT_REGION` (default us-east-1).
-
-Publishing rules, the same for every back end:
-- an object appears whole or not at all (local: temporary file + rename; gs:// and s3://: a single upload);
-- `publish` succeeds without writing when identical bytes are already there (so concurrent publishers of
-  the same content both succeed);
-- `publish(..., expected_version=V)` is a compare-and-swap: it replaces only version V (as returned by
-  `read_versioned`; ABSENT for "must not exist"), and a writer that lost the race to different content
-  gets `PublishConflictError` naming the object. gs:// uses generation preconditions, s3:// conditional
-  writes (`If-Match` on the ETag, `If-None-Match: *`), local folders an exclusive lock.
-
-One protocol with one implementation per store, rather than a generic file-system layer such as fsspec:
-the compare-and-swap needs each store's own preconditions, which generic layers do not expose.
-
-It owns URIs, local atomic writes, temporaries and scratch folders, and the local publisher; the remote back ends
-are in object_stores.py.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import errno
-import fcntl
-import hashlib
-import logging
 import os
-import re
-import shutil
-import socket
-import stat
 import sys
-import tempfile
-import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Protocol
 
-import google_crc32c
-
-logger = logging.getLogger(__name__)
-
-GCS_SCHEME = "gs://"
-S3_SCHEME = "s3://"
-MINIO_SCHEME = "minio://"  # KFP's URI for its default (MinIO or SeaweedFS) artifact store: an S3-compatible bucket
-REMOTE_SCHEMES = (GCS_SCHEME, S3_SCHEME, MINIO_SCHEME)
-CHUNK_BYTES = 8 * 1024 * 1024
-CRC32C_METADATA = "crc32c"  # s3:// objects carry their CRC32C as user metadata (ETags are not always MD5s)
-
-
-class PublishConflictError(RuntimeError):
-    """Another writer changed an object to different content while this one was publishing."""
+from components.common import documents
+from components.common.filesystem import (
+    FileReadError,
+    is_gcs_uri,
+    is_remote,
+    is_s3_uri,
+    parent_and_name,
+    read_regular_file,
+    temporary_path,
+)
+from components.common.stores import LocalPublisher, Publisher
 
 
-class StorageError(ValueError):
-    """An object store cannot be reached or refuses the credentials: a configuration problem, not a bug."""
+def publisher_for(root: str) -> Publisher:
+    """The publisher for a local folder, a gs:// prefix or an s3:// (or KFP minio://) prefix."""
+    if is_gcs_uri(root) or is_s3_uri(root):
+        from components.common import object_stores  # imports the store's client library only when needed
 
-
-class StoreUnavailableError(StorageError):
-    """The store kept answering with a transient error (5xx, SlowDown, throttling, a reset or cut connection, a
-    timeout) through every retry: not a setting to fix but a moment to wait out, so its exit code is retryable."""
-
-
-class UnsafeStoreError(StorageError):
-    """The object store does not honour conditional writes, so concurrent writers would go undetected."""
-
-
-ASSUME_SINGLE_WRITER = "CIFAR10_PIPELINE_ASSUME_SINGLE_WRITER"
-
-
-def assume_single_writer() -> bool:
-    """Whether the user guarantees one writer at a time per location (so a store without conditional writes may be
-    used): the environment says so (every stage's --assume-single-writer sets it, for its worker processes too).
-    A value that is neither true nor false is an error, not "no": a misspelt yes would otherwise fail later, at the
-    store's check, with advice to set what was set."""
-    import argparse
-
-    from components.common.config import parse_bool
-
-    text = os.environ.get(ASSUME_SINGLE_WRITER, "")
-    if not text.strip():
-        return False
-    try:
-        return parse_bool(text)
-    except argparse.ArgumentTypeError:
-        raise StorageError(
-            f"{ASSUME_SINGLE_WRITER}: {text!r} is neither true (1, true, yes, on) nor false (0, false, no, off)"
-        ) from None
-
-
-def apply_single_writer_option(enabled: bool) -> None:
-    """A stage's --assume-single-writer: for this process and the processes it starts."""
-    if enabled:
-        os.environ[ASSUME_SINGLE_WRITER] = "1"
-
-
-class ClientUnavailableError(StorageError):
-    """No client could be made for a store; `reason` says why, for a message that names the object."""
-
-    def __init__(self, scheme: str, reason: str):
-        super().__init__(f"{scheme}: {reason}")
-        self.reason = reason
-
-
-def normalize_uri(uri: str) -> str:
-    """`minio://bucket/key` (how KFP names artifacts in its default store) -> `s3://bucket/key`; others unchanged."""
-    uri = str(uri)
-    return S3_SCHEME + uri[len(MINIO_SCHEME) :] if uri.startswith(MINIO_SCHEME) else uri
-
-
-def is_remote(uri: str) -> bool:
-    """True for object-store URIs (gs://, s3://, minio://), False for local paths."""
-    return str(uri).startswith(REMOTE_SCHEMES)
-
-
-def is_gcs_uri(uri: str) -> bool:
-    return str(uri).startswith(GCS_SCHEME)
-
-
-def is_s3_uri(uri: str) -> bool:
-    return str(uri).startswith((S3_SCHEME, MINIO_SCHEME))
-
-
-def split_uri(uri: str) -> tuple[str, str, str]:
-    """`gs://bucket/a/b` -> (`gs://`, `bucket`, `a/b`); `minio://` comes back as `s3://`."""
-    uri = normalize_uri(uri)
-    scheme = next((s for s in (GCS_SCHEME, S3_SCHEME) if uri.startswith(s)), None)
-    if scheme is None:
-        raise ValueError(f"{uri!r} is not a gs:// or s3:// URI")
-    bucket, _, name = uri[len(scheme) :].partition("/")
-    if not bucket:
-        raise ValueError(f"{uri!r} has no bucket name (expected {scheme}BUCKET/PATH)")
-    return scheme, bucket, name.strip("/")
-
-
-def split_gcs_uri(uri: str) -> tuple[str, str]:
-    """`gs://bucket/a/b` -> (`bucket`, `a/b`)."""
-    if not is_gcs_uri(uri):
-        raise ValueError(f"{uri!r} is not a gs:// URI")
-    _scheme, bucket, name = split_uri(uri)
-    return bucket, name
-
-
-def join(base: str, *parts: str) -> str:
-    """Join path parts onto a local path or object-store URI."""
-    if is_remote(base):
-        return "/".join([normalize_uri(base).rstrip("/"), *(part.strip("/") for part in parts)])
-    return str(Path(base, *parts))
-
-
-def parent_and_name(uri: str) -> tuple[str, str]:
-    """(`the folder or prefix`, `the last part`) of a path or URI."""
-    if is_remote(uri):
-        parent, _, name = normalize_uri(uri).rstrip("/").rpartition("/")
-        return parent, name
-    path = Path(uri)
-    return str(path.parent), path.name
-
-
-def can_connect(host: str, port: int, timeout: float) -> bool:
-    """Whether a TCP connection to host:port opens (refused, unreachable and unresolvable names are False)."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def crc32c_base64(data: bytes) -> str:
-    """CRC32C as Cloud Storage reports it (base64 of the big-endian 4 bytes)."""
-    return base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def file_kind(mode: int) -> str:
-    """What a file that is not a regular one is, for messages."""
-    kinds = {
-        stat.S_ISDIR: "a folder",
-        stat.S_ISFIFO: "a FIFO",
-        stat.S_ISSOCK: "a socket",
-        stat.S_ISCHR: "a character device",
-        stat.S_ISBLK: "a block device",
-    }
-    return next((kind for test, kind in kinds.items() if test(mode)), "a special file")
-
-
-class FileReadError(ValueError):
-    """A file to be read is not a regular file, or larger than it may be (then `size` is what it holds)."""
-
-    def __init__(self, message: str, size: int | None = None):
-        super().__init__(message)
-        self.size = size
-
-
-def _open_regular(path: str | Path) -> tuple[int, int]:
-    """A descriptor of the regular file at `path`, and its size. A folder is IsADirectoryError naming the path (Python's
-    own file object would name descriptor 3), anything else FileReadError; the descriptor is then closed."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    status = os.fstat(descriptor)
-    if not stat.S_ISREG(status.st_mode):
-        os.close(descriptor)
-        if stat.S_ISDIR(status.st_mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-        raise FileReadError(f"{path}: not a regular file ({file_kind(status.st_mode)})")
-    return descriptor, status.st_size
-
-
-def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
-    """The content of a regular file of at most `max_bytes`, never more read: a FIFO, a device or a link to one
-    is refused without blocking on it (FileReadError), a missing file is FileNotFoundError."""
-    descriptor, size = _open_regular(path)
-    with os.fdopen(descriptor, "rb") as handle:
-        if size > max_bytes:
-            raise FileReadError(f"{path}: {size:,} bytes, more than the {max_bytes:,} it may have", size)
-        content = handle.read(size + 1)  # it may have grown since
-        while size < len(content) <= max_bytes:  # it grew: read on, within the bound
-            more = handle.read(min(1 << 20, max_bytes + 1 - len(content)))
-            if not more:
-                break
-            content += more
-    if len(content) > max_bytes:
-        raise FileReadError(f"{path}: more than the {max_bytes:,} bytes it may have", len(content))
-    return content
-
-
-def read_tail(path: str | Path, max_bytes: int) -> bytes:
-    """The last `max_bytes` of a regular file (a log's last lines), never more read; FileReadError for a FIFO or a
-    device, without blocking on it."""
-    descriptor, size = _open_regular(path)
-    with os.fdopen(descriptor, "rb") as handle:
-        handle.seek(max(size - max_bytes, 0))
-        return handle.read(max_bytes)
-
-
-def whole_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
-    """(number, line) of each whole line of a regular file, read as a stream; a last line cut short (a writer
-    stopped mid-line) is not a line."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(descriptor, "rb") as handle:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
-        for number, line in enumerate(handle, start=1):
-            if not line.endswith(b"\n"):
-                return
-            yield number, line
-
-
-def cut_to_whole_lines(path: str | Path, keep: int | None = None) -> int:
-    """Cut a regular file back to its last whole line (or to `keep` bytes); returns the bytes dropped."""
-    descriptor = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-    with os.fdopen(descriptor, "r+b") as handle:
-        mode, size = os.fstat(descriptor).st_mode, os.fstat(descriptor).st_size
-        if not stat.S_ISREG(mode):
-            raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
-        if keep is None:
-            keep, end = 0, size
-            while end > 0:  # the last newline, read backwards a block at a time
-                start = max(end - (1 << 16), 0)
-                handle.seek(start)
-                found = handle.read(end - start).rfind(b"\n")
-                if found >= 0:
-                    keep = start + found + 1
-                    break
-                end = start
-        if keep < size:
-            handle.truncate(keep)
-        return size - keep
-
-
-def open_for_append(path: str | Path, text: bool = False) -> IO:
-    """A regular file (made when absent) opened to append to, never through a link; FileReadError for a folder, a
-    FIFO or a device, without blocking on it. Text is UTF-8, a character it cannot hold written escaped."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
-    descriptor = os.open(path, flags, 0o644)
-    mode = os.fstat(descriptor).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(descriptor)
-        raise FileReadError(f"{path}: not a regular file ({file_kind(mode)})")
-    os.set_blocking(descriptor, True)
-    if text:
-        return open(descriptor, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
-    return open(descriptor, "ab")
+        return object_stores.GcsPublisher(root) if is_gcs_uri(root) else object_stores.S3Publisher(root)
+    return LocalPublisher(root)
 
 
 def read_bounded(uri: str, max_bytes: int) -> bytes:
@@ -330,88 +69,6 @@ def read_bytes(uri: str) -> bytes:
     return read_regular_file(uri, sys.maxsize)
 
 
-# -- temporary files: named after their writer, so that what a killed writer left is found and removed ---------
-
-_TEMPORARY = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[0-9a-f]{12}\.tmp$")
-STALE_TEMPORARY_SECONDS = 24 * 3600  # a temporary of another host is removed only when this old
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
-
-
-def temporary_path(destination: Path) -> Path:
-    """Where to write `destination` before renaming it into place: a hidden name recording host and process."""
-    return destination.with_name(f".{destination.name}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process of this host with that id exists (one of another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_temporaries(folder: str | Path) -> list[Path]:
-    """Remove the temporaries below `folder` whose writer is gone (a process of this host that no longer runs,
-    or another host's, a day old): what a killed run left behind. Returns what was removed."""
-    removed = []
-    folder = Path(folder)
-    if not folder.is_dir():
-        return removed
-    host, now = _host(), time.time()
-    for path in folder.rglob(".*.tmp"):
-        match = _TEMPORARY.match(path.name)
-        if not match or not path.is_file():
-            continue
-        if match["host"] == host:
-            stale = not process_alive(int(match["pid"]))
-        else:
-            stale = now - path.stat().st_mtime > STALE_TEMPORARY_SECONDS
-        if stale:
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    if removed:
-        logger.info("removed %d temporary file(s) left by killed runs in %s", len(removed), folder)
-    return removed
-
-
-_SCRATCH_PREFIX = "cifar10-pipeline."
-_SCRATCH = re.compile(r"^cifar10-pipeline\.[a-z0-9-]+\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.")
-
-
-def scratch_directory(purpose: str) -> Path:
-    """A private folder in the system's temporary directory, named after this host and process, so that one left
-    by a killed process is found and removed by the next (see `remove_stale_scratch`)."""
-    remove_stale_scratch()
-    return Path(tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{purpose}.{_host()}.{os.getpid()}."))
-
-
-@contextlib.contextmanager
-def scratch(purpose: str):
-    """A scratch directory (`scratch_directory`) for the duration of a `with`: removed at its end, and by the next
-    process of this host when its own process was killed before that."""
-    folder = scratch_directory(purpose)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def remove_stale_scratch() -> None:
-    """Remove this host's scratch folders whose process no longer runs."""
-    host = _host()
-    for path in Path(tempfile.gettempdir()).glob(f"{_SCRATCH_PREFIX}*"):
-        match = _SCRATCH.match(path.name)
-        if match and match["host"] == host and not process_alive(int(match["pid"])) and path.is_dir():
-            logger.info("removing %s, left by a killed process", path)
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def download_file(uri: str, destination: str | Path) -> None:
     """Copy a remote object to a local file atomically (temporary name, then rename)."""
     destination = Path(destination)
@@ -425,154 +82,33 @@ def download_file(uri: str, destination: str | Path) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write a local file so that readers see the old content or the new, never a partial one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = temporary_path(path)
+def document(
+    location: str | Path,
+    schema: documents.Fields,
+    kind: str,
+    root: str | Path | None = None,
+    max_bytes: int = documents.MAX_DOCUMENT_BYTES,
+) -> dict:
+    """The document at `location` (a local path or a gs:// / s3:// URI) checked against `schema`; `kind` names what
+    it should be ("promotion pointer"). FileNotFoundError when it does not exist; DocumentError otherwise."""
+    location = str(location)
+    if root is not None and not documents.confined(location, str(root)):
+        raise documents.DocumentError(f"{location}: not inside {root}, where the {kind} must be")
+    return documents.parse(document_bytes(location, kind, max_bytes, root), location, schema, kind, root)
+
+
+def document_bytes(
+    location: str, kind: str, max_bytes: int = documents.MAX_DOCUMENT_BYTES, root: str | Path | None = None
+) -> bytes:
+    """The bytes of a document, bounded, from a regular file (whose real path stays inside `root`) or an object."""
+    local = not is_remote(location)
+    if local and root is not None and not documents.confined(os.path.realpath(location), os.path.realpath(root)):
+        raise documents.DocumentError(f"{location}: a link leading out of {root}; a {kind} is read only from inside it")
     try:
-        with open(temporary, "xb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException as error:
-        temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.filename is None:
-            error.filename = str(path)  # a failed write() names no file: say which (a full disk, most often)
-        raise
-
-
-ABSENT = "absent"  # the version of an object that does not exist
-
-
-class Publisher(Protocol):
-    """Objects under one root (a local folder, a gs:// or an s3:// prefix), named by relative paths."""
-
-    root: str
-
-    def uri(self, name: str) -> str: ...
-    def read(self, name: str) -> bytes | None: ...
-    def read_versioned(self, name: str) -> tuple[bytes | None, str]: ...
-    def version(self, name: str) -> str: ...
-    def checksum(self, name: str) -> tuple[int, str] | None: ...
-    def download(self, name: str, destination: Path) -> None: ...
-    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> str:
-        """Write `name` (with `expected_version`: only over that version, ABSENT: only if absent); returns the
-        version the store answered for what was written, so a caller never reads it back (another writer's
-        version could be read in between)."""
-        ...
-
-    def withdraw(self, name: str) -> None: ...
-    def copy(self, source: str, destination: str) -> None: ...
-    def list(self, prefix: str = "") -> list[str]: ...
-
-    # Documents: what a compare-and-swap decides (a dataset's manifest, a writer lease, a promotion pointer). On a store
-    # that honours conditional writes they are objects like any other; on one that does not, a step in a pod keeps
-    # them in the Kubernetes API (components/common/coordination.py) and the store holds a copy.
-    def read_document(self, name: str) -> tuple[bytes | None, str]: ...
-    def swap_document(self, name: str, data: bytes, expected_version: str) -> str: ...
-    def withdraw_document(self, name: str, expected_version: str | None = None) -> None: ...
-
-
-def conflict_error(uri: str) -> PublishConflictError:
-    return PublishConflictError(f"{uri} was changed by another writer with different content while publishing")
-
-
-def content_version(data: bytes | None) -> str:
-    return ABSENT if data is None else f"{len(data)}:{crc32c_base64(data)}"
-
-
-class LocalPublisher:
-    """A local folder. Compare-and-swap publishing holds an exclusive lock on `<root>/.publish.lock`."""
-
-    def __init__(self, root: str | Path):
-        from components.common.config import SCHEME
-
-        if SCHEME.match(str(root)):  # a URI of a scheme no publisher serves, not a folder named "http:"
-            raise StorageError(f"{root}: not a folder, gs:// or s3:// location")
-        self.root = str(root)
-
-    def uri(self, name: str) -> str:
-        return str(Path(self.root, name))
-
-    def read(self, name: str) -> bytes | None:
-        try:
-            return Path(self.root, name).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def read_versioned(self, name: str) -> tuple[bytes | None, str]:
-        data = self.read(name)
-        return data, content_version(data)
-
-    def version(self, name: str) -> str:
-        return self.read_versioned(name)[1]
-
-    def checksum(self, name: str) -> tuple[int, str] | None:
-        """(size in bytes, CRC32C base64) of an object, or None when it does not exist."""
-        data = self.read(name)
-        return None if data is None else (len(data), crc32c_base64(data))
-
-    def download(self, name: str, destination: Path) -> None:
-        data = self.read(name)
-        if data is None:
-            raise FileNotFoundError(f"{self.uri(name)} does not exist")
-        Path(destination).write_bytes(data)
-
-    def publish(self, name: str, data: bytes, expected_version: str | None = None) -> str:
-        if expected_version is None:
-            atomic_write_bytes(Path(self.root, name), data)  # renaming over identical bytes changes nothing
-            return content_version(data)
-        Path(self.root).mkdir(parents=True, exist_ok=True)
-        with open(Path(self.root, ".publish.lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            current, version = self.read_versioned(name)
-            if current == data:
-                return version
-            if version != expected_version:
-                raise conflict_error(self.uri(name))
-            atomic_write_bytes(Path(self.root, name), data)
-            return content_version(data)
-
-    def withdraw(self, name: str) -> None:
-        """Remove an object, and the folders it leaves empty below the root (an object store has no folders)."""
-        path = Path(self.root, name)
-        path.unlink(missing_ok=True)
-        root = Path(self.root)
-        for folder in path.parents:
-            if folder == root or root not in folder.parents:
-                break
-            try:
-                folder.rmdir()
-            except OSError:  # not empty
-                break
-
-    def copy(self, source: str, destination: str) -> None:
-        atomic_write_bytes(Path(self.root, destination), Path(self.root, source).read_bytes())
-
-    def read_document(self, name: str) -> tuple[bytes | None, str]:
-        return self.read_versioned(name)
-
-    def swap_document(self, name: str, data: bytes, expected_version: str) -> str:
-        return self.publish(name, data, expected_version)
-
-    def withdraw_document(self, name: str, expected_version: str | None = None) -> None:
-        self.withdraw(name)
-
-    def list(self, prefix: str = "") -> list[str]:
-        root = Path(self.root)
-        if not root.exists():
-            return []
-        names = (path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
-        return sorted(name for name in names if name.startswith(prefix) and not Path(name).name.startswith("."))
-
-
-def publisher_for(root: str) -> Publisher:
-    """The publisher for a local folder, a gs:// prefix or an s3:// (or KFP minio://) prefix."""
-    if is_gcs_uri(root) or is_s3_uri(root):
-        from components.common import object_stores  # imports the store's client library only when needed
-
-        return object_stores.GcsPublisher(root) if is_gcs_uri(root) else object_stores.S3Publisher(root)
-    return LocalPublisher(root)
+        return read_bounded(location, max_bytes)
+    except FileReadError as error:
+        raise documents.DocumentError(f"{error}; expected a {kind}") from error
+    except IsADirectoryError as error:
+        raise documents.DocumentError(f"{location}: a folder, not a {kind}") from error
+    except PermissionError as error:
+        raise documents.DocumentError(f"{location}: permission denied reading the {kind}") from error

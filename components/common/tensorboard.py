@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from components.common import exit_codes, processes, storage
+from components.common import exit_codes, filesystem, processes, storage
 from components.common.config import ArgumentParser
 from components.common.dataset import default_cache_dir
 from components.common.logs import setup_logging
@@ -41,7 +41,7 @@ def mirror(remote: str, local: Path) -> int:
         if target.exists():
             checksum = publisher.checksum(name)
             content = storage.read_bytes(str(target))
-            if checksum == (len(content), storage.crc32c_base64(content)):
+            if checksum == (len(content), filesystem.crc32c_base64(content)):
                 continue
         storage.download_file(publisher.uri(name), target)
         downloaded += 1
@@ -49,7 +49,7 @@ def mirror(remote: str, local: Path) -> int:
 
 
 def local_copy(logdir: str, cache_dir: Path | None = None) -> Path:
-    key = hashlib.sha256(storage.normalize_uri(logdir).encode()).hexdigest()[:16]
+    key = hashlib.sha256(filesystem.normalize_uri(logdir).encode()).hexdigest()[:16]
     return Path(cache_dir or default_cache_dir()) / "tensorboard" / key
 
 
@@ -73,12 +73,12 @@ def serve(logdir: str, port: int, refresh_seconds: float, bind_all: bool = False
     """Run TensorBoard on `logdir`; for a remote one, on a local mirror refreshed every `refresh_seconds`. It listens
     on localhost only, unless `bind_all` (in a pod, behind a Service)."""
     folder = Path(logdir)
-    if not storage.is_remote(logdir) and not folder.is_dir():
+    if not filesystem.is_remote(logdir) and not folder.is_dir():
         if not folder.absolute().parent.is_dir():  # a typo, not a run's folder still to come
             raise ValueError(f"{logdir}: no such folder (give a model directory, a parent of one, gs:// or s3://)")
         logger.warning("%s does not exist yet: TensorBoard shows its logs once a run writes them", logdir)
     check_port_free(port, bind_all)
-    if storage.is_remote(logdir):
+    if filesystem.is_remote(logdir):
         folder = local_copy(logdir)
         logger.info("mirroring %s into %s: %d file(s)", logdir, folder, mirror(logdir, folder))
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(folder), "--port", str(port)]
@@ -86,7 +86,7 @@ def serve(logdir: str, port: int, refresh_seconds: float, bind_all: bool = False
     try:
         while process.poll() is None:
             time.sleep(refresh_seconds)
-            if storage.is_remote(logdir):
+            if filesystem.is_remote(logdir):
                 new = mirror(logdir, folder)
                 if new:
                     logger.info("mirrored %d new file(s) of %s", new, logdir)

@@ -3,6 +3,7 @@ error line."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from typing import Any
 
@@ -28,3 +29,13 @@ def shown(value: Any, limit: int = SHOWN_CHARACTERS) -> str:
     echoed whole), never a line break."""
     text = repr(value).replace("\n", "\\n")
     return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text):,} characters)"
+
+
+def parse_bool(text: str) -> bool:
+    """The project's one reading of a boolean written as text (command lines, make variables)."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")

@@ -30,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from components.common import documents, storage
+from components.common import documents, filesystem, storage
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class DirectoryClaim:
         self._descriptor = descriptor
         try:
             self._path_lock = self._lock_path()
-            storage.atomic_write_bytes(self.path / WRITER_LOCK, (holder_description() + "\n").encode())
+            filesystem.atomic_write_bytes(self.path / WRITER_LOCK, (holder_description() + "\n").encode())
         except BaseException:
             self.release()
             raise
@@ -109,7 +109,7 @@ class DirectoryClaim:
     def _recorded_holder(self) -> str:
         """Who holds the folder: as its `.writer.lock` says, else (the file was deleted) as the path lock's owner."""
         try:
-            recorded = storage.read_regular_file(self.path / WRITER_LOCK, MAX_LOCK_BYTES).decode().strip()
+            recorded = filesystem.read_regular_file(self.path / WRITER_LOCK, MAX_LOCK_BYTES).decode().strip()
         except (OSError, ValueError):
             recorded = ""
         return recorded or _path_lock_holder(self._path_lock_name)
@@ -247,7 +247,7 @@ class WriterLease:
                                lease.get("holder"), LEASE_SECONDS)  # fmt: skip
             try:
                 self._version = self._publisher.swap_document(WRITER_LEASE, self._record(), version)
-            except storage.PublishConflictError:
+            except filesystem.PublishConflictError:
                 continue  # another writer moved first: look again
             self._renewed = time.monotonic()
             break
@@ -259,7 +259,7 @@ class WriterLease:
             try:
                 self._version = self._publisher.swap_document(WRITER_LEASE, self._record(), self._version)
                 self._renewed = time.monotonic()
-            except storage.PublishConflictError:
+            except filesystem.PublishConflictError:
                 self.lost = True
                 try:
                     content = self._publisher.read_document(WRITER_LEASE)[0]
@@ -297,6 +297,6 @@ class WriterLease:
         if lease is not None and lease["token"] == self.token:
             try:  # over the version read: a lease another writer took over meanwhile is theirs, not removed
                 self._publisher.withdraw_document(WRITER_LEASE, version)
-            except storage.PublishConflictError:
+            except filesystem.PublishConflictError:
                 logger.info("%s: the writer lease changed hands while being released; left to its holder", self.uri)
         self._version = None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from components.common import storage
+from components.common import filesystem, storage
 from components.common.dataset import default_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -72,9 +72,9 @@ def promoted_baseline(pointer: dict | None, data: EvaluatedData, cache_dir: str 
 
 def local_saved_model(uri: str, cache_dir: str | None = None) -> Path:
     """A promoted version's SavedModel as a local folder (a remote one copied into the cache, its checkpoint left)."""
-    if not storage.is_remote(uri):
+    if not filesystem.is_remote(uri):
         return Path(uri)
-    key = hashlib.sha256(storage.normalize_uri(uri).encode()).hexdigest()[:16]
+    key = hashlib.sha256(filesystem.normalize_uri(uri).encode()).hexdigest()[:16]
     local = Path(cache_dir or default_cache_dir()) / "promoted" / key
     publisher = storage.publisher_for(uri)
     for name in publisher.list():

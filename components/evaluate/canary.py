@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from components.common import processes, storage
+from components.common import filesystem, processes
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def answer(saved_model_dir: str, requests: Path) -> dict:
 def validate(saved_model_dir: str | Path, canary: Canary) -> dict:
     """Run the canary requests in a fresh process; InfraValidationError when any answer is wrong. Returns what was
     checked (for the promotion record)."""
-    with storage.scratch("canary") as scratch:
+    with filesystem.scratch("canary") as scratch:
         requests = Path(scratch, "requests.npz")
         np.savez(requests, images=canary.images)
         completed = processes.run(  # the fresh process ends with this one

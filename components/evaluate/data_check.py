@@ -15,7 +15,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from components.common import data_statistics, storage
+from components.common import data_statistics, filesystem
 from components.common.cli import run_stage
 from components.common.config import check_fields
 from components.common.data_statistics import DATA_CHECK_MODES, DataCheckConfig, Finding
@@ -88,7 +88,7 @@ def reference_statistics(reference: str, promotion_root: str, synthetic: bool = 
     ready = read_ready(promotion_root)
     if ready is None:
         return None, f"none (nothing promoted under {promotion_root} yet)"
-    location = storage.join(promotion_root, f"{ready['version']}/{data_statistics.PROMOTED_STATISTICS}")
+    location = filesystem.join(promotion_root, f"{ready['version']}/{data_statistics.PROMOTED_STATISTICS}")
     try:
         statistics = data_statistics.read_statistics(location)
     except FileNotFoundError:
@@ -109,7 +109,7 @@ def _given_reference(reference: str) -> dict:
     found = data_statistics.dataset_statistics(base, manifest)
     if found is None:
         raise DatasetError(
-            f"data reference {storage.join(base, MANIFEST_NAME)}: prepared before statistics were; prepare it again"
+            f"data reference {filesystem.join(base, MANIFEST_NAME)}: prepared before statistics were; prepare it again"
         )
     return found
 
@@ -119,8 +119,8 @@ def check_data(config: CheckDataConfig) -> DataCheckOutcome:
     current = data_statistics.dataset_statistics(config.data, manifest)
     if current is None:
         raise DatasetError(
-            f"{storage.join(config.data, STATISTICS_NAME)}: the dataset was prepared before statistics were; prepare "
-            "it again to check it"
+            f"{filesystem.join(config.data, STATISTICS_NAME)}: the dataset was prepared before statistics were; "
+            "prepare it again to check it"
         )
     reference, described = reference_statistics(config.reference, config.promotion_root, manifest.synthetic)
     findings = data_statistics.check(current, reference, DataCheckConfig(**config.thresholds))

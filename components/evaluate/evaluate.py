@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from components.common import data_statistics, outputs, storage
+from components.common import data_statistics, filesystem, outputs, storage, stores
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
 from components.common.model import build_model, check_label_count, model_spec_of, predict_logits, weights_sha256
@@ -66,7 +66,7 @@ class EvaluationResult:
     report_html: str
     promotion: promote.Promotion | None = None
     baseline_accuracy: float | None = None
-    pointer_version: str = storage.ABSENT  # of the current-model pointer the gate compared with
+    pointer_version: str = stores.ABSENT  # of the current-model pointer the gate compared with
     record: dict | None = None  # what a promotion writes into the pointer
     without_leaks: dict | None = None  # {"accuracy", "leaking_images"}: on the images without a training near-duplicate
     registration: registry.Registered | None = None  # in the Model Registry (model_registry set and promoted)
@@ -107,7 +107,7 @@ class Evaluator:
     def __init__(self, config: EvaluateConfig, lineage: registry.Lineage | None = None):
         self.config = config
         self.lineage = lineage or registry.Lineage()  # the KFP run and image a registration records
-        storage.apply_single_writer_option(config.assume_single_writer)
+        filesystem.apply_single_writer_option(config.assume_single_writer)
         self.dataset = open_dataset(config.data, splits=(config.split,), cache_dir=config.cache_dir)
         manifest = self.dataset.manifest
         if manifest.splits[config.split].num_examples == 0:
@@ -150,7 +150,7 @@ class Evaluator:
         while True:
             try:
                 directory = ModelDirectory(config.model_dir, config.cache_dir, create=False)
-                if storage.is_remote(config.model_dir):
+                if filesystem.is_remote(config.model_dir):
                     present = storage.publisher_for(directory.uri).checksum(RESOLVED_CONFIG) is not None
                 else:
                     present = (directory.local / RESOLVED_CONFIG).exists()
@@ -222,7 +222,7 @@ class Evaluator:
         self.summary_writer.flush()
         per_checkpoint = self.directory.local / EVAL_LOGS / f"metrics-{step}.json"
         document = {"checkpoint": checkpoint, "weights": weights, **result.to_dict()}
-        storage.atomic_write_bytes(per_checkpoint, json.dumps(document, indent=2).encode())
+        filesystem.atomic_write_bytes(per_checkpoint, json.dumps(document, indent=2).encode())
         return CheckpointResult(checkpoint, step, weights, result, probabilities)
 
     # -- which checkpoints ----------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ class Evaluator:
         else:
             results = [self.evaluate_checkpoint(path) for path in self.checkpoints_to_evaluate()]
         final = results[-1]
-        pointer, pointer_version = (None, storage.ABSENT)
+        pointer, pointer_version = (None, stores.ABSENT)
         root = config.promote_to or config.compare_with
         if root:
             pointer, pointer_version = promote.read_pointer(root)
@@ -529,7 +529,7 @@ class Evaluator:
 
     def _write_outputs(self, result: EvaluationResult) -> None:
         summary = {**result.summary(), "config": config_to_dict(self.config)}
-        storage.atomic_write_bytes(
+        filesystem.atomic_write_bytes(
             self.directory.local / EVAL_METRICS, json.dumps(summary, indent=2, sort_keys=True).encode()
         )
         self.summary_writer.close()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from components.common import storage
+from components.common import filesystem
 from components.common.model import check_label_count, predict_logits
 from components.common.pixels import resize_images
 
@@ -94,7 +94,7 @@ def export_saved_model(
     # The class names, for a reader of the SavedModel alone (batch prediction's top-k names); TF Serving ignores it.
     assets = Path(directory, "assets")
     assets.mkdir(exist_ok=True)
-    storage.atomic_write_bytes(
+    filesystem.atomic_write_bytes(
         assets / LABEL_NAMES_ASSET, (json.dumps({"label_names": list(label_names)}) + "\n").encode()
     )
     for path in checkpoint_files:

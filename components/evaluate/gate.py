@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from components.common import documents
+from components.common import documents, storage
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def read_baseline_accuracy(uri: str) -> float:
     """The accuracy in a metrics JSON ({"accuracy": ...}) or a current-model pointer ({"metrics": {...}}), read back
     as every document is (bounded, checked: a NaN or an accuracy of 2 is refused, naming the field)."""
     try:
-        content = documents.read(uri, BASELINE_SCHEMA, "baseline")
+        content = storage.document(uri, BASELINE_SCHEMA, "baseline")
     except FileNotFoundError as error:
         raise ValueError(f"baseline {uri} does not exist") from error
     accuracy = content["metrics"]["accuracy"] if "metrics" in content else content.get("accuracy")

@@ -11,7 +11,7 @@ one line that says how to make it whole)."""
 
 from __future__ import annotations
 
-from components.common import documents, storage
+from components.common import documents, filesystem, storage
 
 POINTER = "current.json"
 SERVING_DECLARATION = "serving.json"
@@ -95,11 +95,11 @@ def located(pointer: dict, root: str, uri: str) -> dict:
 def stored(pointer: dict, root: str) -> dict:
     """The pointer as it is written: its locations relative to `root`."""
     written = dict(pointer)
-    base = storage.normalize_uri(root).rstrip("/") + "/"
+    base = filesystem.normalize_uri(root).rstrip("/") + "/"
     for name in LOCATIONS:
         value = pointer.get(name)
-        if value and storage.normalize_uri(value).startswith(base):
-            written[name] = storage.normalize_uri(value)[len(base) :]
+        if value and filesystem.normalize_uri(value).startswith(base):
+            written[name] = filesystem.normalize_uri(value)[len(base) :]
     return written
 
 
@@ -110,24 +110,24 @@ def _relative_inside(value: str) -> bool:
 
 def _location(value: str, name: str, pointer: dict, root: str, uri: str) -> str:
     if _relative_inside(value):
-        return storage.join(root, value)
+        return filesystem.join(root, value)
     if documents.confined(value, root):
         return value
     version = pointer.get("version")
     # an earlier release's absolute location, of the root's old place: the same version's folder in this root
-    parts = storage.normalize_uri(value).rstrip("/").split("/")
+    parts = filesystem.normalize_uri(value).rstrip("/").split("/")
     tail = {"saved_model": 1, "warm_start": 3}[name]  # N, or N/checkpoint/<name>
     earlier = version is not None and len(parts) > tail and parts[-tail] == str(version)
     if earlier and (name == "saved_model" or parts[-2] == "checkpoint"):
-        moved = storage.join(root, "/".join(parts[-tail:]))
+        moved = filesystem.join(root, "/".join(parts[-tail:]))
         if _exists(moved, name):
             return moved
         folder = "/".join(parts[: len(parts) - tail + 1])
         raise documents.DocumentError(
             f"{uri}: not a valid promotion pointer for this root: {name} {value} is outside this root ({root}) and "
             f"version {version}'s folder is not in it: the root was moved or copied without that version's folder; "
-            f"copy {folder} to {storage.join(root, str(version))} (or point KServe and the pipeline at the root's old "
-            "place)"
+            f"copy {folder} to {filesystem.join(root, str(version))} (or point KServe and the pipeline at the root's "
+            "old place)"
         )
     raise documents.DocumentError(
         f"{uri}: not a valid promotion pointer: {name}: {value} is not inside {root}; {DAMAGED}"
@@ -138,13 +138,13 @@ def _exists(location: str, name: str) -> bool:
     """Whether a version folder (saved_model) or a checkpoint (warm_start) is at `location`."""
     marker = "saved_model.pb" if name == "saved_model" else None
     if marker is None:
-        parent, prefix = storage.parent_and_name(location)
+        parent, prefix = filesystem.parent_and_name(location)
         target = f"{prefix}.index"
     else:
         parent, target = location, marker
     try:
         return storage.publisher_for(parent).checksum(target) is not None
-    except (OSError, storage.StorageError):
+    except (OSError, filesystem.StorageError):
         return False
 
 

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.common import documents, storage
+from components.common import documents, filesystem, storage, stores
 from components.common.data_statistics import PROMOTED_STATISTICS
 from components.evaluate import canary, serving_ops
 from components.evaluate.export import CHECKPOINT_FOLDER, export_saved_model
@@ -115,7 +115,7 @@ def _version_of(name: str) -> int | None:
     return int(first) if first.isdigit() and "/" in name else None
 
 
-def declared_serving_version(publisher: storage.Publisher, serving_version: str | None) -> str | None:
+def declared_serving_version(publisher: stores.Publisher, serving_version: str | None) -> str | None:
     """The TF Serving release the root is served by: `serving_version` (recorded in serving.json for the next
     promotions), else what serving.json says, else None (nothing declared: nothing refused)."""
     if serving_version:
@@ -170,11 +170,11 @@ def stage(root: str, export_dir: Path, token: str) -> list[str]:
     """Put the export under `.staging/<token>/` (a name servers ignore); the staged names, saved_model.pb last."""
     files = sorted((path for path in export_dir.rglob("*") if path.is_file()), key=_saved_model_last)
     relative = [path.relative_to(export_dir).as_posix() for path in files]
-    if storage.is_remote(root):
+    if filesystem.is_remote(root):
         publisher = storage.publisher_for(root)
         for path, name in zip(files, relative, strict=True):
             publisher.publish(
-                f"{STAGING}/{token}/{name}", storage.read_bytes(str(path)), expected_version=storage.ABSENT
+                f"{STAGING}/{token}/{name}", storage.read_bytes(str(path)), expected_version=stores.ABSENT
             )
     else:
         shutil.copytree(export_dir, Path(root, STAGING, token))  # writer: this promotion's own export, staged
@@ -184,7 +184,7 @@ def stage(root: str, export_dir: Path, token: str) -> list[str]:
 def make_visible(root: str, token: str, names: list[str], version: int) -> None:
     """The staged version appears as `<version>/`: one rename on a local root; on gs:// and s3:// a server-side copy
     of each object, saved_model.pb last, so a folder without it is never more than a moment old."""
-    if not storage.is_remote(root):
+    if not filesystem.is_remote(root):
         os.rename(Path(root, STAGING, token), Path(root, str(version)))
         return
     publisher = storage.publisher_for(root)
@@ -194,7 +194,7 @@ def make_visible(root: str, token: str, names: list[str], version: int) -> None:
 
 def remove(root: str, prefix: str) -> None:
     """Remove `prefix` (a folder) under the root, on any store."""
-    if not storage.is_remote(root):
+    if not filesystem.is_remote(root):
         shutil.rmtree(Path(root, prefix), ignore_errors=True)
         return
     publisher = storage.publisher_for(root)
@@ -217,7 +217,7 @@ def _abandoned(promoting: dict, mine: str | None, watched_seconds: float) -> boo
     if mine is not None and promoting.get("checkpoint") == mine:
         return True
     pid = promoting.get("pid")
-    if promoting.get("host") == socket.gethostname() and pid is not None and not storage.process_alive(pid):
+    if promoting.get("host") == socket.gethostname() and pid is not None and not filesystem.process_alive(pid):
         return True
     return watched_seconds >= CLAIM_LEASE_SECONDS
 
@@ -241,7 +241,7 @@ class ClaimRenewal:
             try:
                 self.version = publisher.swap_document(POINTER, _encode(stored(self.claim, self.root)), self.version)
                 self._renewed = time.monotonic()
-            except storage.PublishConflictError:
+            except filesystem.PublishConflictError:
                 self.lost = True
                 return
             except Exception as error:  # a store's bad moment: renewed at the next turn, or the deadline stops it
@@ -296,7 +296,7 @@ def clean_up(root: str, pointer: dict | None, names: list[str], mine: str, clock
 
 
 def _list(root: str) -> list[str]:
-    if storage.is_remote(root):
+    if filesystem.is_remote(root):
         return storage.publisher_for(root).list()
     base = Path(root)
     return [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()] if base.exists() else []
@@ -318,14 +318,14 @@ def promote(
     (without it, that is a PromotionConflictError)."""
     publisher = storage.publisher_for(root)
     declared = declared_serving_version(publisher, serving_version)
-    with storage.scratch("promotion") as scratch:  # a killed promotion's is removed by the next
+    with filesystem.scratch("promotion") as scratch:  # a killed promotion's is removed by the next
         export_dir = Path(scratch, "export")
         export_saved_model(
             candidate.model, candidate.label_names, export_dir, candidate.test_time_augmentation, candidate.resize,
             candidate.checkpoint_files,
         )  # fmt: skip
         if candidate.data_statistics is not None:  # what the next run's data is checked against
-            storage.atomic_write_bytes(export_dir / PROMOTED_STATISTICS, candidate.data_statistics)
+            filesystem.atomic_write_bytes(export_dir / PROMOTED_STATISTICS, candidate.data_statistics)
         serving = check_serving(export_dir, declared, publisher.uri(""))
         validated = canary.validate(export_dir, candidate.canary) if candidate.canary is not None else None
         extra = {"serving": serving, "canary": validated}
@@ -381,7 +381,7 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
                                         "checkpoint": mine, "staging": token}}  # fmt: skip
         try:
             claimed = publisher.swap_document(POINTER, _encode(stored(claim, root)), seen)  # the store's answer
-        except storage.PublishConflictError:
+        except filesystem.PublishConflictError:
             attempts += 1
             continue  # another promotion moved first: read it again (and decide again)
         claimed_at = time.monotonic()
@@ -413,7 +413,7 @@ def _claim_and_publish(candidate, root, export_dir, expected, decide_again, cloc
         }
         try:
             publisher.swap_document(POINTER, _encode(stored(promoted, root)), claimed)
-        except storage.PublishConflictError as error:
+        except filesystem.PublishConflictError as error:
             raise PromotionConflictError(
                 f"version {version} was made visible at {publisher.uri(str(version))}, but the pointer was changed "
                 f"by someone else {time.monotonic() - claimed_at:.0f} s after this promotion claimed it, before it "
@@ -455,7 +455,7 @@ def _withdraw_claim(root: str, version: int, ready: dict, claimed: str) -> None:
             publisher.swap_document(POINTER, _encode(stored(ready, root)), claimed)
         else:  # nothing was ready before this claim: no pointer, as before it (a live claim is never taken over)
             publisher.withdraw_document(POINTER)
-    except storage.PublishConflictError:
+    except filesystem.PublishConflictError:
         logger.warning("the pointer moved while version %d failed: its folder is left as the pointer says", version)
         return
     except Exception as error:  # the original error is what the operator needs to see
@@ -467,7 +467,7 @@ def _withdraw_claim(root: str, version: int, ready: dict, claimed: str) -> None:
         logger.warning("could not remove version %d (%s); the next promotion cleans up", version, error)
 
 
-def _warm_start_uri(publisher: storage.Publisher, version: int, candidate: Candidate) -> str | None:
+def _warm_start_uri(publisher: stores.Publisher, version: int, candidate: Candidate) -> str | None:
     index = [path for path in candidate.checkpoint_files if path.name.endswith(".index")]
     if not index:
         return None

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from components.common import exit_codes, replies, secrets
+from components.common import exit_codes, filesystem, replies, secrets
 from components.common.cli import run_stage
 from components.common.config import check_fields
 from components.common.values import shown
@@ -184,10 +184,9 @@ def registration_of(model_name: str, pointer: dict, root_uri: str, lineage: Line
 def serving_folder(root_uri: str, version: int) -> str:
     """Where version `version` of a promotion root is served alone: `<parent>/registered-<root name>/<version>/` (the
     trailing slash: KServe's initializer matches a prefix, and 7 must not match 70)."""
-    from components.common import storage
 
-    parent, name = storage.parent_and_name(root_uri.rstrip("/"))
-    return storage.join(parent, f"registered-{name}", str(version)).rstrip("/") + "/"
+    parent, name = filesystem.parent_and_name(root_uri.rstrip("/"))
+    return filesystem.join(parent, f"registered-{name}", str(version)).rstrip("/") + "/"
 
 
 def publish_serving_folder(root_uri: str, version: int) -> str:
@@ -196,13 +195,13 @@ def publish_serving_folder(root_uri: str, version: int) -> str:
     from components.common import storage
 
     root = root_uri.rstrip("/")
-    parent, name = storage.parent_and_name(root)
-    source = storage.publisher_for(storage.join(root, str(version)))
+    parent, name = filesystem.parent_and_name(root)
+    source = storage.publisher_for(filesystem.join(root, str(version)))
     shared = storage.publisher_for(parent)
     target = f"registered-{name}/{version}/{version}"
     names = source.list()
     if not names:
-        raise RegistrationError(f"{storage.join(root, str(version))}: no SavedModel there to register")
+        raise RegistrationError(f"{filesystem.join(root, str(version))}: no SavedModel there to register")
     for relative in names:
         destination = f"{target}/{relative}"
         if shared.checksum(destination) != source.checksum(relative):
@@ -212,9 +211,8 @@ def publish_serving_folder(root_uri: str, version: int) -> str:
 
 def _version_folder(registration: Registration) -> str:
     """The promotion root's own version folder (what releases before the serving folder registered)."""
-    from components.common import storage
 
-    return storage.join(str(registration.properties.get("promotion_root", "")), registration.version)
+    return filesystem.join(str(registration.properties.get("promotion_root", "")), registration.version)
 
 
 def bearer_token() -> str | None:

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from components.common import filesystem
 from components.common.tensorflow_messages import what_tensorflow_said
 
 SIGNATURE = "serving_image_bytes"
@@ -107,17 +108,16 @@ def _input_size(loaded) -> tuple[int, int] | None:
 
 def read_images(paths: list[Path]) -> list[bytes]:
     """Each file's bytes; RequestError naming a file that is missing, not a file, or not a JPEG, PNG, GIF or BMP."""
-    from components.common import storage
 
     images = []
     for path in paths:
         try:
-            content = storage.read_regular_file(path, MAX_IMAGE_BYTES)
+            content = filesystem.read_regular_file(path, MAX_IMAGE_BYTES)
         except FileNotFoundError as error:
             raise RequestError(f"{path}: no such file") from error
         except IsADirectoryError as error:
             raise RequestError(f"{path}: a folder, not an image") from error
-        except storage.FileReadError as error:  # it names the file: a FIFO, a device, too large
+        except filesystem.FileReadError as error:  # it names the file: a FIFO, a device, too large
             raise RequestError(str(error)) from error
         except OSError as error:
             raise RequestError(f"{path}: cannot be read ({error.strerror or error})") from error

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from components.common import documents, outputs, storage
+from components.common import documents, filesystem, outputs, storage
 from components.common.config import changed_fields
 from components.common.dataset import MANIFEST_NAME
 from components.common.model import LabelCountError, check_label_count
@@ -74,19 +74,21 @@ def open_model(location: str) -> ServedModel:
     from components.evaluate.pointer import read_ready
 
     folder, names, version = location.rstrip("/"), None, None
-    if not storage.is_remote(folder) and not Path(folder).exists():
+    if not filesystem.is_remote(folder) and not Path(folder).exists():
         raise PredictError(
             f"{folder}: no such folder; give a promotion root (make local-run promotes into OUTPUT/models), a version "
             "folder under one, or a SavedModel"
         )
-    if _exists(storage.join(folder, "current.json")):
+    if _exists(filesystem.join(folder, "current.json")):
         ready = read_ready(folder)
         if ready is None:
             raise PredictError(f"{folder}: nothing is promoted there yet (current.json names no ready version)")
         folder, names, version = ready["saved_model"].rstrip("/"), ready.get("label_names"), ready["version"]
-    elif Path(folder).name.isdigit() and _exists(storage.join(storage.parent_and_name(folder)[0], "current.json")):
+    elif Path(folder).name.isdigit() and _exists(
+        filesystem.join(filesystem.parent_and_name(folder)[0], "current.json")
+    ):
         version = int(Path(folder).name)  # a version folder of a promotion root
-    if not _exists(storage.join(folder, "saved_model.pb")):
+    if not _exists(filesystem.join(folder, "saved_model.pb")):
         raise PredictError(f"{folder}: not a SavedModel (no saved_model.pb), a version folder or a promotion root")
     local = _local_copy(folder)
     names_from = f"{location.rstrip('/')}/current.json (label_names)" if names else None
@@ -115,18 +117,18 @@ def open_model(location: str) -> ServedModel:
 
 
 def _exists(location: str) -> bool:
-    if storage.is_remote(location):
-        parent, name = storage.parent_and_name(location)
+    if filesystem.is_remote(location):
+        parent, name = filesystem.parent_and_name(location)
         return storage.publisher_for(parent).checksum(name) is not None
     return Path(location).is_file()
 
 
 def _local_copy(folder: str) -> Path:
     """The SavedModel as a local folder (a remote one is downloaded once into the cache)."""
-    if not storage.is_remote(folder):
+    if not filesystem.is_remote(folder):
         return Path(folder)
     publisher = storage.publisher_for(folder)
-    target = storage.scratch_directory("predict-model")
+    target = filesystem.scratch_directory("predict-model")
     for name in publisher.list():
         storage.download_file(publisher.uri(name), target / name)
     return target
@@ -139,7 +141,7 @@ def _label_names(local: Path, folder: str) -> tuple[list[str], str]:
     schema = documents.Fields({"label_names": documents.Items(documents.Text(max_length=1024))}, ("label_names",))
     for candidate in (local / "assets" / LABEL_NAMES_ASSET, local / PROMOTED_STATISTICS):
         if candidate.is_file():
-            names = documents.read(candidate, schema, "list of class names", max_bytes=8 << 20)["label_names"]
+            names = storage.document(candidate, schema, "list of class names", max_bytes=8 << 20)["label_names"]
             return list(names), f"{folder}/{candidate.relative_to(local).as_posix()}"
     raise PredictError(f"{folder}: the SavedModel does not say its class names (assets/{LABEL_NAMES_ASSET})")
 
@@ -158,7 +160,7 @@ class Images:
 
 def find_images(config: PredictConfig) -> Images:
     source = config.images.rstrip("/")
-    if _exists(storage.join(source, MANIFEST_NAME)):
+    if _exists(filesystem.join(source, MANIFEST_NAME)):
         if changed_fields(config, ("max_image_megabytes",)):
             raise PredictError(
                 f"max_image_megabytes: bounds an image file's bytes, and {source} is a prepared dataset (its records "
@@ -170,7 +172,7 @@ def find_images(config: PredictConfig) -> Images:
             f"split: {config.split!r} chooses a prepared dataset's split, and {source} is a folder of images (every "
             "image below it is scored): leave it out"
         )
-    if storage.is_remote(source):
+    if filesystem.is_remote(source):
         publisher = storage.publisher_for(source)
         keys = sorted(publisher.uri(name) for name in publisher.list() if not left_by_a_tool(name))
     else:
@@ -186,7 +188,7 @@ def find_images(config: PredictConfig) -> Images:
         for key in wanted:
             try:
                 image, _colour = decode_image(storage.read_bounded(key, limit), key, None)
-            except (SourceError, storage.FileReadError, OSError) as error:
+            except (SourceError, filesystem.FileReadError, OSError) as error:
                 yield key, None, str(error).removeprefix(f"{key}: ")
                 continue
             yield key, image, ""
@@ -248,7 +250,7 @@ LINE_SCHEMA = documents.Fields(
 
 def read_predictions(output: str) -> Iterator[dict]:
     """The lines of an output, each checked; a last line cut short (a job stopped mid-write) is not a line."""
-    for number, line in storage.whole_lines(output):
+    for number, line in filesystem.whole_lines(output):
         yield documents.parse(line, f"{output} line {number}", LINE_SCHEMA, "prediction")
 
 
@@ -262,7 +264,7 @@ def _continue(output: str, tally: Tally) -> set[str]:
     for prediction in read_predictions(output):
         done.add(prediction["image"])
         tally.add_line(prediction)
-    dropped = storage.cut_to_whole_lines(path)
+    dropped = filesystem.cut_to_whole_lines(path)
     if dropped:
         logger.warning("%s: dropped a last line cut short (%d bytes)", output, dropped)
     if done:
@@ -308,7 +310,7 @@ def _lines(keys: list[str], probabilities: np.ndarray, names: list[str], top_k: 
 def job_of(config: PredictConfig, model: ServedModel) -> dict:
     """What makes a predictions file this job's: the images, the model and its version, the options that change a
     line (a continued file must hold nothing else)."""
-    images = config.images if storage.is_remote(config.images) else os.path.abspath(config.images)
+    images = config.images if filesystem.is_remote(config.images) else os.path.abspath(config.images)
     return {"images": images.rstrip("/"), "split": config.split, "model": model.location, "model_version":
             model.version, "top_k": config.top_k, "resize": config.resize}  # fmt: skip
 
@@ -416,7 +418,7 @@ def _score(config: PredictConfig, model: ServedModel, images: Images) -> tuple[d
     pending = [key for key in images.keys if key not in done]
     progress = Progress("predict", len(pending), unit="images", logger=logger)
     skipped, started = 0, time.monotonic()
-    with storage.open_for_append(config.output, text=True) as output:
+    with filesystem.open_for_append(config.output, text=True) as output:
         for kind, keys, detail in ahead(_pieces(config, model, images, pending)):
             if kind == "skipped":
                 logger.warning("skipping %s: %s", outputs.printable(keys), detail)

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from components.common import storage
+from components.common import filesystem, storage
 from components.common.progress import Progress
 from components.prepare_data.safe_io import RAISE_THE_LIMIT, SourceError
 
@@ -58,13 +58,13 @@ def download_url(url: str, cache_dir: Path, expected_sha256: str | None, max_byt
     """Download `url` into the cache (once, at most `max_bytes`), verify its SHA-256, and return (path, sha256)."""
     target = _cache_path(cache_dir, url)
     if target.exists():
-        digest = storage.sha256_file(target)
+        digest = filesystem.sha256_file(target)
         if expected_sha256 is None or digest == expected_sha256.lower():
             logger.info("using cached download %s of %s", target, url)
             return target, digest
         logger.warning("cached %s does not match the expected SHA-256; downloading again", target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = storage.temporary_path(target)
+    partial = filesystem.temporary_path(target)
     digest = hashlib.sha256()
     logger.info("downloading %s", url)
     try:
@@ -108,7 +108,7 @@ def _content_length(header: str | None, url: str) -> int:
 
 def download_object(uri: str, cache_dir: Path, expected_sha256: str | None, max_bytes: int) -> tuple[Path, str]:
     """Copy a gs:// or s3:// object into the cache (reused while its size and CRC32C match) and verify it."""
-    parent, name = storage.parent_and_name(uri)
+    parent, name = filesystem.parent_and_name(uri)
     publisher = storage.publisher_for(parent)
     checksum = publisher.checksum(name)
     if checksum is None:
@@ -117,15 +117,15 @@ def download_object(uri: str, cache_dir: Path, expected_sha256: str | None, max_
         raise _too_large(uri, checksum[0], max_bytes)
     target = _cache_path(cache_dir, uri)
     if target.exists():
-        content = storage.read_regular_file(target, max_bytes)
-        if (len(content), storage.crc32c_base64(content)) == checksum:
+        content = filesystem.read_regular_file(target, max_bytes)
+        if (len(content), filesystem.crc32c_base64(content)) == checksum:
             digest = hashlib.sha256(content).hexdigest()
             _check_sha256(target, digest, expected_sha256, uri)
             logger.info("using cached copy %s of %s", target, uri)
             return target, digest
     logger.info("downloading %s (%d bytes)", uri, checksum[0])
     storage.download_file(uri, target)
-    digest = storage.sha256_file(target)
+    digest = filesystem.sha256_file(target)
     try:
         _check_sha256(target, digest, expected_sha256, uri)
     except SourceError:

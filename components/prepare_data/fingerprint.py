@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from components.common import storage
+from components.common import filesystem, storage
 from components.prepare_data import fetch
 from components.prepare_data.config import OFFICIAL_SHA256, OFFICIAL_URL
 from components.prepare_data.safe_io import DirTree
@@ -26,8 +26,8 @@ def source_fingerprint(source: str) -> str:
             return "synthetic"
         if source == OFFICIAL_URL:
             return f"sha256:{OFFICIAL_SHA256}"  # the release never changes
-        if storage.is_remote(source):
-            parent, name = storage.parent_and_name(source)
+        if filesystem.is_remote(source):
+            parent, name = filesystem.parent_and_name(source)
             publisher = storage.publisher_for(parent)
             checksum, version = publisher.checksum(name), publisher.version(name)
             if checksum is None:
@@ -43,7 +43,7 @@ def source_fingerprint(source: str) -> str:
         path = Path(source)
         if path.is_dir():
             return f"tree:{DirTree(path).sha256()}"
-        return f"sha256:{storage.sha256_file(path)}"
+        return f"sha256:{filesystem.sha256_file(path)}"
     except Exception as error:  # any failure: never reuse; preparation will report the real problem
         logger.warning("cannot fingerprint %s (%s); prepared data will not be reused", source, error)
         return f"unavailable:{time.time_ns()}"

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from components.common import data_statistics, outputs
+from components.common.filesystem import PublishConflictError
 from components.common.kfp_parameters import config_from_parameters
 from components.common.memory import reuse_freed_memory
 from components.common.statistics_view import markdown
-from components.common.storage import PublishConflictError
 from components.prepare_data.config import PrepareDataConfig
 from components.prepare_data.prepare import PrepareResult, prepare_data
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from components.common import file_errors, records, storage
+from components.common import file_errors, filesystem, records, storage, stores
 from components.common.dataset import (
     MANIFEST_NAME,
     STATISTICS_NAME,
@@ -81,7 +81,7 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
     cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     if fetch.is_url(source):
         path, _digest = fetch.download_url(source, cache_dir, expected, config.max_source_bytes)
-    elif storage.is_remote(source):
+    elif filesystem.is_remote(source):
         path, _digest = fetch.download_object(source, cache_dir, expected, config.max_source_bytes)
     else:
         path = Path(source)
@@ -96,7 +96,7 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
         folder = DirTree(path, config.max_source_bytes)
         return ResolvedSource(source, folder.sha256(), path, folder=folder, max_bytes=config.max_source_bytes)
     check_source_size(path, config.max_source_bytes)
-    content = storage.read_regular_file(path, config.max_source_bytes)
+    content = filesystem.read_regular_file(path, config.max_source_bytes)
     digest = hashlib.sha256(content).hexdigest()
     if expected is not None and digest != expected.lower():
         raise SourceError(f"{source}: SHA-256 is {digest}, expected {expected.lower()}; the file is damaged")
@@ -142,14 +142,14 @@ def shard_slices(num_examples: int, examples_per_shard: int) -> list[slice]:
     ]
 
 
-def _publish_shard(publisher: storage.Publisher, name: str, content: bytes, num_records: int) -> ShardInfo:
+def _publish_shard(publisher: stores.Publisher, name: str, content: bytes, num_records: int) -> ShardInfo:
     """Checksum and publish one shard (on a worker thread: hashing and I/O release the GIL)."""
     info = ShardInfo(
         path=name,
         num_records=num_records,
         size_bytes=len(content),
         sha256=hashlib.sha256(content).hexdigest(),
-        crc32c=storage.crc32c_base64(content),
+        crc32c=filesystem.crc32c_base64(content),
     )
     publisher.publish(name, content)
     return info
@@ -165,7 +165,7 @@ def _matches(existing: Manifest | None, source_sha256: str, parameters: dict) ->
     )
 
 
-def _damaged_shards(publisher: storage.Publisher, manifest: Manifest) -> list[str]:
+def _damaged_shards(publisher: stores.Publisher, manifest: Manifest) -> list[str]:
     """Names of the manifest's shards (and statistics) that are missing or differ from it (shards by size and
     CRC32C, the statistics by SHA-256)."""
     damaged = [
@@ -180,7 +180,7 @@ def _damaged_shards(publisher: storage.Publisher, manifest: Manifest) -> list[st
     return damaged
 
 
-def _published_manifest(publisher: storage.Publisher) -> tuple[Manifest | None, bytes | None, str]:
+def _published_manifest(publisher: stores.Publisher) -> tuple[Manifest | None, bytes | None, str]:
     """The published manifest (None when absent or unreadable), its bytes, and its version."""
     content, version = publisher.read_document(MANIFEST_NAME)
     if content is None:
@@ -193,11 +193,11 @@ def _published_manifest(publisher: storage.Publisher) -> tuple[Manifest | None, 
 
 
 def prepare_data(config: PrepareDataConfig) -> PrepareResult:
-    storage.apply_single_writer_option(config.assume_single_writer)
+    filesystem.apply_single_writer_option(config.assume_single_writer)
     publisher = storage.publisher_for(config.output)
-    if not storage.is_remote(config.output):
+    if not filesystem.is_remote(config.output):
         file_errors.check_writable(config.output, "output")  # before the source is fetched or read
-        storage.remove_stale_temporaries(config.output)  # what a killed run left half-written
+        filesystem.remove_stale_temporaries(config.output)  # what a killed run left half-written
     resolved = resolve_source(config)
     parameters = config.output_parameters()
     existing, existing_bytes, existing_version = _published_manifest(publisher)
@@ -304,7 +304,7 @@ def _shard_paths(manifest: Manifest | None) -> set[str]:
     return set() if manifest is None else {shard.path for split in manifest.splits.values() for shard in split.shards}
 
 
-def _remove_shards_not_published(publisher: storage.Publisher, candidates: set[str], kind: str) -> None:
+def _remove_shards_not_published(publisher: stores.Publisher, candidates: set[str], kind: str) -> None:
     """Remove the `candidates` (shards this run knows to be garbage: its own after losing the race on the
     manifest, or those of the manifest it replaced) that the manifest published right now does not list. Never
     another shard: another run may have just written shards for the manifest it is about to publish."""

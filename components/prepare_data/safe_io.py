@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path, PureWindowsPath
 
 from components.common.compression import gzip_pieces
-from components.common.storage import file_kind
+from components.common.filesystem import file_kind
 from components.prepare_data.config import MEMORY_PER_SOURCE_MEGABYTE
 
 logger = logging.getLogger(__name__)

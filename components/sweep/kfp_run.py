@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any
 
-from components.common import exit_codes, storage
+from components.common import exit_codes, filesystem, storage
 from components.common.kfp_parameters import config_from_parameters, given_parameters
 from components.common.model_directory import artifact_location, pipeline_model_directory
 from components.common.writer_claim import WriterClaimError
@@ -59,7 +59,7 @@ def run_sweep(
     if code != exit_codes.SUCCESS:  # stopped: a retry continues the study
         sys.exit(code)
     best = read_best(sweep_dir)
-    storage.atomic_write_bytes(report.path, storage.read_bytes(storage.join(sweep_dir, REPORT)))
+    filesystem.atomic_write_bytes(report.path, storage.read_bytes(filesystem.join(sweep_dir, REPORT)))
     sweep_artifact.metadata.update({"sweep_dir": sweep_dir, "best_trial": best["trial"], "best_params": best["params"]})
     metrics.log_metric("best_validation_accuracy", best["validation_accuracy"])
     if best.get("validation_accuracy_std") is not None:

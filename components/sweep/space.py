@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from components.common import storage
 from components.common.values import shown
 
 # Settings a search may not vary: where the data and the model go, how the trial is launched, and its seed.
@@ -273,7 +274,7 @@ def read_space(location: str) -> SearchSpace:
     try:
         if text.startswith(("{", "[")):
             return parse_space(documents.load(text, "space", "search space", yaml_allowed=False), "space")
-        content = documents.read_bytes(location, "search space (JSON or YAML)")
+        content = storage.document_bytes(location, "search space (JSON or YAML)")
         return parse_space(documents.load(content, location, "search space"), location)
     except FileNotFoundError:
         raise SearchSpaceError(f"space: {shown_location}: the search space file does not exist") from None

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import documents, exit_codes, processes, storage, writer_claim
+from components.common import documents, exit_codes, filesystem, processes, storage, writer_claim
 from components.common.config import config_from_mapping
 from components.common.dataset import default_cache_dir, read_manifest
 from components.common.model_directory import VALIDATION_CURVE, VALIDATION_CURVE_SCHEMA
@@ -104,7 +104,7 @@ class SweepFolder:
 
     def __init__(self, uri: str, cache_dir: str | None):
         self.uri = uri.rstrip("/")
-        self.remote = storage.is_remote(uri)
+        self.remote = filesystem.is_remote(uri)
         if self.remote:
             import hashlib
 
@@ -165,12 +165,12 @@ class SweepFolder:
                 content = storage.read_bounded(self.publisher.uri(name), max_bytes)
             except FileNotFoundError:
                 return
-            except storage.FileReadError as error:
+            except filesystem.FileReadError as error:
                 raise SweepError(f"{error}: not a study journal of this project; give another sweep folder") from None
-            storage.atomic_write_bytes(self.local / name, content)
+            filesystem.atomic_write_bytes(self.local / name, content)
 
     def write(self, name: str, content: bytes) -> None:
-        storage.atomic_write_bytes(self.local / name, content)
+        filesystem.atomic_write_bytes(self.local / name, content)
         if self.remote:
             self.publisher.publish(name, content)
 
@@ -221,8 +221,8 @@ def recover_journal(path: Path, uri: str, trials_recorded: bool = False) -> None
     if not path.exists() and not path.is_symlink():
         return
     try:
-        content = storage.read_regular_file(path, MAX_JOURNAL_BYTES)
-    except (storage.FileReadError, OSError) as error:
+        content = filesystem.read_regular_file(path, MAX_JOURNAL_BYTES)
+    except (filesystem.FileReadError, OSError) as error:
         raise SweepError(f"{uri}: {error}; not a study journal: give another sweep folder") from None
     if trials_recorded and b"\n" not in content:
         raise SweepError(
@@ -248,7 +248,7 @@ def recover_journal(path: Path, uri: str, trials_recorded: bool = False) -> None
     if whole < len(content):
         logger.warning("%s: its last line was cut short (an abrupt end): the study continues up to the line before",
                        uri)  # fmt: skip
-        storage.cut_to_whole_lines(path, keep=whole)
+        filesystem.cut_to_whole_lines(path, keep=whole)
 
 
 def trial_settings(config: SweepConfig, params: dict, model_dir: str, seed: int) -> dict[str, Any]:
@@ -300,7 +300,7 @@ def read_curve(model_dir: str) -> list[tuple[int, float]]:
     """A trial's validation curve so far ([] before its first measure)."""
     location = f"{model_dir.rstrip('/')}/{VALIDATION_CURVE}"
     try:
-        document = documents.read(location, VALIDATION_CURVE_SCHEMA, "validation curve")
+        document = storage.document(location, VALIDATION_CURVE_SCHEMA, "validation curve")
     except FileNotFoundError:
         return []
     return [(point["step"], point["accuracy"]) for point in document["curve"]]
@@ -447,7 +447,7 @@ class Sweep:
         logs = self.folder.local / "logs"
         logs.mkdir(exist_ok=True)
         running.log_path = logs / f"{running.trial.number:04d}-{running.repeat}.log"
-        with storage.open_for_append(running.log_path) as log:
+        with filesystem.open_for_append(running.log_path) as log:
             running.process = processes.start(
                 [sys.executable, "-m", "components.train", "--config", json.dumps(settings)],
                 stdout=log, stderr=subprocess.STDOUT,
@@ -458,7 +458,7 @@ class Sweep:
         for running in list(self.running):
             try:
                 self._report(running)
-            except (ValueError, OSError, storage.StorageError) as error:  # the trial's own files: its outcome
+            except (ValueError, OSError, filesystem.StorageError) as error:  # the trial's own files: its outcome
                 self._fail(running, f"its validation curve cannot be read ({str(error).splitlines()[0][:200]})")
             code = running.process.poll()
             if code is None:
@@ -536,7 +536,7 @@ class Sweep:
         if running.stopping is None and code == 0:
             try:  # what it measured at the end (it may have ended before the last poll)
                 self._report(running)
-            except (ValueError, OSError, storage.StorageError) as error:
+            except (ValueError, OSError, filesystem.StorageError) as error:
                 self._record(running, TrialState.FAIL, f"its validation curve cannot be read ({str(error)[:200]})")
                 return
         if running.stopping:
@@ -631,7 +631,7 @@ def _last_error(log_path: Path | None) -> str:
     """The last ERROR line of a trial's log (what the train stage said), shortened."""
     if log_path is None or not log_path.exists():
         return ""
-    tail = storage.read_tail(log_path, MAX_LOG_TAIL_BYTES).decode(errors="replace")
+    tail = filesystem.read_tail(log_path, MAX_LOG_TAIL_BYTES).decode(errors="replace")
     lines = [line for line in tail.splitlines() if " ERROR " in line or "Error" in line]
     return f": {lines[-1].strip()[-200:]}" if lines else ""
 
@@ -642,7 +642,7 @@ def record_trial(model_dir: str, params: dict) -> None:
     location = f"{model_dir.rstrip('/')}/{TRIAL_RECORD}"
     schema = documents.Fields({"params": documents.Fields()}, ("params",))
     try:
-        recorded = documents.read(location, schema, "trial record")
+        recorded = storage.document(location, schema, "trial record")
     except FileNotFoundError:
         recorded = None
     except documents.DocumentError as error:
@@ -655,10 +655,10 @@ def record_trial(model_dir: str, params: dict) -> None:
         )
     if recorded is None:
         content = json.dumps({"params": params}, indent=2, sort_keys=True).encode()
-        if storage.is_remote(model_dir):
+        if filesystem.is_remote(model_dir):
             storage.publisher_for(model_dir).publish(TRIAL_RECORD, content)
         else:
-            storage.atomic_write_bytes(Path(model_dir, TRIAL_RECORD), content)
+            filesystem.atomic_write_bytes(Path(model_dir, TRIAL_RECORD), content)
 
 
 def trial_record(trial, folder: SweepFolder | None = None) -> dict:
@@ -724,7 +724,7 @@ def read_best(sweep_dir: str) -> dict:
     """The best trial a sweep recorded (best.json), as the final training reads it."""
     location = f"{sweep_dir.rstrip('/')}/{BEST}"
     try:
-        return documents.read(location, documents.ANY_OBJECT, "sweep's best trial")
+        return storage.document(location, documents.ANY_OBJECT, "sweep's best trial")
     except FileNotFoundError:
         raise SweepError(
             f"{sweep_dir.rstrip('/')}: no trial of the sweep completed, so there is no best one to train (a failed or "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from components.common import storage
+from components.common import filesystem, storage
 from components.common.checkpoint_reader import UnreadableCheckpointError, open_whole
 from components.common.dataset import default_cache_dir
 from components.common.model import variable_name
@@ -96,7 +96,7 @@ def reconcile_state_file(directory: str | Path) -> None:
     names = [Path(path).name for path in paths]
     wanted = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
     try:
-        current = storage.read_regular_file(state_path, MAX_STATE_BYTES).decode()
+        current = filesystem.read_regular_file(state_path, MAX_STATE_BYTES).decode()
     except (OSError, ValueError):
         current = None
     if current == wanted:
@@ -106,7 +106,7 @@ def reconcile_state_file(directory: str | Path) -> None:
         return  # the same checkpoints, written with absolute paths or another layout: fine as it is
     problem = "is missing" if current is None else "does not list the checkpoints on disk (damaged or out of date)"
     logger.warning("%s %s; rewrote it from the checkpoint files: %s", state_path, problem, ", ".join(names))
-    storage.atomic_write_bytes(state_path, wanted.encode())
+    filesystem.atomic_write_bytes(state_path, wanted.encode())
 
 
 def restore_latest(checkpoint: tf.train.Checkpoint, directory: str | Path) -> str | None:
@@ -162,10 +162,10 @@ class WarmStartReport:
 def local_checkpoint(source: str, cache_dir: str | Path | None = None) -> str:
     """A gs:// or s3:// checkpoint (a prefix such as `.../ckpt-40`, or a model directory: its newest checkpoint)
     copied into the cache; a local source as it is."""
-    if not storage.is_remote(source):
+    if not filesystem.is_remote(source):
         return source
-    source = storage.normalize_uri(source).rstrip("/")
-    folder, name = storage.parent_and_name(source)
+    source = filesystem.normalize_uri(source).rstrip("/")
+    folder, name = filesystem.parent_and_name(source)
     if checkpoint_step_of_file(f"{name}.index") is None:  # a folder: take its newest checkpoint
         steps = checkpoint_steps(storage.publisher_for(source).list())
         if not steps:

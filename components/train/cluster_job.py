@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
-from components.common import compiled_kernels, documents, secrets, storage
+from components.common import compiled_kernels, documents, filesystem, secrets
 from components.common import pod as this_pod
 from components.common.config import config_to_dict
 from components.images import image
@@ -50,7 +50,7 @@ in_kubernetes_pod = this_pod.in_kubernetes_pod
 # Non-secret settings the workers get from the launching step's own environment: the object store's (the secret's
 # keys are referenced, never copied), and the project's own.
 PASSED_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
-PASSED_ENVIRONMENT += (storage.ASSUME_SINGLE_WRITER, compiled_kernels.MODE_VARIABLE)
+PASSED_ENVIRONMENT += (filesystem.ASSUME_SINGLE_WRITER, compiled_kernels.MODE_VARIABLE)
 SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "accesskey", "AWS_SECRET_ACCESS_KEY": "secretkey"}  # KFP's object-store secret
 TRANSIENT_STATUSES = {408, 429, 500, 502, 503, 504}
 READ_ATTEMPTS = 8  # with back-off from 1 s doubling to 30 s: about two and a half minutes of API trouble
@@ -184,8 +184,8 @@ def object_store_environment(launch: LaunchConfig, location: str = "") -> list[d
     from components.common import object_stores
 
     settings = None
-    if storage.is_s3_uri(location):
-        _scheme, bucket, key = storage.split_uri(storage.normalize_uri(location))
+    if filesystem.is_s3_uri(location):
+        _scheme, bucket, key = filesystem.split_uri(filesystem.normalize_uri(location))
         settings = object_stores.launcher_settings(bucket, key) if this_pod.in_kubernetes_pod() else None
     environment = [{"name": key, "value": os.environ[key]} for key in PASSED_ENVIRONMENT if os.environ.get(key)]
     if settings is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from components.common.config import changed_fields, check_fields, setting_words
-from components.common.storage import is_remote
+from components.common.filesystem import is_remote
 from components.train.presets import LENGTH_FIELDS, PRESETS
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "muon")

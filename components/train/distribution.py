@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from components.common import documents, storage
+from components.common import documents, filesystem
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def _serve_presence(listener: socket.socket, stop: threading.Event) -> None:
 
 def _reachable(address: str) -> bool:
     host, port = address.rsplit(":", 1)
-    return storage.can_connect(host, int(port), timeout=1.0)  # a name that does not resolve yet is False too
+    return filesystem.can_connect(host, int(port), timeout=1.0)  # a name that does not resolve yet is False too
 
 
 def wait_for_peers(cluster: Cluster, timeout_seconds: float, between_attempts: Callable[[], None]) -> None:

@@ -12,7 +12,7 @@ import shlex
 import sys
 from typing import Any
 
-from components.common import documents, exit_codes, outputs, storage
+from components.common import exit_codes, filesystem, outputs, storage
 from components.common.kfp_parameters import config_from_parameters
 from components.common.model_directory import (
     RESOLVED_CONFIG,
@@ -106,8 +106,8 @@ def run_train(
     code = run(train, launch)
     if code != exit_codes.SUCCESS:  # the reason was logged; 143 and 144 are retryable: a retry resumes
         sys.exit(code)
-    location = storage.join(train.model_dir, TRAIN_METRICS)
-    summary = documents.read(location, TRAIN_METRICS_SCHEMA, f"model directory's {TRAIN_METRICS}")
+    location = filesystem.join(train.model_dir, TRAIN_METRICS)
+    summary = storage.document(location, TRAIN_METRICS_SCHEMA, f"model directory's {TRAIN_METRICS}")
     write_model_artifact(model, train.model_dir)
     model.metadata.update(
         {
@@ -138,11 +138,13 @@ def write_model_artifact(model: Any, model_dir: str) -> None:
     own folder and holds them already; on a cluster it stays in the run's folder of the store, which every attempt
     of the step shares, and the artifact gets copies."""
     artifact = os.path.abspath(model.path)
-    if storage.is_remote(model_dir) or os.path.abspath(model_dir) != artifact:
+    if filesystem.is_remote(model_dir) or os.path.abspath(model_dir) != artifact:
         os.makedirs(artifact, exist_ok=True)
         for name in MODEL_ARTIFACT_FILES:
-            storage.atomic_write_bytes(os.path.join(artifact, name), storage.read_bytes(storage.join(model_dir, name)))
-        storage.atomic_write_bytes(os.path.join(artifact, MODEL_DIRECTORY_NOTE), f"{model_dir}\n".encode())
+            filesystem.atomic_write_bytes(
+                os.path.join(artifact, name), storage.read_bytes(filesystem.join(model_dir, name))
+            )
+        filesystem.atomic_write_bytes(os.path.join(artifact, MODEL_DIRECTORY_NOTE), f"{model_dir}\n".encode())
 
 
 # Set in the object-store ConfigMap once the admin gave KFP's TensorBoard viewer the store's settings.
@@ -155,7 +157,7 @@ def tensorboard_outputs(log_dir: str) -> list[dict]:
     (kubeflow/pipelines#5426): the button only for gs:// (or s3:// once the admin gave the viewer the store's
     settings); `tensorboard_note` says how to open the logs otherwise."""
     viewer_reads_s3 = os.environ.get(VIEWER_READS_S3, "").strip().lower() in ("1", "true", "yes")
-    if storage.is_gcs_uri(log_dir) or (storage.is_s3_uri(log_dir) and viewer_reads_s3):
+    if filesystem.is_gcs_uri(log_dir) or (filesystem.is_s3_uri(log_dir) and viewer_reads_s3):
         return [{"type": "tensorboard", "source": log_dir}]
     return []
 
@@ -165,7 +167,7 @@ def tensorboard_note(log_dir: str) -> str:
     lines = ["# TensorBoard", "", f"The training's logs: `{log_dir}`", ""]
     if tensorboard_outputs(log_dir):
         lines.append("- on the run's page: **Start TensorBoard** (the step's visualization)")
-    if storage.is_s3_uri(log_dir):
+    if filesystem.is_s3_uri(log_dir):
         lines.append(
             "- in the cluster: the project's TensorBoard (manifests/tensorboard.yaml) reads the store with your "
             "profile's keys: `kubectl port-forward svc/cifar10-pipeline-tensorboard 6006:80`, then http://localhost:6006"

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import replace
 
-from components.common import exit_codes
+from components.common import exit_codes, filesystem
 from components.common.config import config_to_dict
 from components.train import supervisor
 from components.train.config import TrainConfig
@@ -67,10 +67,9 @@ def available_memory() -> int | None:
 
 def _small_file(path: str) -> str | None:
     """A few lines the kernel writes (their size says 0: read on to the end, within the bound), or None."""
-    from components.common import storage
 
     try:
-        return storage.read_regular_file(path, 64 * 1024).decode()
+        return filesystem.read_regular_file(path, 64 * 1024).decode()
     except (OSError, ValueError):
         return None
 

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from components.common import exit_codes
+from components.common import exit_codes, filesystem
 from components.common.config import changed_fields, setting_words
 from components.train.config import CLUSTER_LAUNCHERS, TrainConfig
 from components.train.launch_config import LaunchConfig
@@ -111,7 +111,7 @@ def run(config: TrainConfig, launch: LaunchConfig | None = None, refuse_unused_l
     with a launcher that starts none is refused (a pipeline's step passes the pipeline's job settings whatever the
     launcher: its parameters are checked at submission instead)."""
     from components.common import compiled_kernels, file_errors
-    from components.common.storage import apply_single_writer_option, is_remote
+    from components.common.filesystem import apply_single_writer_option, is_remote
 
     compiled_kernels.mode()  # a bad CIFAR10_PIPELINE_COMPILED_KERNELS is refused before anything starts
     apply_single_writer_option(config.assume_single_writer)
@@ -195,7 +195,7 @@ def run_permissions(launcher: str, locations: list[str], api_client) -> list:
     Kubernetes API: the job kind it launches, and Leases where a store cannot compare-and-swap."""
     from kubernetes import client
 
-    from components.common import access, kfp_launcher, object_stores, storage
+    from components.common import access, kfp_launcher, object_stores
 
     permissions = []
     if launcher in CLUSTER_LAUNCHERS:
@@ -203,13 +203,13 @@ def run_permissions(launcher: str, locations: list[str], api_client) -> list:
     elif launcher == "auto":  # the kind the cluster serves (none: the train step says what to install)
         served = served_job_kinds(client.CustomObjectsApi(api_client))
         permissions += access.job_permissions(served[0]) if served else []
-    roots = [location for location in locations if storage.is_s3_uri(location)]
+    roots = [location for location in locations if filesystem.is_s3_uri(location)]
     modes = [object_stores.store_mode(object_stores.S3Publisher(root)) for root in roots]
     default_root = kfp_launcher.default_pipeline_root()
-    if storage.is_s3_uri(default_root):
+    if filesystem.is_s3_uri(default_root):
         try:
             modes.append(object_stores.store_mode(object_stores.S3Publisher(default_root)))
-        except storage.StorageError as error:  # its steps will say so; the question here is only the Leases
+        except filesystem.StorageError as error:  # its steps will say so; the question here is only the Leases
             logger.info("access: the pipeline root %s could not be checked (%s)", default_root, error)
     if object_stores.KUBERNETES in modes:
         permissions += access.lease_permissions()

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from components.common import storage
+from components.common import filesystem
 from components.common.compiled_kernels import settle_op_threads
 from components.common.config import config_to_dict
 from components.common.dataset import open_dataset
@@ -158,7 +158,7 @@ class Trainer:
         self.cadence = resolve(config, self.total_steps)
         check("after opening the dataset")
         self.model_directory.pull()
-        self.write_dir = self.model_directory.local if self.chief else storage.scratch_directory(self.cluster.name)
+        self.write_dir = self.model_directory.local if self.chief else filesystem.scratch_directory(self.cluster.name)
         self._build()
         check("after building the model")
 
@@ -322,7 +322,7 @@ class Trainer:
             },
         }
         content = json.dumps(resolved, indent=2, sort_keys=True).encode()
-        storage.atomic_write_bytes(self.model_directory.local / RESOLVED_CONFIG, content)
+        filesystem.atomic_write_bytes(self.model_directory.local / RESOLVED_CONFIG, content)
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -427,7 +427,7 @@ class Trainer:
         )
         logger.info("weights sha256 %s (%s) at step %d", result.weights_sha256, self._worker_name(), step)
         if self.chief:
-            storage.atomic_write_bytes(
+            filesystem.atomic_write_bytes(
                 self.model_directory.local / TRAIN_METRICS,
                 json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True).encode(),
             )
@@ -446,7 +446,7 @@ class Trainer:
                 earlier = [point for point in document["curve"] if point["step"] < step]
             self.validation_curve = earlier
         self.validation_curve.append({"step": step, **measured})
-        storage.atomic_write_bytes(path, json.dumps({"curve": self.validation_curve}).encode())
+        filesystem.atomic_write_bytes(path, json.dumps({"curve": self.validation_curve}).encode())
 
     def _validation(self) -> Validation | None:
         """The validation split's measure, on the chief, when the dataset has that split and it is asked for."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from components.common import storage
+from components.common import filesystem
 from components.common.model import variable_name
 from components.common.model_directory import TRAIN_LOGS, VALIDATION_LOGS
 from components.train.config import TrainConfig
@@ -29,7 +29,7 @@ class Summaries:
         self.config = config
         self.model_directory = model_directory
         self.publish = publish
-        self.staging = storage.scratch_directory("summaries") if enabled and publish else model_directory
+        self.staging = filesystem.scratch_directory("summaries") if enabled and publish else model_directory
         self.writers: dict = {}  # run -> its event file's writer, opened at the run's first summary
         self.profiling = False
 

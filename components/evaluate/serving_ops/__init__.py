@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from components.common import storage
+from components.common import filesystem
 
 MAX_SAVED_MODEL_BYTES = 2 << 30  # protobuf's own limit on a message
 
@@ -61,7 +61,7 @@ def graph_nodes(saved_model_dir: str | Path):
     from tensorflow.core.protobuf import saved_model_pb2
 
     saved_model = saved_model_pb2.SavedModel.FromString(
-        storage.read_regular_file(Path(saved_model_dir, "saved_model.pb"), MAX_SAVED_MODEL_BYTES)
+        filesystem.read_regular_file(Path(saved_model_dir, "saved_model.pb"), MAX_SAVED_MODEL_BYTES)
     )
     nodes, functions = [], set()
     for meta_graph in saved_model.meta_graphs:
