@@ -5,7 +5,12 @@ Two `ModelDirectory` objects with separate local mirrors stand for two machines.
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +18,8 @@ from components.common import storage, stores
 from components.common import writer_claim as writer_lease
 from components.common.model_directory import ModelDirectory
 from components.common.writer_claim import WriterClaimError
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -124,3 +131,52 @@ def test_a_local_mirror_holds_only_what_the_store_holds_once_pulled(object_store
     again = machine(model_dir, tmp_path, "same-machine")
     again.pull()
     assert sorted(path.name for path in again.local.iterdir() if not path.name.startswith(".")) == []
+
+
+FROZEN_WRITER = """
+import os, signal, sys
+from components.common import storage, writer_claim
+from components.common.model_directory import ModelDirectory
+
+writer_claim.LEASE_SECONDS, writer_claim.RENEW_SECONDS, writer_claim.POLL_SECONDS = 4.0, 1.0, 0.2
+directory = ModelDirectory(sys.argv[1], cache_dir=sys.argv[2])
+directory.claim_writer()
+(directory.local / "ckpt-1.data-00000-of-00001").write_bytes(b"the old writer's" * 1000)
+store = type(storage.publisher_for(sys.argv[1]))
+upload = store.publish
+
+def frozen_upload(self, name, data, expected_version=None):
+    if name.endswith(".data-00000-of-00001"):
+        print("uploading", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen mid-upload: Ctrl-Z, a debugger, a frozen cgroup
+    return upload(self, name, data, expected_version)
+
+store.publish = frozen_upload
+directory.push()
+"""
+
+
+def test_a_writer_frozen_during_an_upload_past_its_lease_never_lands_over_the_newcomer(coordinated_store, tmp_path):
+    model_dir = f"{coordinated_store}/models/run"
+    name = "ckpt-1.data-00000-of-00001"
+    frozen = subprocess.Popen(
+        [sys.executable, "-c", FROZEN_WRITER, model_dir, str(tmp_path / "old")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPOSITORY,
+    )  # fmt: skip
+    try:
+        assert frozen.stdout.readline() == "uploading\n"
+        newcomer = machine(model_dir, tmp_path, "new")
+        newcomer.claim_writer()  # the frozen holder renews nothing: taken over after the lease, watched
+        (newcomer.local / name).write_bytes(b"the newcomer's")
+        newcomer.push()
+        frozen.send_signal(signal.SIGCONT)  # the old writer's upload goes on
+        _output, errors = frozen.communicate(timeout=60)
+        assert frozen.returncode != 0
+        assert re.search(r"another writer took over|could not renew its lease for \d+ s", errors), errors
+        publisher = storage.publisher_for(model_dir)
+        assert publisher.read(name) == b"the newcomer's"
+        assert publisher.list(".staging/") == []  # the old writer's upload withdrawn
+        newcomer.release_writer()
+    finally:
+        frozen.kill()
+        frozen.wait()

@@ -36,6 +36,7 @@ CHECKPOINT_PREFIX = "ckpt"
 TRAIN_LOGS = "train"
 VALIDATION_LOGS = "validation"
 EVAL_LOGS = "eval"
+STAGING = ".staging"  # <token>/<name>: a writer's upload before it is given its name (see `_publish_fenced`)
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"  # how TensorFlow names a variable's value inside a checkpoint
 RUN_MODEL_DIRECTORY = "model-directory"  # under `<pipeline root>/<pipeline>/<run id>/`, shared by the run's attempts
 CHECKPOINT_INDEX = re.compile(rf"{CHECKPOINT_PREFIX}-(0|[1-9]\d*)\.index")  # the one rule for what is a checkpoint
@@ -252,6 +253,7 @@ class ModelDirectory:
                 self.release_writer()
                 raise
             self._lease = lease
+            self._remove_staged()
         filesystem.remove_stale_temporaries(self.local)  # the only writer now: what a killed one left is garbage
 
     def check_writer(self) -> None:
@@ -275,7 +277,7 @@ class ModelDirectory:
         if not self.remote:
             return
         publisher = storage.publisher_for(self.uri)
-        names = publisher.list()
+        names = [name for name in publisher.list() if not name.startswith(f"{STAGING}/")]
         held = set(names)
         forgotten = [path for path in sorted(self.local.rglob("*")) if path.is_file() and not path.name.startswith(".")
                      and path.relative_to(self.local).as_posix() not in held]  # fmt: skip
@@ -311,8 +313,7 @@ class ModelDirectory:
         ]
         changed.sort(key=lambda path: path.name == "checkpoint")  # the index that names the latest, last
         for path in changed:
-            self.check_writer()  # before each upload: none starts once the holder's deadline passed
-            publisher.publish(path.relative_to(self.local).as_posix(), storage.read_bytes(str(path)))
+            self._publish_fenced(publisher, path.relative_to(self.local).as_posix(), storage.read_bytes(str(path)))
             self._pushed[str(path)] = self._signature(path)
         if not remove_deleted_checkpoints:
             return
@@ -321,6 +322,30 @@ class ModelDirectory:
         for stale in sorted(remote_files - local_files):
             if stale.startswith(f"{CHECKPOINT_PREFIX}-"):  # removed locally by max_to_keep
                 publisher.withdraw(stale)
+
+    def _publish_fenced(self, publisher, name: str, data: bytes) -> None:
+        """Publish `name` as the writer: the upload lands under this writer's staging name, and only when it has
+        landed and the writer still holds the directory (checked then: an upload that ran past the holder's deadline,
+        a process stopped with SIGSTOP or a network that stalled, is caught there) does one server-side copy give it
+        its name. So an upload that outlived its lease never lands where a newcomer writes; what is left is the one
+        copy request after the check. Without a lease (a reader such as the evaluator) it is published directly."""
+        self.check_writer()  # before: none starts once the holder's deadline passed
+        if self._lease is None:
+            publisher.publish(name, data)
+            return
+        staged = f"{STAGING}/{self._lease.token}/{name}"
+        publisher.publish(staged, data)
+        try:
+            self.check_writer()  # after: the upload may have outlived the lease
+            publisher.copy(staged, name, replace=True)
+        finally:
+            publisher.withdraw(staged)
+
+    def _remove_staged(self) -> None:
+        """What writers killed mid-upload left under the staging prefix: garbage once this one holds the lease."""
+        publisher = storage.publisher_for(self.uri)
+        for name in publisher.list(f"{STAGING}/"):
+            publisher.withdraw(name)
 
     @staticmethod
     def _signature(path: Path) -> tuple[int, int]:

@@ -275,12 +275,12 @@ class GcsPublisher:
         except (exceptions.NotFound, exceptions.PreconditionFailed):
             logger.info("%s was already removed or replaced by another writer", self.uri(name))
 
-    def copy(self, source: str, destination: str) -> None:
-        """A server-side copy to a name that must not exist yet."""
+    def copy(self, source: str, destination: str, replace: bool = False) -> None:
+        """A server-side copy; to a name that must not exist yet unless `replace`."""
         bucket = self._bucket()
         with _gcs_errors(self.uri(destination)):
             bucket.copy_blob(bucket.blob(self._object_name(source)), bucket, self._object_name(destination),
-                             if_generation_match=0)  # fmt: skip
+                             if_generation_match=None if replace else 0)  # fmt: skip
 
     def list(self, prefix: str = "") -> list[str]:
         start = f"{self.prefix}/" if self.prefix else ""
@@ -484,8 +484,8 @@ class S3Publisher:
                 else:
                     raise
 
-    def copy(self, source: str, destination: str) -> None:
-        """A server-side copy (the object's CRC32C metadata with it)."""
+    def copy(self, source: str, destination: str, replace: bool = False) -> None:
+        """A server-side copy (the object's CRC32C metadata with it), replacing the destination either way."""
         with _s3_errors(self.uri(destination)):
             self._client().copy_object(
                 Bucket=self.bucket_name, Key=self._key(destination), MetadataDirective="COPY",

@@ -50,7 +50,11 @@ class Publisher(Protocol):
         ...
 
     def withdraw(self, name: str) -> None: ...
-    def copy(self, source: str, destination: str) -> None: ...
+    def copy(self, source: str, destination: str, replace: bool = False) -> None:
+        """A copy within the store (server-side on gs:// and s3://). Without `replace`, gs:// also refuses a
+        destination that exists (a promotion's new version folder); a folder and s3:// replace it either way."""
+        ...
+
     def list(self, prefix: str = "") -> list[str]: ...
 
     # Documents: what a compare-and-swap decides (a dataset's manifest, a writer lease, a promotion pointer). On a store
@@ -132,7 +136,7 @@ class LocalPublisher:
             except OSError:  # not empty
                 break
 
-    def copy(self, source: str, destination: str) -> None:
+    def copy(self, source: str, destination: str, replace: bool = False) -> None:
         atomic_write_bytes(Path(self.root, destination), Path(self.root, source).read_bytes())
 
     def read_document(self, name: str) -> tuple[bytes | None, str]:
