@@ -14,7 +14,10 @@ No API server can run here, so this one answers the way the real one does where 
 - every request authorized as RBAC would: the caller's token names a service account of the namespace, and only the
   verbs it holds on leases once the cluster admin and the profile owner applied the project's manifests
   (tests/fake_rbac.py) are allowed (403 Forbidden, worded as the API words it, otherwise);
-- `down = True` answers 503 to everything (an API server that is unavailable); `stop()` closes the port.
+- `down = True` answers 503 to everything (an API server that is unavailable); `stop()` closes the port;
+- `faults`, a fault proxy in front: each request takes the next one, either an answer (status, body, headers) given
+  instead of the API's, or "close" (the connection closed unanswered, nothing applied), "close-applied" (applied,
+  then closed unanswered: the client cannot know), ("hang", seconds) (no answer for that long, then closed).
 
 `pod_environment()` is what a step's pod would have: its environment and, in `folder`, the service account's files.
 """
@@ -29,6 +32,7 @@ import re
 import ssl
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,10 @@ MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d
 MAX_ANNOTATIONS = 256 * 1024  # apimachinery's TotalAnnotationSizeLimitB
 VERBS = {("GET", True): "get", ("GET", False): "list", ("POST", False): "create", ("PUT", True): "update",
          ("DELETE", True): "delete"}  # fmt: skip
+
+
+class Unanswered(Exception):  # noqa: N818 (no HTTP answer: the connection is closed)
+    pass
 
 
 class Refused(Exception):  # noqa: N818 (an HTTP answer)
@@ -227,7 +235,7 @@ class FakeCoordinationApi:
         self.down = False
         # answers a proxy in front gives instead of the API's, one per request (not applied): (status, JSON body or
         # bytes of HTML, headers), e.g. (429, {...}, {"Retry-After": "1"}), (200, b"<html>...", {})
-        self.faults: list[tuple[int, dict | bytes, dict[str, str]]] = []
+        self.faults: list[tuple[int, dict | bytes, dict[str, str]] | tuple[str, float] | str] = []
         self.folder.mkdir(parents=True, exist_ok=True)
         certificate, key = self.folder / "ca.crt", self.folder / "server.key"
         subprocess.run(
@@ -269,8 +277,20 @@ class FakeCoordinationApi:
     # -- the API ------------------------------------------------------------------------------------------------
 
     def handle(self, method: str, path: str, headers: dict, raw: bytes) -> tuple[int, dict]:
-        if self.faults:  # a fault proxy in front: the next request is answered with this, and not applied
-            return self.faults.pop(0)
+        fault = self.faults.pop(0) if self.faults else None  # a fault proxy in front: see the module's description
+        if fault == "close":
+            raise Unanswered()
+        if isinstance(fault, tuple) and fault[0] == "hang":
+            time.sleep(fault[1])
+            raise Unanswered()
+        if fault is not None and fault != "close-applied":
+            return fault
+        answer = self._serve_api(method, path, headers, raw)
+        if fault == "close-applied":
+            raise Unanswered()
+        return answer
+
+    def _serve_api(self, method: str, path: str, headers: dict, raw: bytes) -> tuple[int, dict]:
         if self.down:
             raise Refused(503, "ServiceUnavailable", "the server is currently unable to handle the request")
         scheme, _, token = {key.lower(): value for key, value in headers.items()}.get("authorization", "").partition(
@@ -298,6 +318,10 @@ class FakeCoordinationApi:
                     answered = api.handle(method, path, dict(self.headers), raw)
                     status, answer = answered[0], answered[1]
                     extra = answered[2] if len(answered) > 2 else {}
+                except Unanswered:
+                    api.requests.append((method, path, None))
+                    self.close_connection = True
+                    return
                 except Refused as refused:
                     status = refused.status
                     answer = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": str(refused),

@@ -340,3 +340,73 @@ def test_a_release_removes_only_the_lease_it_holds(pod, unsafe_s3, monkeypatch):
         lease.release()
     held = json.loads(storage.publisher_for(uri).read_document(writer_claim.WRITER_LEASE)[0])
     assert held["token"] == "newcomer" and version  # the newcomer's lease stands
+
+
+@pytest.mark.parametrize("fault", ["close", "close-applied", ("hang", 3.0)], ids=["closed", "closed-applied", "hang"])
+@pytest.mark.parametrize("call", ["create", "read", "replace", "delete"])
+def test_a_connection_closed_or_hung_is_gone_through_and_an_applied_write_is_known_as_its_own(
+    pod, unsafe_s3, monkeypatch, fault, call
+):
+    """Whatever the proxy does to one request (closes it before or after the API applied it, holds it past the
+    client's timeout), the document ends as this writer made it and nothing is reported lost or taken over."""
+    monkeypatch.setattr(coordination, "REQUEST_SECONDS", 1)
+    publisher = storage.publisher_for(f"{unsafe_s3}/closed")
+    publisher.read_document("current.json")
+    version = stores.ABSENT
+    if call != "create":
+        version = publisher.swap_document("current.json", b'{"version": 1}', stores.ABSENT)
+    pod.faults = [fault]
+    if call == "create":
+        version = publisher.swap_document("current.json", b'{"version": 1}', stores.ABSENT)
+        assert publisher.read_document("current.json") == (b'{"version": 1}', version)
+    elif call == "read":
+        assert publisher.read_document("current.json") == (b'{"version": 1}', version)
+    elif call == "replace":
+        replaced = publisher.swap_document("current.json", b'{"version": 2}', version)
+        assert publisher.read_document("current.json") == (b'{"version": 2}', replaced)
+    else:
+        publisher.withdraw_document("current.json", version)
+        assert publisher.read_document("current.json")[0] is None
+    assert pod.faults == []
+
+
+def test_an_api_that_keeps_hanging_ends_retryably_naming_how_long(pod, unsafe_s3, monkeypatch):
+    monkeypatch.setattr(coordination, "REQUEST_SECONDS", 1)
+    monkeypatch.setattr(coordination, "RETRY_SECONDS", 3.0)
+    publisher = storage.publisher_for(f"{unsafe_s3}/hung")
+    publisher.read_document("current.json")
+    pod.faults = [("hang", 2.0)] * 20
+    started = time.monotonic()
+    with pytest.raises(coordination.CoordinationError, match=r"could not create a Lease \(no answer.*for 3 s\)"):
+        publisher.swap_document("current.json", b"{}", stores.ABSENT)
+    assert time.monotonic() - started < 15
+    pod.faults = []
+
+
+def test_the_steps_lease_goes_through_the_fault_proxy_and_refuses_what_is_not_the_api(pod):
+    """The launching step's lease (components/train/step_lease.py), which its job's workers watch to delete the job
+    when the step is gone: a login page instead of the API is one line; throttling, a closed connection and a
+    request that hangs are gone through, and renewals that meet a hang keep the workers' watch from lapsing."""
+    import threading
+
+    from components.train import step_lease
+
+    api, namespace = coordination.in_cluster_api()
+    lease = step_lease.StepLease(api, namespace, "job-step", 6.0, "step-1")
+    pod.faults = [(200, b"<html><body>Sign in</body></html>", {})]
+    with pytest.raises(coordination.NotTheApiError, match="not a Lease"):
+        lease.hold()
+    pod.faults = [(429, _status(429, "TooManyRequests"), {"Retry-After": "1"}), "close", ("hang", 4.0)]
+    assert lease.hold()
+    stop, seen = threading.Event(), []
+    watch = step_lease.LeaseWatch(api, namespace, "job-step", 6.0, stop=stop)
+    watcher = threading.Thread(target=lambda: seen.append(watch.lapsed()), daemon=True)
+    watcher.start()
+    try:
+        pod.faults = [("hang", 4.0), "close-applied", ("hang", 4.0)]
+        watcher.join(timeout=14)
+        assert seen == [] and pod.faults == []  # renewed through every fault: no lapse seen
+    finally:
+        lease.release()
+    watcher.join(timeout=20)
+    assert seen and "job-step of the step that launched this job was deleted" in seen[0]

@@ -80,7 +80,7 @@ class NotTheApiError(ValueError):
     """What answered is not the Kubernetes API (a proxy's login page, another server): final, exit 2."""
 
 
-def _check_answer(answer: Any, what: str) -> None:
+def check_answer(answer: Any, what: str) -> None:
     """A read, create or replace answered with the API's Lease (a proxy's login page or another server's HTML is
     parsed by the client into an object with no fields): refused in one line, not taken for a document."""
     if what in ("read", "create", "replace") and (
@@ -167,6 +167,57 @@ def _claim(content: bytes) -> dict[str, Any]:
     return spec
 
 
+def call(what: str, function, namespace: str):
+    """One API call, retried through throttling (429: after its Retry-After, at most RETRY_AFTER_MOST) and the
+    API server's bad moments (5xx) for at most RETRY_SECONDS; its answer must be the API's object. A 403 and an
+    answer that is not the API's are refused in one line (exit 2); what stays unavailable is retryable (145)."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    deadline = time.monotonic() + RETRY_SECONDS
+    delay = 1.0
+    while True:
+        try:
+            answer = function()
+        except ApiException as error:
+            if error.status in (404, 409):
+                raise
+            if error.status == 403:
+                raise access.AccessError(
+                    f"the Kubernetes API refused to {what} Leases in namespace {namespace} (403), which the "
+                    f"project coordinates through on this store: they are granted by {access.ADMIN_SET}"
+                ) from None
+            retried = error.status == 429 or (error.status or 0) >= 500
+            if retried:
+                wait = _retry_after(error) if error.status == 429 else None
+                wait = min(wait if wait is not None else delay, RETRY_AFTER_MOST)
+                if time.monotonic() + wait < deadline:
+                    logger.info("the Kubernetes API answered %s to %s a Lease: again in %.0f s", error.status,
+                                what, wait)  # fmt: skip
+                    time.sleep(wait)
+                    delay = min(delay * 2, RETRY_AFTER_MOST)
+                    continue
+            during = f", for {RETRY_SECONDS:.0f} s" if retried else ""
+            raise CoordinationError(
+                f"the Kubernetes API could not {what} a Lease ({error.status} {error.reason}{during})"
+            ) from None
+        except (HTTPError, OSError) as error:  # refused, closed unanswered, or no answer within REQUEST_SECONDS
+            # A write may have been applied before its answer was lost: tried again, it meets itself (a 409),
+            # which `swap` and `remove` tell from another writer's by what is there.
+            if time.monotonic() + delay < deadline:
+                logger.info("the Kubernetes API gave no answer to %s a Lease (%s): again in %.0f s", what,
+                            type(error).__name__, delay)  # fmt: skip
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_AFTER_MOST)
+                continue
+            raise CoordinationError(
+                f"the Kubernetes API could not {what} a Lease (no answer: {type(error).__name__}, "
+                f"for {RETRY_SECONDS:.0f} s)"
+            ) from None
+        check_answer(answer, what)
+        return answer
+
+
 class KubernetesDocuments:
     """Documents (small texts) swapped as Leases: see the module's description."""
 
@@ -175,43 +226,7 @@ class KubernetesDocuments:
         self.namespace = namespace
 
     def _call(self, what: str, function):
-        """One API call, retried through throttling (429: after its Retry-After, at most RETRY_AFTER_MOST) and the
-        API server's bad moments (5xx) for at most RETRY_SECONDS; its answer must be the API's object. A 403 and an
-        answer that is not the API's are refused in one line (exit 2); what stays unavailable is retryable (145)."""
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        deadline = time.monotonic() + RETRY_SECONDS
-        delay = 1.0
-        while True:
-            try:
-                answer = function()
-            except ApiException as error:
-                if error.status in (404, 409):
-                    raise
-                if error.status == 403:
-                    raise access.AccessError(
-                        f"the Kubernetes API refused to {what} Leases in namespace {self.namespace} (403), which the "
-                        f"project coordinates through on this store: they are granted by {access.ADMIN_SET}"
-                    ) from None
-                retried = error.status == 429 or (error.status or 0) >= 500
-                if retried:
-                    wait = _retry_after(error) if error.status == 429 else None
-                    wait = min(wait if wait is not None else delay, RETRY_AFTER_MOST)
-                    if time.monotonic() + wait < deadline:
-                        logger.info("the Kubernetes API answered %s to %s a Lease: again in %.0f s", error.status,
-                                    what, wait)  # fmt: skip
-                        time.sleep(wait)
-                        delay = min(delay * 2, RETRY_AFTER_MOST)
-                        continue
-                during = f", for {RETRY_SECONDS:.0f} s" if retried else ""
-                raise CoordinationError(
-                    f"the Kubernetes API could not {what} a Lease ({error.status} {error.reason}{during})"
-                ) from None
-            except (HTTPError, OSError) as error:
-                raise CoordinationError(f"the Kubernetes API cannot be reached to {what} a Lease ({error})") from None
-            _check_answer(answer, what)
-            return answer
+        return call(what, function, self.namespace)
 
     def _read(self, uri: str) -> Any | None:
         from kubernetes.client.exceptions import ApiException

@@ -24,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from components.common import access, coordination
+
 logger = logging.getLogger(__name__)
 
 LEASE_VARIABLE = "CIFAR10_PIPELINE_STEP_LEASE"  # the lease's name, in the workers' environment
@@ -38,6 +40,12 @@ def lease_name(job_name: str) -> str:
 
 def check_every(seconds: float) -> float:
     return min(max(seconds / 6, MIN_CHECK_SECONDS), MAX_CHECK_SECONDS)
+
+
+def request_seconds(lease_seconds: float) -> float:
+    """How long one request about the lease may take: a third of the lease, so that a hung one is given up and
+    tried again before the lease could lapse (at most the coordination's own bound)."""
+    return max(1.0, min(coordination.REQUEST_SECONDS, lease_seconds / 3))
 
 
 def _micro_time(now: datetime.datetime | None = None) -> str:
@@ -84,12 +92,18 @@ class StepLease:
         self._thread: threading.Thread | None = None
         self.renewed = time.monotonic()
 
+    def _call(self, what: str, function):
+        """One call to the Leases API as the coordination makes it (components/common/coordination.py): each
+        request bounded by a third of the lease, throttling and 5xx retried, a closed or hung connection tried
+        again, an answer that is not a Lease refused in one line."""
+        return coordination.call(what, function, self.namespace)
+
     def hold(self) -> bool:
         """Take the lease and start renewing it; False (said once) when RBAC does not allow it."""
         try:
             self._write(take_over=True)
         except Exception as error:
-            if _status(error) == 403:
+            if isinstance(error, access.AccessError) or _status(error) == 403:
                 logger.warning(
                     "cannot hold the lease %s/%s (forbidden: the cluster admin applies manifests/admin/ once): the job "
                     "will not stop by itself if this step is cancelled or its pod ends", self.namespace, self.name,
@@ -118,7 +132,8 @@ class StepLease:
 
     def _read(self) -> dict | None:
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease = self._call("read", lambda: self.api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=request_seconds(self.seconds)))  # fmt: skip
         except Exception as error:
             if _status(error) == 404:
                 return None
@@ -138,10 +153,13 @@ class StepLease:
                     return  # another attempt of the step took it over: it renews now
                 logger.info("taking over the lease %s/%s from %s", self.namespace, self.name, current["holder"])
             try:
+                body, timeout = self._body(current), request_seconds(self.seconds)
                 if current is None:
-                    self.api.create_namespaced_lease(self.namespace, self._body(None))
+                    self._call("create", lambda body=body, timeout=timeout: self.api.create_namespaced_lease(
+                        self.namespace, body, _request_timeout=timeout))  # fmt: skip
                 else:
-                    self.api.replace_namespaced_lease(self.name, self.namespace, self._body(current))
+                    self._call("replace", lambda body=body, timeout=timeout: self.api.replace_namespaced_lease(
+                        self.name, self.namespace, body, _request_timeout=timeout))  # fmt: skip
             except Exception as error:
                 if _status(error) in (404, 409):
                     continue  # changed in between: read it again
@@ -161,7 +179,8 @@ class StepLease:
         if self._thread is not None:
             self._thread.join(timeout=30)
         try:
-            self.api.delete_namespaced_lease(self.name, self.namespace)
+            self._call("delete", lambda: self.api.delete_namespaced_lease(
+                self.name, self.namespace, _request_timeout=request_seconds(self.seconds)))  # fmt: skip
         except Exception as error:
             if _status(error) != 404:
                 logger.warning("could not delete the lease %s/%s: %s", self.namespace, self.name, error)
@@ -183,7 +202,10 @@ class LeaseWatch:
         seen, changed_at, warned = object(), self.clock(), False
         while True:
             try:
-                lease = self.api.read_namespaced_lease(self.name, self.namespace)
+                lease = self.api.read_namespaced_lease(
+                    self.name, self.namespace, _request_timeout=request_seconds(self.seconds)
+                )  # a hung read must not keep the watch from seeing a lapse
+                coordination.check_answer(lease, "read")
                 current = lease.metadata.resource_version
             except Exception as error:
                 status = _status(error)
@@ -217,8 +239,6 @@ class LeaseWatch:
 def cluster_client():
     """An ApiClient and the namespace: in a pod, its service account's (in-cluster); elsewhere the kubeconfig's
     current context, as the launching step finds the cluster."""
-    from components.common import coordination
-
     if coordination.available():
         return coordination.in_cluster_client()
     from kubernetes import config
