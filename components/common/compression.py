@@ -11,7 +11,7 @@ output is at most about 132 MB, and a caller's bound is checked between pieces.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 FIRST_INPUT_PIECE = 512
 MAX_INPUT_PIECE = 128 * 1024
@@ -29,17 +29,37 @@ def _zlib_module():
 def gzip_pieces(content: bytes | memoryview) -> Iterator[bytes]:
     """`content` (gzip, one member or many, optionally zero-padded at the end) decompressed piece by piece.
     OSError for data that is not gzip, EOFError for a stream that ends inside a member."""
+    data, offset = memoryview(content), 0
+
+    def read(size: int) -> bytes | memoryview:
+        nonlocal offset
+        piece = data[offset : offset + size]
+        offset += len(piece)
+        return piece
+
+    return gzip_stream_pieces(read)
+
+
+def gzip_stream_pieces(read: Callable[[int], bytes | memoryview]) -> Iterator[bytes]:
+    """The gzip stream that `read(size)` gives (at most `size` bytes a call, nothing at its end; a file's read),
+    decompressed piece by piece: a source of any size in the memory of a few pieces."""
     zlib_module = _zlib_module()
-    data = memoryview(content)
-    offset = 0
-    while offset < len(data):
-        if data[offset] == 0 and not data[offset:].tobytes().strip(b"\0"):  # zero padding after the last member
+    pending: bytes | memoryview = b""
+    while True:
+        if not pending and not (pending := read(MAX_INPUT_PIECE)):
+            return
+        if pending[0] == 0:  # zero padding after the last member, up to the end
+            while pending:
+                if bytes(pending).strip(b"\0"):
+                    raise OSError("not valid gzip data: bytes after the zero padding at its end")
+                pending = read(MAX_INPUT_PIECE)
             return
         decompressor = zlib_module.decompressobj(wbits=31)
-        position, piece_size = offset, FIRST_INPUT_PIECE
-        while not decompressor.eof and position < len(data):
-            piece_in = data[position : position + piece_size]
-            position += len(piece_in)
+        piece_size = FIRST_INPUT_PIECE
+        while not decompressor.eof:
+            if not pending and not (pending := read(piece_size)):
+                raise EOFError("compressed data ended before the end-of-stream marker was reached")
+            piece_in, pending = pending[:piece_size], pending[piece_size:]
             piece_size = min(piece_size * 2, MAX_INPUT_PIECE)
             try:
                 piece = decompressor.decompress(piece_in)
@@ -47,9 +67,8 @@ def gzip_pieces(content: bytes | memoryview) -> Iterator[bytes]:
                 raise OSError(f"not valid gzip data: {error}") from error
             if piece:
                 yield piece
-        if not decompressor.eof:
-            raise EOFError("compressed data ended before the end-of-stream marker was reached")
-        offset = position - len(decompressor.unused_data)
+        if decompressor.unused_data:
+            pending = bytes(decompressor.unused_data) + bytes(pending)
 
 
 def gunzip_bounded(content: bytes, max_bytes: int) -> bytes:

@@ -168,11 +168,8 @@ def crc32c_base64(data: bytes) -> str:
 
 
 def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha256_stream(handle)
 
 
 def file_kind(mode: int) -> str:
@@ -206,6 +203,22 @@ def _open_regular(path: str | Path) -> tuple[int, int]:
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         raise FileReadError(f"{path}: not a regular file ({file_kind(status.st_mode)})")
     return descriptor, status.st_size
+
+
+def open_regular(path: str | Path) -> IO[bytes]:
+    """The regular file at `path` opened to read as a stream (a source larger than memory); a FIFO, a device or a link
+    to one refused without blocking on it (FileReadError), a folder IsADirectoryError naming it."""
+    descriptor, _size = _open_regular(path)
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "rb")
+
+
+def sha256_stream(handle: IO[bytes]) -> str:
+    """The SHA-256 of what is left in `handle`, read CHUNK_BYTES at a time."""
+    digest = hashlib.sha256()
+    while chunk := handle.read(CHUNK_BYTES):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def read_regular_file(path: str | Path, max_bytes: int) -> bytes:

@@ -14,9 +14,9 @@ OFFICIAL_SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c00
 SOURCE_FORMATS = ("auto", "python", "binary", "folders")
 LEAKAGE_CHOICES = ("keep", "drop_from_train", "drop_from_eval")  # components/prepare_data/statistics.py
 # The memory a prepare step's pod needs for each MB of its bound on a source (max_source_megabytes, which bounds both
-# what the source unpacks to and its images decoded): the pipeline's default, 8 GiB for 1,024 MB. Measured
-# (docs/prepare_data.md): at the peak, 0.75 GB of the stage's own, 1.4 times the pixels, and an archive and its
-# unpacked files (each at most the bound): under 0.75 GB and 3.5 MB for each MB, which the ratio holds with room.
+# what the source unpacks to and its images decoded): the pipeline's default, 8 GiB for 1,024 MB. Set when the stage
+# held the source in memory; it streams now (docs/prepare_data.md: 0.29 GB for CIFAR-10's archive, 1.10 GB for
+# 737 MB of pixels), and the ratio stays for the per-image records, whose count only the source's bytes bound.
 MEMORY_PER_SOURCE_MEGABYTE = 8
 MINIMUM_STEP_MEMORY = 2 << 30  # the stage's own footprint (TensorFlow, its image codecs, the statistics) and room
 

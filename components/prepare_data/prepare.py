@@ -59,14 +59,13 @@ class ResolvedSource:
     uri: str
     sha256: str
     path: Path | None = None  # None for synthetic data
-    content: bytes | None = None  # an archive's bytes, already read for its digest
     folder: DirTree | None = None  # a folder source, already walked (and hashed) for its digest
     max_bytes: int = 0  # the most the source may unpack to
 
     def tree(self) -> FileTree:
         if self.folder is not None:
             return self.folder
-        return TarTree(self.path, self.max_bytes, self.content, origin=self.uri)
+        return TarTree(self.path, self.max_bytes, self.uri)
 
 
 def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
@@ -96,11 +95,11 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
         folder = DirTree(path, config.max_source_bytes)
         return ResolvedSource(source, folder.sha256(), path, folder=folder, max_bytes=config.max_source_bytes)
     check_source_size(path, config.max_source_bytes)
-    content = filesystem.read_regular_file(path, config.max_source_bytes)
-    digest = hashlib.sha256(content).hexdigest()
+    with filesystem.open_regular(path) as handle:  # streamed: a source larger than memory is hashed all the same
+        digest = filesystem.sha256_stream(handle)
     if expected is not None and digest != expected.lower():
         raise SourceError(f"{source}: SHA-256 is {digest}, expected {expected.lower()}; the file is damaged")
-    return ResolvedSource(source, digest, path, content, max_bytes=config.max_source_bytes)
+    return ResolvedSource(source, digest, path, max_bytes=config.max_source_bytes)
 
 
 def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDataset:

@@ -1,9 +1,10 @@
 """Reading untrusted sources safely: archives without extracting them, folders without leaving them, and
 pickles that may only rebuild numpy arrays.
 
-Archives are decompressed in memory and their members read directly; nothing is ever written to disk
-from an archive, and every member is first checked with the standard library's `data` extraction
-filter, so absolute paths, `..`, links leaving the archive and device files are refused.
+An archive file is decompressed as a stream into one unnamed scratch file (an uncompressed one is read in place), so
+its size costs disk, not memory; its members are read from there, never extracted, and every member is first checked
+with the standard library's `data` extraction filter, so absolute paths, `..`, links leaving the archive and device
+files are refused.
 
 Nothing is read without a bound: a source may unpack to at most `max_bytes` (and a compressed one to at most
 `MAX_EXPANSION` times its size, past a small floor: image data barely compresses, decompression bombs expand a
@@ -28,11 +29,13 @@ import pickle
 import pickletools
 import stat
 import tarfile
+import tempfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path, PureWindowsPath
 
-from components.common.compression import gzip_pieces
+from components.common import filesystem
+from components.common.compression import gzip_stream_pieces
 from components.common.filesystem import file_kind
 from components.prepare_data.config import MEMORY_PER_SOURCE_MEGABYTE
 
@@ -95,87 +98,50 @@ def _stream_pieces(stream: io.BufferedIOBase) -> Iterator[bytes]:
             yield piece
 
 
-def _decompressed_pieces(content: bytes) -> Iterator[bytes] | None:
-    """`content` decompressed (gzip, bzip2 or xz) piece by piece, or None when it is not compressed."""
-    if content[:2] == b"\x1f\x8b":
-        return gzip_pieces(content)
-    if content[:3] == b"BZh":
-        return _stream_pieces(bz2.BZ2File(io.BytesIO(content)))
-    if content[:6] == b"\xfd7zXZ\x00":
-        return _stream_pieces(lzma.LZMAFile(io.BytesIO(content)))
+def _file_pieces(handle, origin: str) -> Iterator[bytes] | None:
+    """The archive file `handle` (read from its start) decompressed piece by piece, or None when not compressed."""
+    magic = handle.read(6)
+    handle.seek(0)
+    if magic[:2] == b"\x1f\x8b":
+        return gzip_stream_pieces(handle.read)
+    if magic[:3] == b"BZh":
+        return _stream_pieces(bz2.BZ2File(handle))
+    if magic[:6] == b"\xfd7zXZ\x00":
+        return _stream_pieces(lzma.LZMAFile(handle))
     return None
 
 
-def _decompress(content: bytes, origin: str, max_bytes: int) -> bytes | bytearray:
-    """`content` decompressed, stopping as soon as it grows past a bound. The pieces go straight into one buffer of
-    the size a gzip trailer announces (when it is within the bounds; a larger output continues in a list), so the
-    unpacked archive's memory is written once, not twice (a list of pieces, then their join)."""
-    pieces = _decompressed_pieces(content)
+def unpacked_file(path: Path, origin: str, max_bytes: int):
+    """The archive at `path` as a readable file of its tar bytes: itself when not compressed, else decompressed into
+    an unnamed scratch file (gone when closed or the process ends) under the same bounds as in memory."""
+    handle = filesystem.open_regular(path)
+    compressed = os.fstat(handle.fileno()).st_size
+    pieces = _file_pieces(handle, origin)
     if pieces is None:
-        return content
-    bound = min(max_bytes, max(EXPANSION_FLOOR, MAX_EXPANSION * len(content)))
-    announced = int.from_bytes(content[-4:], "little") if content[:2] == b"\x1f\x8b" else 0  # size mod 2^32
-    buffer = bytearray(announced if announced <= bound else 0)
-    view = memoryview(buffer)
-    overflow, produced = [], 0
+        return handle
+    bound = min(max_bytes, max(EXPANSION_FLOOR, MAX_EXPANSION * compressed))
+    unpacked = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the tree that reads it)
+    produced = 0
     try:
-        for piece in pieces:
-            if produced + len(piece) > max_bytes:
-                raise _too_large_source(origin, max_bytes)
-            if produced + len(piece) > EXPANSION_FLOOR and produced + len(piece) > MAX_EXPANSION * len(content):
-                raise SourceError(
-                    f"{origin}: unpacks to more than {MAX_EXPANSION} times its {len(content):,} bytes; refusing "
-                    "a likely decompression bomb (image data barely compresses)"
-                )
-            fits = max(0, min(len(piece), len(buffer) - produced))
-            view[produced : produced + fits] = piece[:fits]
-            if fits < len(piece):
-                overflow.append(piece[fits:])
-            produced += len(piece)
+        with handle:
+            for piece in pieces:
+                produced += len(piece)
+                if produced > max_bytes:
+                    raise _too_large_source(origin, max_bytes)
+                if produced > bound:
+                    raise SourceError(
+                        f"{origin}: unpacks to more than {MAX_EXPANSION} times its {compressed:,} bytes; refusing a "
+                        "likely decompression bomb (image data barely compresses)"
+                    )
+                unpacked.write(piece)
     except SourceError:
+        unpacked.close()
         raise
     except (EOFError, OSError, zlib.error, lzma.LZMAError, ValueError) as error:
+        unpacked.close()
         raise SourceError(f"{origin}: archive is truncated or corrupt ({error})") from error
-    finally:
-        view.release()
-    if overflow:
-        return bytes(buffer) + b"".join(overflow)
-    if produced < len(buffer):
-        del buffer[produced:]
-    return buffer
-
-
-class _MemoryFile(io.RawIOBase):
-    """A read-only, seekable file over bytes or a bytearray, without copying them (io.BytesIO copies a bytearray)."""
-
-    def __init__(self, content: bytes | bytearray):
-        self._view = memoryview(content)
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        origin = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._view)}[whence]
-        self._position = max(0, origin + offset)
-        return self._position
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._position + size)
-        piece = bytes(self._view[self._position : end])
-        self._position = max(self._position, end)
-        return piece
-
-    def readinto(self, target) -> int:
-        piece = self.read(len(target))
-        target[: len(piece)] = piece
-        return len(piece)
+    unpacked.seek(0)
+    return unpacked
 
 
 def check_source_size(path: Path, max_bytes: int) -> None:
@@ -204,25 +170,25 @@ def check_member(member: tarfile.TarInfo, origin: str) -> None:
 
 
 class TarTree(FileTree):
-    """The regular files of a tar archive (optionally gzip/bzip2/xz compressed), decompressed in memory.
+    """The regular files of a tar archive (optionally gzip/bzip2/xz compressed), decompressed to a scratch file.
 
     Every member is checked before any is read; links are followed only inside the archive. The archive
-    unpacks to at most `max_bytes`, and no member is sparse, so no read can take more memory than that.
+    unpacks to at most `max_bytes`, and no member is sparse, so no read can take more than that.
     """
 
-    def __init__(self, path: str | Path, max_bytes: int, content: bytes | None = None, origin: str | None = None):
+    def __init__(self, path: str | Path, max_bytes: int, origin: str | None = None):
         self.origin = origin or str(path)  # what the messages name: the source as given (a URL, not its download)
-        if content is None:
-            check_source_size(Path(path), max_bytes)
-            content = Path(path).read_bytes()
-        unpacked = _decompress(content, self.origin, max_bytes)
-        if len(unpacked) > max_bytes:
+        check_source_size(Path(path), max_bytes)
+        unpacked = unpacked_file(Path(path), self.origin, max_bytes)
+        if os.fstat(unpacked.fileno()).st_size > max_bytes:
             raise _too_large_source(self.origin, max_bytes)
+        beginning = unpacked.read(512)
+        unpacked.seek(0)
         try:
-            self._archive = tarfile.open(fileobj=_MemoryFile(unpacked), mode="r:")  # noqa: SIM115 (in memory; lives as long as the tree)
+            self._archive = tarfile.open(fileobj=unpacked, mode="r:")  # noqa: SIM115 (lives as long as the tree)
             members = self._archive.getmembers()
         except (tarfile.TarError, EOFError) as error:
-            if bytes(unpacked[:512]).lstrip().startswith(b"<"):  # what a proxy or a web server answers instead
+            if beginning.lstrip().startswith(b"<"):  # what a proxy or a web server answers instead
                 raise SourceError(
                     f"{self.origin}: not a tar archive but an HTML or XML page (a login or error page where the "
                     "archive should be?)"

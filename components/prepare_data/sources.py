@@ -23,6 +23,7 @@ import numpy as np
 
 from components.common.dataset import MAX_IMAGE_SIDE, check_label_names
 from components.common.tensorflow_messages import what_tensorflow_said
+from components.prepare_data.pixel_file import PixelFile
 from components.prepare_data.safe_io import MEGABYTE, RAISE_THE_LIMIT, FileTree, SourceError, load_numpy_pickle
 
 logger = logging.getLogger(__name__)
@@ -125,9 +126,11 @@ class RawSplit:
         )
 
 
-def _gathered_from(part: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+def _gathered_from(part: np.ndarray | PixelFile, wanted: np.ndarray) -> np.ndarray:
     """part[wanted] as one contiguous uint8 [n, H, W, C] array. CIFAR-10's colour planes (CHW) seen as HWC are
     gathered a whole image at a time and interleaved a plane at a time: 2-4x faster than element by element."""
+    if isinstance(part, PixelFile):
+        return part.gather(wanted)
     planar = part.transpose(0, 3, 1, 2)
     if not planar.flags.c_contiguous or part.flags.c_contiguous:
         return np.ascontiguousarray(part[wanted])
@@ -246,9 +249,21 @@ def read_python_batch(tree: FileTree, name: str) -> RawSplit:
     labels = integer_labels(labels, origin)
     if labels.ndim != 1 or len(labels) != len(data):
         raise SourceError(f"{origin}: {len(labels)} labels for {len(data)} images; the counts must match")
-    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # R,G,B planes (CHW) -> HWC, a view
     batch = posixpath.basename(name)
-    return RawSplit.from_array(images, labels, [f"{batch}/{index:05d}" for index in range(len(labels))])
+    return RawSplit.from_array(on_disk(data), labels, [f"{batch}/{index:05d}" for index in range(len(labels))])
+
+
+ON_DISK_IMAGES = 1024
+
+
+def on_disk(planar: np.ndarray) -> PixelFile:
+    """A batch's images, rows of R, G and B planes (CIFAR-10's CHW), as HWC images in a scratch file: the batch
+    leaves memory as soon as it is read."""
+    pixels, images = PixelFile(CIFAR_SHAPE), planar.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    for start in range(0, len(images), ON_DISK_IMAGES):  # interleaved a piece at a time: no second copy of the batch
+        piece = images[start : start + ON_DISK_IMAGES]
+        pixels.append(_gathered_from(piece, np.arange(len(piece))))
+    return pixels
 
 
 def _python_label_names(tree: FileTree, name: str) -> list[str]:
@@ -307,9 +322,10 @@ def read_binary_batch(tree: FileTree, name: str) -> RawSplit:
         )
     records = np.frombuffer(content, dtype=np.uint8).reshape(-1, BINARY_RECORD_BYTES)
     labels = records[:, 0].astype(np.int64)
-    images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     batch = posixpath.basename(name).removesuffix(".bin")
-    return RawSplit.from_array(images, labels, [f"{batch}/{index:05d}" for index in range(len(labels))])
+    return RawSplit.from_array(
+        on_disk(records[:, 1:]), labels, [f"{batch}/{index:05d}" for index in range(len(labels))]
+    )
 
 
 def _binary_label_names(tree: FileTree, name: str) -> list[str]:
@@ -572,7 +588,7 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None, max_d
     decoded = 0  # bytes of the splits read so far
     for split, classes in groups.items():
         names = [(name, label) for label, class_name in enumerate(label_names) for name in classes.get(class_name, [])]
-        images = None
+        images: PixelFile | None = None
         source_sizes = np.zeros((len(names), 2), np.int64)
         source_colors = np.full(len(names), "RGB", dtype=object)
         for index, (name, _label) in enumerate(names):
@@ -582,8 +598,8 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None, max_d
             common_size = common_size or image.shape[:2]
             if images is None:
                 decoded += _decoded_bytes(len(names), common_size, origin, decoded, max_decoded_bytes)
-                images = np.empty((len(names), *common_size, 3), np.uint8)
-            images[index] = resized(image[None], common_size)[0] if image_size else image
+                images = PixelFile((*common_size, 3))
+            images.append(resized(image[None], common_size) if image_size else image[None])
             colors[color].append(origin)
         labels = np.array([label for _, label in names], dtype=np.int64)
         splits[split] = RawSplit.from_array(images, labels, [name for name, _ in names], source_sizes, source_colors)

@@ -1,0 +1,182 @@
+"""Benchmark: what prepare_data and its search for near-duplicates cost as the data grows, with the growth exponents.
+
+At each size (60,000 and 600,000 images of 32x32 by default, `--sizes`), a source of class folders of PNG files is
+made from ../shared/data's CIFAR-10 images: copy `c` of image `i` is the image rolled by (c, 2c) pixels, so the copies
+are new images to the search, and the source's own near-duplicates recur in every copy (as a larger collection of
+photographs would have them). It prints, per size:
+- prepare_data in a process of its own, as the CLI runs it: wall time, time per image and peak memory (VmHWM);
+- the search for near-duplicates on the images' descriptors: its time, and its recall against an exhaustive
+  comparison of a seeded sample of `--sample` images with every image;
+and the growth exponent of each cost between the sizes (log of the cost's ratio over log of the size's: 1 is linear).
+The baseline is prepare_data's cost at the smallest size, run in the same invocation.
+
+    .venv/bin/python bench/scale.py [--sizes 60000,600000] [--sample 2000]
+
+The sources are kept in bench/work/scale-<size>.tar (1.5 GB at 600,000 images); a run takes about 10 minutes on
+2 cores at the default sizes, most of it decoding the PNG files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY))
+
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from components.prepare_data import statistics  # noqa: E402
+
+SHARED = REPOSITORY.parent / "shared"
+WORK = REPOSITORY / "bench" / "work"
+CIFAR_IMAGES = 60_000
+
+PREPARE = """
+import re, sys, time
+from components.prepare_data.config import PrepareDataConfig
+from components.prepare_data.prepare import prepare_data
+started = time.perf_counter()
+prepare_data(PrepareDataConfig(source=sys.argv[1], output=sys.argv[2], cache_dir=sys.argv[3], force=True))
+took = time.perf_counter() - started
+print(took, int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024)
+"""
+
+
+def cifar_images() -> tuple[np.ndarray, list[str], list[str]]:
+    """The 60,000 images of ../shared/data's JPEG copy of CIFAR-10, their splits and classes, in a seeded order."""
+    archive = SHARED / "data" / "cifar10-jpeg.tar.gz"
+    if not archive.exists():
+        sys.exit(f"{archive} not found: this benchmark needs the shared CIFAR-10 images")
+    images, splits, classes = [], [], []
+    with tarfile.open(archive) as source:  # reader: the shared benchmark data, a known archive of 20 MB
+        for member in source:
+            parts = member.name.split("/")
+            if not member.isfile() or len(parts) < 3 or not parts[-1].endswith(".jpg"):
+                continue
+            content = source.extractfile(member).read()
+            images.append(np.asarray(Image.open(io.BytesIO(content)).convert("RGB")))  # reader: the same archive
+            splits.append(parts[-3])
+            classes.append(parts[-2])
+    order = np.random.default_rng(0).permutation(len(images))  # every prefix holds both splits and every class
+    return np.stack(images)[order], [splits[i] for i in order], [classes[i] for i in order]
+
+
+def scaled_source(size: int, cifar: tuple[np.ndarray, list[str], list[str]]) -> Path:
+    """bench/work/scale-<size>.tar: `size` PNG files in <split>/<class>/ folders (uncompressed: PNG is)."""
+    path = WORK / f"scale-{size}.tar"
+    if path.exists():
+        return path
+    images, splits, classes = cifar
+    WORK.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".partial")
+    started = time.perf_counter()
+    with tarfile.open(temporary, "w") as archive:
+        for index in range(size):
+            copy, original = divmod(index, len(images))
+            image = np.roll(images[original], (copy, 2 * copy), axis=(0, 1)) if copy else images[original]
+            encoded = io.BytesIO()
+            Image.fromarray(image).save(encoded, format="PNG", compress_level=1)
+            info = tarfile.TarInfo(f"{splits[original]}/{classes[original]}/{copy:03d}-{original:05d}.png")
+            info.size = encoded.tell()
+            encoded.seek(0)
+            archive.addfile(info, encoded)
+    temporary.rename(path)
+    print(f"made {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - started:.0f} s", flush=True)
+    return path
+
+
+def prepare_cost(source: Path, size: int) -> tuple[float, int]:
+    """Seconds and peak bytes of prepare_data on `source`, in a fresh process (its own VmHWM, not this one's)."""
+    output = subprocess.run(
+        [sys.executable, "-c", PREPARE, str(source), str(WORK / f"scale-{size}-dataset"), str(WORK / "scale-cache")],
+        cwd=REPOSITORY, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    took, peak = output.stdout.split()[-2:]
+    return float(took), int(peak)
+
+
+def features_of(size: int, images: np.ndarray) -> np.ndarray:
+    """The search's descriptors of the `size` images of the scaled source, computed a chunk at a time."""
+    features = np.empty((size, statistics._WEIGHTS.size), np.float32)
+    for start in range(0, size, 8192):
+        indices = np.arange(start, min(start + 8192, size))
+        copies, originals = np.divmod(indices, len(images))
+        chunk = np.stack([
+            np.roll(images[original], (copy, 2 * copy), axis=(0, 1)) if copy else images[original]
+            for copy, original in zip(copies, originals, strict=True)
+        ])  # fmt: skip
+        features[start : start + len(chunk)] = statistics.descriptors(chunk.astype(np.float32))
+    return features
+
+
+def search_cost(features: np.ndarray, sample: int) -> tuple[float, float, int]:
+    """Seconds of the search, its recall on a sample's exhaustive comparison, and the pairs that recall counts."""
+    started = time.perf_counter()
+    left, right, _similarity = statistics.near_duplicate_pairs(features)
+    took = time.perf_counter() - started
+    chosen = np.random.default_rng(0).choice(len(features), min(sample, len(features)), replace=False)
+    truth = set()
+    for start in range(0, len(chosen), 256):
+        rows = chosen[start : start + 256]
+        hits_row, hits_column = np.nonzero(features[rows] @ features.T >= statistics.NEAR_DUPLICATE_THRESHOLD)
+        for row, column in zip(rows[hits_row], hits_column, strict=True):
+            if row != column:
+                truth.add((min(row, column), max(row, column)))
+    found = set(zip(left.tolist(), right.tolist(), strict=True))
+    recall = len(truth & found) / len(truth) if truth else 1.0
+    return took, recall, len(truth)
+
+
+def exponent(small: float, large: float, small_size: int, large_size: int) -> float:
+    return math.log(large / small) / math.log(large_size / small_size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="60000,600000", help="image counts, comma-separated, smallest first")
+    parser.add_argument("--sample", type=int, default=2000, help="images whose every pair the recall is checked on")
+    arguments = parser.parse_args()
+    sizes = sorted(int(size) for size in arguments.sizes.split(","))
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
+    cifar = cifar_images()
+    rows = {}
+    for size in sizes:
+        source = scaled_source(size, cifar)
+        prepare_seconds, peak = prepare_cost(source, size)
+        search_seconds, recall, pairs = search_cost(features_of(size, cifar[0]), arguments.sample)
+        rows[size] = (prepare_seconds, peak, search_seconds, recall, pairs)
+        print(f"{size:>9,} images: prepare {prepare_seconds:7.1f} s ({prepare_seconds / size * 1e6:5.0f} us an image), "
+              f"peak {peak / 2**20:6.0f} MB; search {search_seconds:6.2f} s, recall {recall:.3f} on {pairs:,} pairs "
+              f"of a {arguments.sample:,}-image sample", flush=True)  # fmt: skip
+    small, large = sizes[0], sizes[-1]
+    if small == large:
+        return
+    (prepare_small, peak_small, search_small, _, _), (prepare_large, peak_large, search_large, _, _) = (
+        rows[small], rows[large],
+    )  # fmt: skip
+    print(f"growth from {small:,} to {large:,} images (exponent: 1 is linear, 0 constant):")
+    print(f"  prepare time   {exponent(prepare_small, prepare_large, small, large):.2f}  "
+          f"(time an image {prepare_large / large / (prepare_small / small):.2f}x)")  # fmt: skip
+    print(f"  prepare peak   {exponent(peak_small, peak_large, small, large):.2f}  ({peak_large / peak_small:.2f}x)")
+    print(f"  search time    {exponent(search_small, search_large, small, large):.2f}")
+
+
+def cpu_name() -> str:
+    with open("/proc/cpuinfo") as cpuinfo:  # reader: the kernel's CPU description, a few kilobytes
+        found = re.search(r"model name\s*:\s*(.*)", cpuinfo.read())
+    return found.group(1) if found else "unknown CPU"
+
+
+if __name__ == "__main__":
+    main()

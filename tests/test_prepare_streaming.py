@@ -1,0 +1,99 @@
+"""prepare_data streams: the source is unpacked to disk and its pixels kept in a scratch file, so the step's memory
+does not grow with the dataset, and what it publishes is byte for byte what reading everything into memory gives."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.prepare_data import sources
+from components.prepare_data.config import PrepareDataConfig
+from components.prepare_data.pixel_file import PixelFile
+from components.prepare_data.prepare import prepare_data
+from tests.builders import BATCH_NAMES, add_member, official_data, python_batch_bytes, python_meta_bytes
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+# The step's own peak: VmHWM, which starts again at exec (getrusage's ru_maxrss keeps the parent's, here pytest's).
+PEAK = """
+import re, sys
+from components.prepare_data.config import PrepareDataConfig
+from components.prepare_data.prepare import prepare_data
+prepare_data(PrepareDataConfig(source=sys.argv[1], output=sys.argv[2], cache_dir=sys.argv[3], examples_per_shard=1000))
+print(int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024)
+"""
+
+
+def python_archive(path: Path, per_batch: int, seed: int = 0) -> Path:
+    """The official python layout, gzip at its fastest (random pixels do not compress anyway)."""
+    official = official_data(per_batch, seed)
+    with tarfile.open(path, "w:gz", compresslevel=1) as archive:
+        for name in BATCH_NAMES:
+            add_member(
+                archive, f"cifar-10-batches-py/{name}", python_batch_bytes(official.data[name], official.labels[name])
+            )
+        add_member(archive, "cifar-10-batches-py/batches.meta", python_meta_bytes())
+    return path
+
+
+def peak_bytes(archive: Path, tmp_path: Path) -> int:
+    output = subprocess.run(
+        [sys.executable, "-c", PEAK, str(archive), str(tmp_path / f"out-{archive.stem}"), str(tmp_path / "cache")],
+        cwd=REPOSITORY, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(output.stdout.split()[-1])
+
+
+def test_peak_memory_does_not_grow_with_the_source(tmp_path):
+    small, large = 1_000, 5_000  # images per batch: 6,000 and 30,000 images, 18 MB and 92 MB of pixels
+    archives = {count: python_archive(tmp_path / f"{count}.tar.gz", count) for count in (small, large)}
+    peaks = {count: peak_bytes(archive, tmp_path) for count, archive in archives.items()}
+    more_pixels, larger_batch = 6 * (large - small) * 3072, (large - small) * 3072
+    # The python layout is six batches whatever its size, each read and unpickled whole (at most 64 MB: its own bound):
+    # memory holds one batch twice and a shard. Held in memory instead, the archive, its unpacked bytes and the images
+    # would each add all the pixels again (3x); streamed, only the per-image records grow (ids, labels, digests,
+    # descriptors: a few hundred bytes an image).
+    allowed = 2 * larger_batch + 0.15 * more_pixels
+    assert peaks[large] - peaks[small] < allowed, {count: peak >> 20 for count, peak in peaks.items()}
+
+
+def published(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+@pytest.mark.parametrize("leakage", ["keep", "drop_from_train"])
+def test_streamed_and_in_memory_publish_the_same_bytes(tmp_path, monkeypatch, leakage):
+    archive = python_archive(tmp_path / "source.tar.gz", 300, seed=3)
+    config = {
+        "source": str(archive),
+        "cache_dir": str(tmp_path / "cache"),
+        "leakage": leakage,
+        "examples_per_shard": 256,
+    }
+    prepare_data(PrepareDataConfig(output=str(tmp_path / "streamed"), **config))
+    with monkeypatch.context() as patch:  # the batches' pixels held in memory, as arrays, as before they streamed
+        patch.setattr(sources, "on_disk", lambda planar: planar.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        prepare_data(PrepareDataConfig(output=str(tmp_path / "in-memory"), **config))
+    streamed, in_memory = published(tmp_path / "streamed"), published(tmp_path / "in-memory")
+    assert sorted(streamed) == sorted(in_memory)
+    assert [name for name in streamed if streamed[name] != in_memory[name]] == []
+
+
+def test_a_pixel_file_gives_back_any_images_in_any_order():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(50, 4, 5, 3), dtype=np.uint8)
+    pixels = PixelFile((4, 5, 3))
+    pixels.append(images[:20])
+    pixels.append(images[20:])
+    assert pixels.shape == (50, 4, 5, 3)
+    for wanted in (np.arange(50), rng.permutation(50), np.array([7, 8, 9, 3, 4, 49, 0]), np.array([5, 5, 6]), []):
+        assert np.array_equal(pixels.gather(np.asarray(wanted, np.int64)), images[np.asarray(wanted, np.int64)])
+    with pytest.raises(IndexError, match=r"positions 3\.\.50 of 50 images"):
+        pixels.gather(np.array([3, 50]))
+    with pytest.raises(ValueError, match=r"appended to uint8 \(4, 5, 3\)"):
+        pixels.append(np.zeros((1, 5, 4, 3), np.uint8))
