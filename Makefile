@@ -18,7 +18,7 @@ endif
 PROGRAMS := local-run sweep clean-runs compile run schedule schedules tensorboard images push prepare-data predict \
 	serving-ops leases
 
-.PHONY: help install constraints test test-images lint format clean bench bench-sweep bench-accuracy \
+.PHONY: help install constraints test test-images lint format clean bench bench-sweep bench-scale bench-accuracy \
 	bench-reference-setup
 .PHONY: $(PROGRAMS)
 
@@ -54,6 +54,9 @@ $(PROGRAMS):
 
 bench-sweep:
 	$(BIN)/python $(ROOT)bench/sweep.py
+
+bench-scale:
+	$(BIN)/python $(ROOT)bench/scale.py
 
 bench:
 	$(BIN)/python $(ROOT)bench/prepare_data.py

@@ -25,7 +25,6 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from components.common import storage
 from pipeline import run_record, terminal
 from pipeline.parameters import (
     DEFAULT_OUTPUT_ROOT,
@@ -447,6 +446,7 @@ def describe_predictions(run_folder: Path, log_path: Path) -> list[str]:
 
 def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list[str]:
     """Where the run's main outputs are, for a person reading the terminal."""
+    from components.common import storage
     from components.common.model_directory import EVAL_METRICS, EVAL_METRICS_SCHEMA, read_document
     from components.evaluate.pointer import POINTER, parse_pointer
 
@@ -495,7 +495,7 @@ def describe_run(run_folder: Path, promotion_root: Path, log_path: Path) -> list
 def _data_lines(run_folder: Path, model_dir: Path | None) -> list[str]:
     """What the data check found (by severity, whether it blocked the promotion, where its findings are) and what
     the leakage option removed."""
-    from components.common import documents
+    from components.common import documents, storage
     from components.common.data_statistics import Finding, read_statistics, summary_line
     from components.evaluate.report import leakage_removed_line
 

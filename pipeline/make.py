@@ -24,8 +24,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 
-from components.common import storage
-
 # Settings the programs read from the environment: given on make's command line, make hands them on.
 ENVIRONMENT_SETTINGS = ("KFP_*", "KF_*", "AWS_*", "GOOGLE_*", "CIFAR10_PIPELINE_*", "CONTAINERS_*", "BUILDAH_*",
                         "DOCKER_*", "STORAGE_EMULATOR_HOST", "HOME", "TMPDIR", "XDG_*")  # fmt: skip
@@ -254,7 +252,7 @@ def _searched(space: str) -> frozenset[str]:
     """The settings the search space names, so that the demo's own values leave them to the search: those of a
     valid space; of one the sweep will refuse (a bad range), the names it gives, so that its refusal is about the
     range, not about a demo value the user never gave; none when it cannot be read at all (the sweep says why)."""
-    from components.common import documents
+    from components.common import documents, storage
     from components.sweep.space import read_space
 
     try:
@@ -401,6 +399,7 @@ TARGETS = {
                serving_ops),
         Target("bench", "every benchmark (needs ../shared/data; bench/predict.py a promoted model)"),
         Target("bench-sweep", "a sweep of 8 half-epoch trials around the fast recipe on real CIFAR-10"),
+        Target("bench-scale", "prepare_data and the near-duplicate search at 60,000 and 600,000 images (about 20 min)"),
         Target("bench-accuracy", "cifar10_speedrun (fast) against airbench94_muon on real CIFAR-10 (an hour or more)"),
         Target(
             "bench-reference-setup",

@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.common import filesystem, storage
-
 RECORD = "run.json"
 MAX_RECORD_BYTES = 1024 * 1024
 STATES = ("running", "finished", "interrupted", "failed")
@@ -85,6 +83,8 @@ def write(run_folder: Path, record: RunRecord) -> None:
                 relative.append(name)
     document["relative"] = sorted(relative)
     content = json.dumps(document, indent=2, sort_keys=True).encode()
+    from components.common import filesystem
+
     filesystem.atomic_write_bytes(run_folder / RECORD, content)
 
 
@@ -108,6 +108,7 @@ def ended(run_folder: Path, record: RunRecord, state: str) -> None:
 
 def read(run_folder: Path) -> RunRecord | None:
     """The run's record; None for a run from before records. A damaged record is a ValueError naming the file."""
+    from components.common import storage
 
     path = run_folder / RECORD
     try:

@@ -146,6 +146,30 @@ def test_the_cell_search_finds_what_comparing_every_pair_finds():
     assert len(found) >= 0.97 * len(exhaustive)
 
 
+def test_past_its_cells_the_search_adds_cells_and_still_finds_the_pairs(monkeypatch):
+    """Scaled down: 16 cells, then one for every 100 images: 12,300 images search in 123 cells of about 100, each
+    image compared with 4 of them, and find what comparing every pair finds."""
+    monkeypatch.setattr(statistics, "SEARCH_CELLS", 16)
+    monkeypatch.setattr(statistics, "CELL_IMAGES", 100)
+    monkeypatch.setattr(statistics, "SCORE_ELEMENTS", 50_000)  # the scores in blocks too
+    made = []
+    centres_of = statistics._cell_centres
+    monkeypatch.setattr(
+        statistics, "_cell_centres", lambda *arguments: made.append(arguments[2]) or centres_of(*arguments)
+    )
+    rng = np.random.default_rng(1)
+    features = rng.standard_normal((12_000, 63)).astype(np.float32)
+    planted = rng.choice(len(features), 300, replace=False)
+    features = np.concatenate([features, features[planted] + 0.15 * rng.standard_normal((300, 63)).astype(np.float32)])
+    features /= np.linalg.norm(features, axis=1, keepdims=True)
+    exhaustive = set(zip(*(part.tolist() for part in statistics._pairs_exhaustive(features, 0.9)[:2]), strict=True))
+    left, right, _similarity = statistics.near_duplicate_pairs(features)
+    found = set(zip(left.tolist(), right.tolist(), strict=True))
+    assert made == [123]
+    assert len(exhaustive) >= 300 and found <= exhaustive
+    assert len(found) >= 0.97 * len(exhaustive)
+
+
 def test_planted_duplicates_and_leaks_are_counted_and_named(tmp_path):
     def plant(split, label, images):
         if split == "train" and label == 0:  # 5 test images of class 0, re-encoded at JPEG 70, also in training

@@ -401,3 +401,15 @@ def test_a_space_the_sweep_will_refuse_keeps_the_demo_off_the_settings_it_names(
     bad = '{"depth": {"low": 8, "high": 21, "step": 6}}'
     arguments = make.commands_of("sweep", make.Values({"SPACE": bad}, environment={}))[0].arguments
     assert "--depth" not in arguments and arguments[arguments.index("--space") + 1] == bad
+
+
+def test_make_help_runs_before_make_install_on_a_python_without_the_projects_packages(tmp_path):
+    """`make help` runs on the system's python3 ($(PYTHON)), before `make install` made the environment: make.py may
+    import the project's modules only inside the targets that need them. The stand-in is this Python isolated from
+    its site-packages and the repository (-I -S), so that neither the project nor its dependencies can be imported."""
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", str(REPOSITORY / "pipeline" / "make.py"), "help"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "bench-scale" in result.stdout and "local-run" in result.stdout

@@ -472,12 +472,12 @@ COLOR_CONVERSIONS = {
 }
 
 
-def _log_conversions(colors: dict[str, list[str]]) -> None:
+def _log_conversions(colors: dict[str, tuple[int, str]]) -> None:
     """Say which images were not RGB, how many, and what their conversion did."""
-    for color, origins in sorted(colors.items()):
+    for color, (count, first) in sorted(colors.items()):
         if color != "RGB":
             how = COLOR_CONVERSIONS.get(color, "converted by the decoder")
-            logger.warning("%d %s image(s) converted to RGB (%s), e.g. %s", len(origins), color, how, origins[0])
+            logger.warning("%d %s image(s) converted to RGB (%s), e.g. %s", count, color, how, first)
 
 
 # What an operating system or a tool leaves among a user's images (besides hidden files and folders, whose names
@@ -582,7 +582,7 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None, max_d
         logger.warning("%s: class(es) %s have no test images: their accuracy will not be measured", tree.origin,
                        untested)  # fmt: skip
     splits: dict[str, RawSplit] = {}
-    colors: dict[str, list[str]] = defaultdict(list)
+    colors: dict[str, tuple[int, str]] = {}  # per colour kind: how many images, and the first
     common_size = image_size  # without resizing: the first image's size, which every other must have
     limit = MAX_RESIZED_IMAGE_BYTES if image_size else MAX_IMAGE_BYTES
     decoded = 0  # bytes of the splits read so far
@@ -600,7 +600,8 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None, max_d
                 decoded += _decoded_bytes(len(names), common_size, origin, decoded, max_decoded_bytes)
                 images = PixelFile((*common_size, 3))
             images.append(resized(image[None], common_size) if image_size else image[None])
-            colors[color].append(origin)
+            count, first = colors.get(color, (0, origin))
+            colors[color] = (count + 1, first)
         labels = np.array([label for _, label in names], dtype=np.int64)
         splits[split] = RawSplit.from_array(images, labels, [name for name, _ in names], source_sizes, source_colors)
     _log_conversions(colors)
