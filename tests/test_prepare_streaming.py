@@ -97,3 +97,39 @@ def test_a_pixel_file_gives_back_any_images_in_any_order():
         pixels.gather(np.array([3, 50]))
     with pytest.raises(ValueError, match=r"appended to uint8 \(4, 5, 3\)"):
         pixels.append(np.zeros((1, 5, 4, 3), np.uint8))
+
+
+def test_links_inside_an_archive_lead_to_their_files_and_loops_and_dangling_ones_are_one_line(tmp_path):
+    from components.prepare_data.safe_io import SourceError, TarTree
+
+    def link(archive, name, target, kind):
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, target
+        archive.addfile(info)
+
+    path = tmp_path / "links.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        add_member(archive, "data/a.bin", b"the bytes of a")
+        folder = tarfile.TarInfo("data/folder")
+        folder.type = tarfile.DIRTYPE
+        archive.addfile(folder)
+        link(archive, "data/folder/symbolic", "../a.bin", tarfile.SYMTYPE)
+        link(archive, "data/hard", "data/a.bin", tarfile.LNKTYPE)
+        link(archive, "data/chain", "folder/symbolic", tarfile.SYMTYPE)
+        link(archive, "data/loop-1", "loop-2", tarfile.SYMTYPE)
+        link(archive, "data/loop-2", "loop-1", tarfile.SYMTYPE)
+        link(archive, "data/dangling", "missing.bin", tarfile.SYMTYPE)
+        link(archive, "data/to-a-folder", "folder", tarfile.SYMTYPE)
+    tree = TarTree(path, 1 << 20)
+    for name in ("data/a.bin", "data/folder/symbolic", "data/hard", "data/chain"):
+        assert tree.read(name, 100) == b"the bytes of a"
+    with pytest.raises(SourceError, match=r"data/chain: 14 bytes is more than a file can be \(4 bytes\); not read"):
+        tree.read("data/chain", 4)
+    with pytest.raises(SourceError, match=r"'data/loop-1': links lead through more than 32 others"):
+        tree.read("data/loop-1", 100)
+    with pytest.raises(SourceError, match=r"'data/dangling' is a link to 'data/missing.bin', which the archive does"):
+        tree.read("data/dangling", 100)
+    with pytest.raises(SourceError, match=r"'data/to-a-folder' is not a regular file"):
+        tree.read("data/to-a-folder", 100)
+    assert tree.names() == sorted(["data/a.bin", "data/folder/symbolic", "data/hard", "data/chain", "data/loop-1",
+                                   "data/loop-2", "data/dangling", "data/to-a-folder"])  # fmt: skip
