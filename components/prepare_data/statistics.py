@@ -243,8 +243,6 @@ class SplitStatistics:
             )
         self.class_look_counts += np.bincount(labels, minlength=self.num_classes)
 
-    def all_features(self) -> np.ndarray:
-        return np.concatenate(self.features) if self.features else np.zeros((0, _WEIGHTS.size), np.float32)
 
     def summary(self) -> dict:
         pixels = max(1, self.count * self.pixels_per_image)
@@ -479,7 +477,7 @@ def comparisons(statistics: dict[str, SplitStatistics]) -> list[Comparison]:
     names = list(statistics)
     counts = [statistics[name].count for name in names]
     offsets = np.cumsum([0, *counts])
-    features = np.concatenate([statistics[name].all_features() for name in names])
+    features = _joined_features(statistics, names)
     left, right, similarity = near_duplicate_pairs(features)
     digests = np.concatenate(
         [batch for name in names for batch in statistics[name].digests] or [np.zeros((0, 2), np.uint64)]
@@ -517,6 +515,20 @@ def comparisons(statistics: dict[str, SplitStatistics]) -> list[Comparison]:
                 )
             )
     return found
+
+
+def _joined_features(statistics: dict[str, SplitStatistics], names: list[str]) -> np.ndarray:
+    """The descriptors of every split, in `names`' order, in one array; each split's batches are let go as they are
+    copied (this is their one use), so that the descriptors are held once, not two or three times, at the peak."""
+    features = np.empty((sum(statistics[name].count for name in names), _WEIGHTS.size), np.float32)
+    position = 0
+    for name in names:
+        batches, statistics[name].features = statistics[name].features, []
+        while batches:
+            batch = batches.pop(0)
+            features[position : position + len(batch)] = batch
+            position += len(batch)
+    return features
 
 
 def _between(split_of: np.ndarray, left: np.ndarray, right: np.ndarray, first: int, second: int) -> np.ndarray:
