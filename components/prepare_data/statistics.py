@@ -243,7 +243,6 @@ class SplitStatistics:
             )
         self.class_look_counts += np.bincount(labels, minlength=self.num_classes)
 
-
     def summary(self) -> dict:
         pixels = max(1, self.count * self.pixels_per_image)
         mean = self.channel_sum / pixels
