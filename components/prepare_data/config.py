@@ -115,6 +115,31 @@ class PrepareDataConfig:
         },
     )
 
+    prepare_workers: int = field(
+        default=1,
+        metadata={
+            "range": "[1, 64]",
+            "help": "split the shards among this many workers: with --part all, local processes, merged here; in a "
+            "pipeline, the pods of a ParallelFor (each its own --part), merged by a step of --part merge. The dataset "
+            "is the same whatever the count",
+        },
+    )
+    part: str = field(
+        default="all",
+        metadata={
+            "help": "all: the whole dataset; an index 0..prepare_workers-1: only that worker's shards and partial "
+            "statistics, into --output, no manifest; merge: the manifest and statistics from every worker's part "
+            "already in --output"
+        },
+    )
+    parts_from: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "with --part merge: where the workers published their parts, when not in --output (a pipeline's "
+            "worker artifacts); their shards are copied into --output"
+        },
+    )
+
     def __post_init__(self) -> None:
         check_fields(self)
         if not self.output:
@@ -127,6 +152,13 @@ class PrepareDataConfig:
             raise ValueError(f"compression: {self.compression!r} is not NONE or GZIP")
         if self.source_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", self.source_sha256):
             raise ValueError(f"source_sha256: {self.source_sha256!r} is not a 64-digit hex SHA-256")
+        if self.part not in ("all", "merge") and not (self.part.isdigit() and int(self.part) < self.prepare_workers):
+            raise ValueError(f"part: {self.part!r} is not all, merge or a worker's index 0..{self.prepare_workers - 1}")
+        if self.parts_from and self.part != "merge":
+            raise ValueError(f"parts_from: given with --part {self.part}; it names the workers' parts for --part merge")
+        for location in self.parts_from:
+            if not location:
+                raise ValueError("parts_from: an empty location")
         of_a_file = changed_fields(self, ("source_format", "source_sha256"))
         if self.source == "synthetic" and of_a_file:
             setting, them = setting_words(of_a_file)
@@ -134,6 +166,11 @@ class PrepareDataConfig:
                 f"{', '.join(of_a_file)}: {setting} of a source that is read (an archive, a folder, a download), and "
                 f"source synthetic is generated: leave {them} out"
             )
+
+    @property
+    def worker_index(self) -> int | None:
+        """The worker this process is (`part` an index), or None."""
+        return int(self.part) if self.part.isdigit() else None
 
     @property
     def max_source_bytes(self) -> int:

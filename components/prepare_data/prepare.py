@@ -13,6 +13,7 @@ Order of work, so that bad input publishes nothing and a reader never sees parti
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -35,11 +36,11 @@ from components.common.dataset import (
     manifest_digest,
 )
 from components.common.progress import Progress
-from components.prepare_data import fetch, splits, synthetic
+from components.prepare_data import fetch, sources, splits, synthetic, workers
 from components.prepare_data import statistics as data_statistics
 from components.prepare_data.config import OFFICIAL_SHA256, OFFICIAL_URL, PrepareDataConfig
 from components.prepare_data.safe_io import DirTree, FileTree, SourceError, TarTree, check_source_size
-from components.prepare_data.sources import RawDataset, check_classes_present, read_tree, resized_dataset
+from components.prepare_data.sources import RawDataset, RawSplit, check_classes_present, read_tree, resized_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -191,22 +192,27 @@ def _published_manifest(publisher: stores.Publisher) -> tuple[Manifest | None, b
         return None, content, version
 
 
-def prepare_data(config: PrepareDataConfig) -> PrepareResult:
-    filesystem.apply_single_writer_option(config.assume_single_writer)
-    publisher = storage.publisher_for(config.output)
-    if not filesystem.is_remote(config.output):
-        file_errors.check_writable(config.output, "output")  # before the source is fetched or read
-        filesystem.remove_stale_temporaries(config.output)  # what a killed run left half-written
-    resolved = resolve_source(config)
-    parameters = config.output_parameters()
-    existing, existing_bytes, existing_version = _published_manifest(publisher)
-    if not config.force and _matches(existing, resolved.sha256, parameters):
-        damaged = _damaged_shards(publisher, existing)
-        if not damaged:
-            logger.info("%s already holds this dataset (source %s); nothing to do", config.output, resolved.sha256[:12])
-            return PrepareResult(config.output, existing, manifest_digest(existing_bytes), reused=True)
-        logger.warning("published shards %s are missing or damaged; preparing the dataset again", damaged)
+@dataclass(frozen=True)
+class Plan:
+    """What every process of one prepare agrees on before a pixel is written: the source's examples assigned to
+    splits (leaks removed, when asked), and the shards they make, each named by the dataset's key."""
 
+    raw: RawDataset
+    splits: dict[str, RawSplit]
+    removed: dict | None  # what leakage removal took out (None: leaks kept)
+    key: str
+    shards: list[Shard]
+
+
+@dataclass(frozen=True)
+class Shard:
+    split: str
+    index: int
+    examples: slice  # of the split
+    name: str
+
+
+def plan_dataset(resolved: ResolvedSource, config: PrepareDataConfig) -> Plan:
     raw = read_source(resolved, config)
     named_splits = splits.assign_splits(raw, config.validation_fraction, config.seed, config.shuffle)
     for split_name in ("train", "eval"):
@@ -220,83 +226,242 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult:
     if config.leakage != "keep":  # the leaks must be known before the shards are written: a pass of its own
         named_splits, removed = data_statistics.remove_leaks(named_splits, raw.label_names, config)
         check_classes_present(raw.label_names, named_splits["train"].labels, f"{resolved.uri} (train, leaks removed)")
-    total = sum(len(split) for split in named_splits.values())
-    progress = Progress("encode and publish", total, unit="images", logger=logger)
+    key = dataset_key(resolved.sha256, config.output_parameters())
+    shards = []
+    for split_name, split in named_splits.items():
+        parts = shard_slices(len(split), config.examples_per_shard)
+        for index, part in enumerate(parts):
+            shards.append(
+                Shard(split_name, index, part, shard_name(split_name, key, index, len(parts), config.compression))
+            )
+    return Plan(raw, named_splits, removed, key, shards)
 
-    key = dataset_key(resolved.sha256, parameters)
+
+def prepare_data(config: PrepareDataConfig) -> PrepareResult | None:
+    """The stage: the whole dataset (in this process, or in `config.prepare_workers` local worker processes merged
+    here), one worker's part (`config.part` an index), or the merge of the workers' parts."""
+    filesystem.apply_single_writer_option(config.assume_single_writer)
+    publisher = storage.publisher_for(config.output)
+    if config.worker_index is not None:
+        prepare_part(config, publisher)
+        return None
+    if not filesystem.is_remote(config.output):
+        file_errors.check_writable(config.output, "output")  # before the source is fetched or read
+        filesystem.remove_stale_temporaries(config.output)  # what a killed run left half-written
+    resolved = resolve_source(config)
+    existing, existing_bytes, existing_version = _published_manifest(publisher)
+    if not config.force and _matches(existing, resolved.sha256, config.output_parameters()):
+        damaged = _damaged_shards(publisher, existing)
+        if not damaged:
+            logger.info("%s already holds this dataset (source %s); nothing to do", config.output, resolved.sha256[:12])
+            return PrepareResult(config.output, existing, manifest_digest(existing_bytes), reused=True)
+        logger.warning("published shards %s are missing or damaged; preparing the dataset again", damaged)
+    plan = plan_dataset(resolved, config)
     written: set[str] = set()  # this run's shards: removed again if it does not publish its manifest
     try:
-        split_infos, described = _publish_shards(
-            publisher, named_splits, key, config, raw.label_names, progress, written
-        )
-        if removed is not None:
-            described["leakage_removed"] = removed
-        statistics_content = data_statistics.to_json(described)
-        manifest = Manifest(
-            schema_version=records.SCHEMA_VERSION,
-            dataset=raw.dataset,
-            synthetic=raw.dataset == "synthetic",
-            source=raw.source,
-            label_names=raw.label_names,
-            image_shape=list(named_splits["train"].image_shape),
-            compression=config.compression,
-            parameters=parameters,
-            splits=split_infos,
-            statistics={"path": STATISTICS_NAME, "sha256": hashlib.sha256(statistics_content).hexdigest()},
-        )
-        content = manifest.to_json()
-        publisher.swap_document(MANIFEST_NAME, content, existing_version)
-        # After the manifest, which records its SHA-256: a writer that lost the race for the manifest never writes it
-        publisher.publish(STATISTICS_NAME, statistics_content)
+        if config.part == "all" and config.prepare_workers == 1:
+            progress = Progress("encode and publish", sum(map(len, plan.splits.values())), unit="images", logger=logger)
+            statistics, infos = _publish_shards(publisher, plan, plan.shards, config, progress, written)
+        else:
+            if config.part == "all" or config.parts_from:  # shards this run writes or copies
+                written.update(shard.name for shard in plan.shards)
+            if config.part == "all":  # the workers, forked from this process: the plan is theirs as it is
+                workers.run_local_workers(config.prepare_workers, lambda index: _publish_part(publisher, plan, config,
+                                                                                             index))  # fmt: skip
+            statistics, infos = _merged_parts(publisher, plan, config)
+        manifest, content = _publish_manifest(publisher, plan, config, statistics, infos, existing_version)
     except BaseException:  # a lost race, a full disk, a signal: leave no shard of this run behind
         _remove_shards_not_published(publisher, written, "unpublished")
         raise
+    sources.log_conversions(*plan.splits.values())
     _remove_shards_not_published(publisher, _shard_paths(existing) - _shard_paths(manifest), "replaced")
+    _remove_parts(publisher, plan.key)
     logger.info(
         "published %s: %s; manifest %s",
         config.output,
-        ", ".join(f"{name} {info.num_examples}" for name, info in split_infos.items()),
+        ", ".join(f"{name} {info.num_examples}" for name, info in manifest.splits.items()),
         manifest_digest(content)[:12],
     )
     return PrepareResult(config.output, manifest, manifest_digest(content), reused=False)
 
 
-def _publish_shards(publisher, named_splits, key, config, label_names, progress, written):
-    """Encode and publish every split's shards (on threads), and describe them (statistics.json's content) from the
-    same gathered pixels (on a thread of its own, in order; the search for duplicates while the last shards are
-    written). Returns the splits' infos and the statistics; `written` collects each shard's name as it is started."""
-    statistics = {name: data_statistics.SplitStatistics(len(label_names)) for name in named_splits}
-    pending: dict[str, list] = {name: [] for name in named_splits}
-    with ThreadPoolExecutor(PUBLISH_THREADS) as pool, ThreadPoolExecutor(1) as describing:
-        # One BLAS thread while shards are encoded: the statistics keep to one core, the encoding to the other.
-        with threadpool_limits(limits=1, user_api="blas"):
-            described = []
-            for split_name, split in named_splits.items():
-                parts = shard_slices(len(split), config.examples_per_shard)
-                for index, part in enumerate(parts):
-                    name = shard_name(split_name, key, index, len(parts), config.compression)
-                    images, labels, ids = split.images(part), split.labels[part], split.ids[part]
-                    if len(described) >= 2:  # at most two shards' pixels wait for their statistics
-                        described[-2].result()
-                    described.append(
-                        describing.submit(statistics[split_name].add, images, labels, ids, *split.source_facts(part))
-                    )
-                    content = records.encode_shard(images, labels, ids, config.compression)
-                    written.add(name)
-                    pending[split_name].append(pool.submit(_publish_shard, publisher, name, content, len(labels)))
-                    progress.advance(len(labels))
-            for future in described:
-                future.result()
-        document = data_statistics.document(label_names, statistics)
-        split_infos = {
-            split_name: SplitInfo(
-                num_examples=len(split),
-                class_counts=np.bincount(split.labels, minlength=len(label_names)).tolist(),
-                shards=[future.result() for future in pending[split_name]],
+def _publish_manifest(publisher, plan: Plan, config, statistics, infos, existing_version) -> tuple[Manifest, bytes]:
+    """statistics.json's document from the splits' merged statistics, and the manifest swapped in (then the
+    statistics, whose SHA-256 it records: a writer that lost the race for the manifest never writes them)."""
+    label_names = plan.raw.label_names
+    described = data_statistics.document(label_names, statistics)
+    if plan.removed is not None:
+        described["leakage_removed"] = plan.removed
+    statistics_content = data_statistics.to_json(described)
+    split_infos = {
+        split_name: SplitInfo(
+            num_examples=len(split),
+            class_counts=np.bincount(split.labels, minlength=len(label_names)).tolist(),
+            shards=[infos[shard.name] for shard in plan.shards if shard.split == split_name],
+        )
+        for split_name, split in plan.splits.items()
+    }
+    manifest = Manifest(
+        schema_version=records.SCHEMA_VERSION,
+        dataset=plan.raw.dataset,
+        synthetic=plan.raw.dataset == "synthetic",
+        source=plan.raw.source,
+        label_names=label_names,
+        image_shape=list(plan.splits["train"].image_shape),
+        compression=config.compression,
+        parameters=config.output_parameters(),
+        splits=split_infos,
+        statistics={"path": STATISTICS_NAME, "sha256": hashlib.sha256(statistics_content).hexdigest()},
+    )
+    content = manifest.to_json()
+    publisher.swap_document(MANIFEST_NAME, content, existing_version)
+    publisher.publish(STATISTICS_NAME, statistics_content)
+    return manifest, content
+
+
+def _publish_shards(publisher, plan: Plan, shards: list[Shard], config, progress, written, on_shard=None):
+    """Encode and publish `shards` (on threads), and describe each from the same gathered pixels (on a thread of its
+    own). Returns each split's statistics (its shards', merged in order) and each shard's info by name; `written`
+    collects each shard's name as it is started, and `on_shard(shard, statistics, info)` is called as each lands."""
+    label_count = len(plan.raw.label_names)
+    statistics = {name: data_statistics.SplitStatistics(label_count) for name in plan.splits}
+    pending: list[tuple] = []
+    # One BLAS thread while shards are encoded: the statistics keep to one core, the encoding to the other.
+    with (
+        ThreadPoolExecutor(PUBLISH_THREADS) as pool,
+        ThreadPoolExecutor(1) as describing,
+        threadpool_limits(limits=1, user_api="blas"),
+    ):
+        infos: dict[str, ShardInfo] = {}
+
+        def land(entry) -> None:  # a shard's statistics merged in shard order, as its upload lands
+            shard, counted, described, published = entry
+            counted.result()
+            infos[shard.name] = published.result()
+            statistics[shard.split].merge(described)
+            if on_shard is not None:
+                on_shard(shard, described, infos[shard.name])
+
+        for shard in shards:
+            split = plan.splits[shard.split]
+            images, sizes, colors = split.examples(shard.examples)
+            labels, ids = split.labels[shard.examples], split.ids[shard.examples]
+            if len(pending) >= 2:  # at most two shards' pixels wait for their statistics
+                pending[-2][1].result()
+            described = data_statistics.SplitStatistics(label_count)
+            counted = describing.submit(described.add, images, labels, ids, sizes, colors)
+            content = records.encode_shard(images, labels, ids, config.compression)
+            written.add(shard.name)
+            published = pool.submit(_publish_shard, publisher, shard.name, content, len(labels))
+            pending.append((shard, counted, described, published))
+            progress.advance(len(labels))
+            while pending and pending[0][1].done() and pending[0][3].done():
+                land(pending.pop(0))
+        while pending:
+            land(pending.pop(0))
+    return statistics, infos
+
+
+PARTS = ".parts"  # a fanned-out prepare's partial statistics, under the output, one pair of files a shard
+
+
+def _part_names(key: str, shard: Shard) -> tuple[str, str]:
+    """The shard's partial statistics (.npz) and its record (.json: the shard's info, written last)."""
+    stem = f"{PARTS}/{key}/{shard.split}-{shard.index:05d}"
+    return f"{stem}.npz", f"{stem}.json"
+
+
+def prepare_part(config: PrepareDataConfig, publisher: stores.Publisher) -> None:
+    """One worker of a fanned-out prepare, on its own (a pipeline's pod): the plan, then `_publish_part`."""
+    _publish_part(publisher, plan_dataset(resolve_source(config), config), config, config.worker_index)
+
+
+def _publish_part(publisher: stores.Publisher, plan: Plan, config: PrepareDataConfig, index: int) -> None:
+    """Worker `index`'s share: every `prepare_workers`-th shard from the `index`-th, each published with its partial
+    statistics and its record (after both: a record is never read before what it describes). A shard whose record and
+    bytes are already there (a retried worker) is not done again."""
+    count = config.prepare_workers
+    mine = plan.shards[index::count]
+    todo = [shard for shard in mine if _landed_part(publisher, plan.key, shard) is None]
+    if len(todo) < len(mine):
+        logger.info("worker %d of %d: %d of its %d shards are already published", index, count, len(mine) - len(todo),
+                    len(mine))  # fmt: skip
+    examples = sum(len(range(len(plan.splits[shard.split]))[shard.examples]) for shard in todo)
+    progress = Progress(f"worker {index} of {count}: encode and publish", examples, unit="images", logger=logger)
+
+    def record(shard: Shard, described: data_statistics.SplitStatistics, info: ShardInfo) -> None:
+        statistics_name, record_name = _part_names(plan.key, shard)
+        content = described.to_bytes()
+        publisher.publish(statistics_name, content)
+        document = {"shard": dataclasses.asdict(info), "statistics_sha256": hashlib.sha256(content).hexdigest()}
+        publisher.publish(record_name, json.dumps(document, sort_keys=True).encode())
+
+    _publish_shards(publisher, plan, todo, config, progress, set(), on_shard=record)
+    logger.info("worker %d of %d: published %d shards of %s", index, count, len(mine), config.output)
+
+
+def _landed_part(publisher: stores.Publisher, key: str, shard: Shard) -> tuple[ShardInfo, bytes] | None:
+    """The shard's info and partial statistics when its record, its statistics and its bytes are all there and
+    agree (None otherwise: not landed, or cut short)."""
+    statistics_name, record_name = _part_names(key, shard)
+    content = publisher.read(record_name)
+    if content is None:
+        return None
+    try:
+        document = json.loads(content)
+        info = ShardInfo(**document["shard"])
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"{publisher.uri(record_name)}: not a prepare worker's record ({error})") from error
+    if info.path != shard.name or publisher.checksum(shard.name) != (info.size_bytes, info.crc32c):
+        return None
+    statistics = publisher.read(statistics_name)
+    if statistics is None or hashlib.sha256(statistics).hexdigest() != document["statistics_sha256"]:
+        return None
+    return info, statistics
+
+
+def _merged_parts(publisher: stores.Publisher, plan: Plan, config: PrepareDataConfig):
+    """Each split's statistics, its shards' partial statistics merged in shard order (the same additions as one
+    process makes), and each shard's info; every shard must have landed whole, with the examples the plan gives it,
+    in --output or in one of `config.parts_from` (from where it is copied, and checked again, into --output)."""
+    label_count = len(plan.raw.label_names)
+    statistics = {name: data_statistics.SplitStatistics(label_count) for name in plan.splits}
+    infos = {}
+    elsewhere = [storage.publisher_for(location) for location in config.parts_from if location != config.output]
+    for shard in plan.shards:
+        landed = _landed_part(publisher, plan.key, shard)
+        for other in elsewhere:
+            if landed is not None:
+                break
+            landed = _landed_part(other, plan.key, shard)
+            if landed is not None:
+                _copy_shard(other, publisher, landed[0])
+        if landed is None:
+            raise RuntimeError(
+                f"{publisher.uri(shard.name)}: no worker published this shard whole (with --part merge, run every "
+                f"--part 0..{config.prepare_workers - 1} first, to --output or to the --parts-from locations)"
             )
-            for split_name, split in named_splits.items()
-        }
-    return split_infos, document
+        info, content = landed
+        described = data_statistics.SplitStatistics.from_bytes(content, publisher.uri(_part_names(plan.key, shard)[0]))
+        if described.ids != plan.splits[shard.split].ids[shard.examples]:
+            raise RuntimeError(f"{publisher.uri(shard.name)}: holds other examples than this source and these "
+                               "parameters give it; the workers read another source")  # fmt: skip
+        statistics[shard.split].merge(described)
+        infos[shard.name] = info
+    return statistics, infos
+
+
+def _copy_shard(source: stores.Publisher, target: stores.Publisher, info: ShardInfo) -> None:
+    """A worker's shard into the dataset, checked against its record on the way."""
+    content = source.read(info.path)
+    if content is None or hashlib.sha256(content).hexdigest() != info.sha256:
+        raise RuntimeError(f"{source.uri(info.path)}: changed or went away while it was merged")
+    target.publish(info.path, content)
+
+
+def _remove_parts(publisher: stores.Publisher, key: str) -> None:
+    for name in publisher.list(f"{PARTS}/{key}/"):
+        publisher.withdraw(name)
 
 
 def _shard_paths(manifest: Manifest | None) -> set[str]:

@@ -33,7 +33,7 @@ import tarfile
 import tempfile
 import zlib
 from collections.abc import Iterator
-from pathlib import Path, PureWindowsPath
+from pathlib import Path
 
 from components.common import filesystem
 from components.common.compression import gzip_stream_pieces
@@ -42,7 +42,6 @@ from components.prepare_data.config import MEMORY_PER_SOURCE_MEGABYTE
 
 logger = logging.getLogger(__name__)
 
-_VIRTUAL_ROOT = "/nonexistent-archive-root"
 MAX_LINKS = 32  # links one read may go through (a chain, or a loop)
 
 MEGABYTE = 1 << 20
@@ -162,13 +161,36 @@ def _normalized(member_name: str) -> str:
 
 
 def check_member(member: tarfile.TarInfo, origin: str) -> None:
-    """Refuse absolute paths, `..`, links leaving the archive, and device files (the stdlib `data` filter)."""
-    if member.name.startswith(("/", "\\")) or PureWindowsPath(member.name).drive:
-        raise SourceError(f"{origin}: refusing unsafe archive member {member.name!r}: absolute path")
-    try:
-        tarfile.data_filter(member, _VIRTUAL_ROOT)
-    except tarfile.FilterError as error:
-        raise SourceError(f"{origin}: refusing unsafe archive member {member.name!r}: {error}") from error
+    """Refuse what the stdlib's `data` extraction filter refuses: absolute paths, paths or links that lead out of
+    the archive's root, and special files (devices, FIFOs). Decided from the names alone, as the archive is never
+    unpacked to a folder (the stdlib filter resolves them against the disk: 100 us a member, most of the time of
+    reading a source of small images)."""
+    name = member.name
+    if _absolute(name):
+        raise SourceError(f"{origin}: refusing unsafe archive member {name!r}: absolute path")
+    if _leaves_root(name):
+        raise SourceError(f"{origin}: refusing unsafe archive member {name!r}: its path leads out of the archive")
+    if member.ischr() or member.isblk() or member.isfifo():
+        raise SourceError(f"{origin}: refusing unsafe archive member {name!r}: a special file (device or FIFO)")
+    if member.issym() or member.islnk():
+        link = member.linkname
+        target = posixpath.join(posixpath.dirname(name), link) if member.issym() else link
+        if _absolute(link) or _leaves_root(target):
+            raise SourceError(
+                f"{origin}: refusing unsafe archive member {name!r}: a link to {link!r}, outside the archive"
+            )
+
+
+def _absolute(path: str) -> bool:
+    """A path from a root, or with a Windows drive ("C:...")."""
+    return path.startswith(("/", "\\")) or (
+        len(path) >= 2 and path[1] == ":" and path[0].isascii() and path[0].isalpha()
+    )
+
+
+def _leaves_root(path: str) -> bool:
+    normal = posixpath.normpath(path.replace("\\", "/"))
+    return normal == ".." or normal.startswith("../")
 
 
 class TarTree(FileTree):

@@ -46,21 +46,19 @@ SPLIT_WORDS = {"train": "train/", "validation": "validation/", "eval": "test/"} 
 class RawSplit:
     """Examples as positions in one or more image arrays; pixels are gathered only when a shard is encoded.
 
-    Choosing, shuffling and joining splits therefore moves indices, not the 180 MB of pixels.
+    Choosing, shuffling and joining splits therefore moves indices, not the pixels. A part is a uint8 [n, H, W, C]
+    array (possibly a strided view, e.g. CHW planes as HWC), a `PixelFile`, or `FolderImages` (decoded when gathered).
     """
 
-    parts: list[np.ndarray]  # uint8 [n_i, H, W, C] each, possibly strided views (e.g. CHW planes as HWC)
+    parts: list
     labels: np.ndarray  # int64 [N], in this split's order
     ids: list[str]
     indices: np.ndarray  # int64 [N]: positions in the concatenation of `parts`
     resize_to: tuple[int, int] | None = None  # (height, width): pixels resized as they are gathered, a batch at a time
-    # As the source had each image, before any resize or conversion (None: the arrays' own size, RGB): for statistics.
-    source_sizes: np.ndarray | None = None  # int64 [N, 2]: (height, width)
-    source_colors: np.ndarray | None = None  # str [N]: "RGB", "grayscale", "palette", ...
 
     @classmethod
-    def from_array(cls, images: np.ndarray, labels: np.ndarray, ids: list[str], sizes=None, colors=None) -> RawSplit:
-        return cls([images], np.asarray(labels, np.int64), list(ids), np.arange(len(images)), None, sizes, colors)
+    def from_array(cls, images, labels: np.ndarray, ids: list[str]) -> RawSplit:
+        return cls([images], np.asarray(labels, np.int64), list(ids), np.arange(len(images)))
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -72,38 +70,34 @@ class RawSplit:
 
     def take(self, chosen: np.ndarray) -> RawSplit:
         chosen_ids = [self.ids[index] for index in chosen]
-        sizes = None if self.source_sizes is None else self.source_sizes[chosen]
-        colors = None if self.source_colors is None else self.source_colors[chosen]
-        return RawSplit(
-            self.parts, self.labels[chosen], chosen_ids, self.indices[chosen], self.resize_to, sizes, colors
-        )
+        return RawSplit(self.parts, self.labels[chosen], chosen_ids, self.indices[chosen], self.resize_to)
 
-    def source_facts(self, selection: slice = slice(None)) -> tuple[np.ndarray, np.ndarray | None]:
-        """The source (height, width) of the examples in `selection`, before any resize, and their source colours
-        (None: all RGB)."""
-        if self.source_sizes is None:
-            sizes = np.tile(np.array(self.parts[0].shape[1:3], np.int64), (len(self.labels[selection]), 1))
-        else:
-            sizes = self.source_sizes[selection]
-        return sizes, None if self.source_colors is None else self.source_colors[selection]
-
-    def images(self, selection: slice = slice(None)) -> np.ndarray:
-        """uint8 [n, H, W, C] for the examples in `selection`, gathered into one contiguous array (and resized, when
-        the split is to be: a shard's worth at a time, so memory holds the source and one shard, whatever the size)."""
-        gathered = self._gathered(self.indices[selection])
-        return gathered if self.resize_to is None else resized_in_batches(gathered, self.resize_to)
-
-    def _gathered(self, wanted: np.ndarray) -> np.ndarray:
+    def examples(self, selection: slice = slice(None)) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The examples in `selection`: uint8 [n, H, W, C] pixels gathered into one contiguous array (and resized,
+        when the split is to be: a shard's worth at a time, so memory holds one shard, whatever the size), with the
+        (height, width) [n, 2] and colour kind [n] each had in the source, before any resize or conversion (colours
+        None: all RGB)."""
+        wanted = self.indices[selection]
         if len(self.parts) == 1:
-            return _gathered_from(self.parts[0], wanted)
+            gathered, sizes, colors = _gathered_from(self.parts[0], wanted)
+        else:
+            gathered, sizes, colors = self._gathered(wanted)
+        return (gathered if self.resize_to is None else resized_in_batches(gathered, self.resize_to)), sizes, colors
+
+    def _gathered(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         starts = np.cumsum([0] + [len(part) for part in self.parts[:-1]])
         owner = np.searchsorted(starts, wanted, side="right") - 1
-        gathered = np.empty((len(wanted), *self.image_shape), np.uint8)
+        gathered = np.empty((len(wanted), *self.parts[0].shape[1:]), np.uint8)
+        sizes = np.empty((len(wanted), 2), np.int64)
+        colors = np.full(len(wanted), "RGB", dtype=object)
+        plain = True
         for number, part in enumerate(self.parts):
             mine = owner == number
             if mine.any():
-                gathered[mine] = _gathered_from(part, wanted[mine] - starts[number])
-        return gathered
+                gathered[mine], sizes[mine], part_colors = _gathered_from(part, wanted[mine] - starts[number])
+                if part_colors is not None:
+                    colors[mine], plain = part_colors, False
+        return gathered, sizes, None if plain else colors
 
     @staticmethod
     def concatenate(splits: list[RawSplit]) -> RawSplit:
@@ -121,16 +115,22 @@ class RawSplit:
             [example_id for split in splits for example_id in split.ids],
             np.concatenate(indices),
             sizes.pop() if sizes else None,
-            _joined_facts(splits, "source_sizes", lambda split: split.source_facts()[0]),
-            _joined_facts(splits, "source_colors", lambda split: np.full(len(split), "RGB")),
         )
 
 
-def _gathered_from(part: np.ndarray | PixelFile, wanted: np.ndarray) -> np.ndarray:
-    """part[wanted] as one contiguous uint8 [n, H, W, C] array. CIFAR-10's colour planes (CHW) seen as HWC are
-    gathered a whole image at a time and interleaved a plane at a time: 2-4x faster than element by element."""
-    if isinstance(part, PixelFile):
+def _gathered_from(part, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """part[wanted] as one contiguous uint8 [n, H, W, C] array, with the source sizes and colours (`examples`).
+    CIFAR-10's colour planes (CHW) seen as HWC are gathered a whole image at a time and interleaved a plane at a
+    time: 2-4x faster than element by element."""
+    if isinstance(part, FolderImages):
         return part.gather(wanted)
+    sizes = np.tile(np.array(part.shape[1:3], np.int64), (len(wanted), 1))
+    if isinstance(part, PixelFile):
+        return part.gather(wanted), sizes, None
+    return _interleaved(part, wanted), sizes, None
+
+
+def _interleaved(part: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     planar = part.transpose(0, 3, 1, 2)
     if not planar.flags.c_contiguous or part.flags.c_contiguous:
         return np.ascontiguousarray(part[wanted])
@@ -141,13 +141,36 @@ def _gathered_from(part: np.ndarray | PixelFile, wanted: np.ndarray) -> np.ndarr
     return gathered
 
 
-def _joined_facts(splits: list[RawSplit], name: str, default) -> np.ndarray | None:
-    """The per-example fact `name` of several splits joined (None when no split has it)."""
-    if all(getattr(split, name) is None for split in splits):
-        return None
-    return np.concatenate(
-        [default(split) if getattr(split, name) is None else getattr(split, name) for split in splits]
-    )
+class FolderImages:
+    """A split folder's images, read from the source and decoded only when a shard gathers them: memory holds one
+    shard's pixels whatever the folder's size, and a worker of a fanned-out prepare decodes only its own shards'.
+    Every image must be `size` (height, width), or is resized to it when `resize`; the colour kind each had is kept,
+    to be said once in the log (`log_conversions`)."""
+
+    def __init__(self, tree: FileTree, names: list[str], size: tuple[int, int], resize: bool):
+        self.tree, self.names, self.size, self.resize = tree, names, tuple(size), resize
+        self.shape = (len(names), *self.size, 3)
+        self.kinds: list[str] = []  # the colour kinds met, in the order met
+        self.colors = np.full(len(names), -1, np.int16)  # per image: its kind's position in `kinds` (-1: not read)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def gather(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        limit = MAX_RESIZED_IMAGE_BYTES if self.resize else MAX_IMAGE_BYTES
+        images = np.empty((len(wanted), *self.shape[1:]), np.uint8)
+        sizes = np.empty((len(wanted), 2), np.int64)
+        colors = np.empty(len(wanted), dtype=object)
+        for index, position in enumerate(np.asarray(wanted).tolist()):
+            name = self.names[position]
+            content = self.tree.read(name, limit, "an image")
+            image, color = decode_image(content, self.tree.describe(name), None if self.resize else self.size)
+            images[index] = resized(image[None], self.size)[0] if self.resize else image
+            sizes[index], colors[index] = image.shape[:2], color
+            if color not in self.kinds:
+                self.kinds.append(color)
+            self.colors[position] = self.kinds.index(color)
+        return images, sizes, colors
 
 
 @dataclass
@@ -262,7 +285,7 @@ def on_disk(planar: np.ndarray) -> PixelFile:
     pixels, images = PixelFile(CIFAR_SHAPE), planar.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     for start in range(0, len(images), ON_DISK_IMAGES):  # interleaved a piece at a time: no second copy of the batch
         piece = images[start : start + ON_DISK_IMAGES]
-        pixels.append(_gathered_from(piece, np.arange(len(piece))))
+        pixels.append(_interleaved(piece, np.arange(len(piece))))
     return pixels
 
 
@@ -472,12 +495,31 @@ COLOR_CONVERSIONS = {
 }
 
 
-def _log_conversions(colors: dict[str, tuple[int, str]]) -> None:
-    """Say which images were not RGB, how many, and what their conversion did."""
-    for color, (count, first) in sorted(colors.items()):
+def log_conversions(*splits: RawSplit) -> None:
+    """Say which of the images decoded so far were not RGB, how many, and what their conversion did (each image
+    once, however often it was gathered; the first named in the source's order)."""
+    found: dict[str, tuple[int, str]] = {}
+    parts = list({id(part): part for split in splits for part in split.parts}.values())
+    for part in parts:
+        if not isinstance(part, FolderImages):
+            continue
+        for code, color in enumerate(part.kinds):
+            chosen = np.flatnonzero(part.colors == code)
+            count, first = found.get(color, (0, part.tree.describe(part.names[chosen[0]])))
+            found[color] = (count + len(chosen), first)
+    for color, (count, first) in sorted(found.items()):
         if color != "RGB":
             how = COLOR_CONVERSIONS.get(color, "converted by the decoder")
             logger.warning("%d %s image(s) converted to RGB (%s), e.g. %s", count, color, how, first)
+
+
+def _first_size(tree: FileTree, groups: dict[str, dict[str, list[str]]], label_names: list[str]) -> tuple[int, int]:
+    """The (height, width) of the first image of the first split (from its header): the size every image must have
+    when they are not resized."""
+    split = next(iter(groups.values()))
+    name = next(name for class_name in label_names for name in split.get(class_name, []))
+    header = read_image_header(tree.read(name, MAX_IMAGE_BYTES, "an image"), tree.describe(name))
+    return header.height, header.width
 
 
 # What an operating system or a tool leaves among a user's images (besides hidden files and folders, whose names
@@ -582,29 +624,15 @@ def read_class_folders(tree: FileTree, image_size: tuple[int, int] | None, max_d
         logger.warning("%s: class(es) %s have no test images: their accuracy will not be measured", tree.origin,
                        untested)  # fmt: skip
     splits: dict[str, RawSplit] = {}
-    colors: dict[str, tuple[int, str]] = {}  # per colour kind: how many images, and the first
-    common_size = image_size  # without resizing: the first image's size, which every other must have
-    limit = MAX_RESIZED_IMAGE_BYTES if image_size else MAX_IMAGE_BYTES
-    decoded = 0  # bytes of the splits read so far
+    common_size = image_size or _first_size(tree, groups, label_names)  # without resizing, every image's size
+    decoded = 0  # bytes the splits so far take decoded
     for split, classes in groups.items():
         names = [(name, label) for label, class_name in enumerate(label_names) for name in classes.get(class_name, [])]
-        images: PixelFile | None = None
-        source_sizes = np.zeros((len(names), 2), np.int64)
-        source_colors = np.full(len(names), "RGB", dtype=object)
-        for index, (name, _label) in enumerate(names):
-            origin = tree.describe(name)
-            image, color = decode_image(tree.read(name, limit, "an image"), origin, None if image_size else common_size)
-            source_sizes[index], source_colors[index] = image.shape[:2], color
-            common_size = common_size or image.shape[:2]
-            if images is None:
-                decoded += _decoded_bytes(len(names), common_size, origin, decoded, max_decoded_bytes)
-                images = PixelFile((*common_size, 3))
-            images.append(resized(image[None], common_size) if image_size else image[None])
-            count, first = colors.get(color, (0, origin))
-            colors[color] = (count + 1, first)
+        origin = tree.describe(names[0][0])
+        decoded += _decoded_bytes(len(names), common_size, origin, decoded, max_decoded_bytes)
+        images = FolderImages(tree, [name for name, _ in names], common_size, resize=image_size is not None)
         labels = np.array([label for _, label in names], dtype=np.int64)
-        splits[split] = RawSplit.from_array(images, labels, [name for name, _ in names], source_sizes, source_colors)
-    _log_conversions(colors)
+        splits[split] = RawSplit.from_array(images, labels, [name for name, _ in names])
     pool = [splits["train"]]
     holdout = None
     if "validation" in splits:

@@ -33,9 +33,12 @@ at 600,000); the pairs are then sorted into within-split and across-split compar
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 import logging
 import math
+import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -107,16 +110,29 @@ ONE_PRODUCT_CLASSES = 64  # up to this many classes, per-class sums are one matr
 
 
 def _class_sums(flat: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """float64 [classes, values]: the sum of each class's rows of float32 `flat` [n, values]."""
-    if num_classes <= ONE_PRODUCT_CLASSES:
-        one_hot = np.zeros((num_classes, len(labels)), np.float32)
+    """float64 [classes, values]: the sum of each class's rows of `flat` [n, values]; of uint8 pixels exact (integer
+    sums), so that a split's sums are the same whichever parts they were added in."""
+    if flat.dtype != np.uint8 and num_classes <= ONE_PRODUCT_CLASSES:
+        one_hot = np.zeros((num_classes, len(labels)), flat.dtype)
         one_hot[labels, np.arange(len(labels))] = 1
         return (one_hot @ flat).astype(np.float64)
     sums = np.zeros((num_classes, flat.shape[1]))
     order = np.argsort(labels, kind="stable")
     present, starts = np.unique(labels[order], return_index=True)
-    sums[present] = np.add.reduceat(flat[order], starts, axis=0)
+    exact = np.int64 if flat.dtype == np.uint8 else None
+    sums[present] = np.add.reduceat(flat[order], starts, axis=0, dtype=exact)
     return sums
+
+
+_PIXEL_VALUES = np.arange(256, dtype=np.float64)
+
+
+def _channel_sums(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 [3] each, exact: the sum of each channel's values over uint8 [n, H, W, 3] `images`, and of their
+    squares (from each channel's count of every value)."""
+    values = images.reshape(-1, 3)
+    counts = np.stack([np.bincount(values[:, channel], minlength=256) for channel in range(3)]).astype(np.float64)
+    return counts @ _PIXEL_VALUES, counts @ _PIXEL_VALUES**2
 
 
 def at_feature_size(images: np.ndarray) -> np.ndarray:
@@ -186,24 +202,18 @@ class SplitStatistics:
         self.class_counts += np.bincount(labels, minlength=self.num_classes)
         self.ids.extend(ids)
         self.digests.append(pixel_digests(images))
-        as_float = images.astype(np.float32)
-        values = as_float.reshape(-1, 3)
-        self.pixels_per_image = values.shape[0] // count
-        for channel in range(3):
-            plane = values[:, channel]
-            self.channel_square_sum[channel] += float(np.dot(plane, plane))
+        self.pixels_per_image = images.shape[1] * images.shape[2]
+        channel_sum, channel_square_sum = _channel_sums(images)
+        self.channel_sum += channel_sum
+        self.channel_square_sum += channel_square_sum
         at_32 = images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE)
-        small = as_float if at_32 else at_feature_size(images)
+        small = images.astype(np.float32) if at_32 else at_feature_size(images)
         luminance = small @ LUMA  # [n, 32, 32]
         self.features.append(luminance_descriptors(luminance))
         step = -(-count // LOOK_IMAGES)  # a systematic sample of a large batch: the look needs no more
         self._add_look(images[::step], small[::step], luminance[::step], labels[::step])
-        class_sums = _class_sums(small.reshape(count, -1), labels, self.num_classes)  # [classes, 32*32*3]
-        self.class_pixel_sum += class_sums
-        if at_32:  # the pixels' sum is the class sums' (exact: the same pixels)
-            self.channel_sum += class_sums.reshape(-1, 3).sum(axis=0)
-        else:
-            self.channel_sum += (np.ones(values.shape[0], np.float32) @ values).astype(np.float64)
+        pixels = images.reshape(count, -1) if at_32 else small.reshape(count, -1)
+        self.class_pixel_sum += _class_sums(pixels, labels, self.num_classes)  # [classes, 32*32*3]
         distinct, counts = np.unique(np.asarray(sizes).reshape(-1, 2), axis=0, return_counts=True)
         for (height, width), number in zip(distinct.tolist(), counts.tolist(), strict=True):
             self.sizes[f"{width}x{height}"] += number
@@ -238,10 +248,60 @@ class SplitStatistics:
         self.per_image_sums += np.stack([measures.sum(axis=0), (measures**2).sum(axis=0)])
         self.look_count += len(small)
         for power in (0, 1):
-            self.class_per_image_sums[power] += _class_sums(
-                (measures ** (power + 1)).astype(np.float32), labels, self.num_classes
-            )
+            self.class_per_image_sums[power] += _class_sums(measures ** (power + 1), labels, self.num_classes)
         self.class_look_counts += np.bincount(labels, minlength=self.num_classes)
+
+    # What `merge` adds up; the rest (the counters, ids, digests and descriptors) are joined in order.
+    SUMS = ("count", "class_counts", "channel_sum", "channel_square_sum", "class_pixel_sum", "channel_histogram",
+            "saturation_histogram", "detail_histogram", "per_image_sums", "look_count", "class_per_image_sums",
+            "class_look_counts")  # fmt: skip
+    COUNTERS = ("sizes", "aspects", "conversions")
+
+    def merge(self, other: SplitStatistics) -> None:
+        """Add `other`'s images (those that follow this one's): counts, sums and histograms added, the rest joined.
+        A split's statistics are its shards' merged in shard order, by one process or by the merge of a fanned-out
+        prepare alike: the same additions in the same order, so the same floats."""
+        for name in self.SUMS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in self.COUNTERS:
+            getattr(self, name).update(getattr(other, name))
+        self.pixels_per_image = other.pixels_per_image or self.pixels_per_image
+        self.ids.extend(other.ids)
+        self.digests.extend(other.digests)
+        self.features.extend(other.features)
+
+    def to_bytes(self) -> bytes:
+        """An .npz of everything `merge` needs (what a worker of a fanned-out prepare hands to the merge)."""
+        arrays = {name: np.asarray(getattr(self, name)) for name in self.SUMS}
+        arrays["counters"] = np.array(json.dumps({name: list(getattr(self, name).items()) for name in self.COUNTERS}))
+        arrays.update(num_classes=np.array(self.num_classes), pixels_per_image=np.array(self.pixels_per_image),
+                      ids=np.array(self.ids, dtype=str), digests=_joined(self.digests, (0, 2), np.uint64),
+                      features=_joined(self.features, (0, _WEIGHTS.size), np.float32))  # fmt: skip
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, content: bytes, origin: str) -> SplitStatistics:
+        """`to_bytes`'s form read back; anything else is refused in one line naming `origin`."""
+        try:
+            with np.load(io.BytesIO(content), allow_pickle=False) as arrays:
+                statistics = cls(int(arrays["num_classes"]))
+                for name in cls.SUMS:
+                    value = arrays[name]
+                    expected = np.shape(getattr(statistics, name))
+                    if value.shape != expected:
+                        raise ValueError(f"{name} has shape {value.shape}, expected {expected}")
+                    setattr(statistics, name, value if value.ndim else value.item())
+                for name, items in json.loads(str(arrays["counters"])).items():
+                    getattr(statistics, name).update({key: count for key, count in items})
+                statistics.pixels_per_image = int(arrays["pixels_per_image"])
+                statistics.ids = arrays["ids"].tolist()
+                statistics.digests = [arrays["digests"]]
+                statistics.features = [arrays["features"]]
+        except (OSError, KeyError, ValueError, TypeError, AttributeError, zipfile.BadZipFile) as error:
+            raise ValueError(f"{origin}: not a prepare worker's partial statistics ({error})") from error
+        return statistics
 
     def summary(self) -> dict:
         pixels = max(1, self.count * self.pixels_per_image)
@@ -530,6 +590,10 @@ def _joined_features(statistics: dict[str, SplitStatistics], names: list[str]) -
     return features
 
 
+def _joined(batches: list[np.ndarray], empty_shape: tuple[int, int], dtype) -> np.ndarray:
+    return np.concatenate(batches) if batches else np.zeros(empty_shape, dtype)
+
+
 def _between(split_of: np.ndarray, left: np.ndarray, right: np.ndarray, first: int, second: int) -> np.ndarray:
     a, b = split_of[left], split_of[right]
     return ((a == first) & (b == second)) | ((a == second) & (b == first))
@@ -587,8 +651,8 @@ def describe(named_splits: dict, label_names: list[str], batch: int) -> dict[str
         statistics[name] = SplitStatistics(len(label_names))
         for start in range(0, len(split), batch):
             part = slice(start, start + batch)
-            sizes, colors = split.source_facts(part)
-            statistics[name].add(split.images(part), split.labels[part], split.ids[part], sizes, colors)
+            images, sizes, colors = split.examples(part)
+            statistics[name].add(images, split.labels[part], split.ids[part], sizes, colors)
             progress.advance(len(split.labels[part]))
     return statistics
 
@@ -641,6 +705,4 @@ def remove_leaks(named_splits: dict, label_names: list[str], config) -> tuple[di
 
 
 def to_json(document: dict) -> bytes:
-    import json
-
     return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
