@@ -8,6 +8,10 @@ instead of on a thread ahead of them). Prints the medians, their ratio, and the 
 in a process of its own) for two input sizes: memory that stays flat as the input grows is bounded.
 
     .venv/bin/python bench/predict.py [--model outputs/models] [--images 20000] [--rounds 3] [--in-turn]
+    .venv/bin/python bench/predict.py --scale 1000000    # only the stage, at --images and at 1,000,000 images
+
+With `--scale N`, the stage alone runs at `--images` and at N images (its dataset made once, about 3 GB at a
+million), and the growth of its time an image and of its peak memory is printed: flat memory and linear time.
 """
 
 from __future__ import annotations
@@ -88,9 +92,21 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--in-turn", action="store_true", help="also time the stage reading in turn, not ahead")
+    parser.add_argument("--scale", type=int, default=0, help="only the stage, at --images and at this many images")
     arguments = parser.parse_args()
     if not Path(arguments.model, "current.json").exists():
         sys.exit(f"{arguments.model}: no promoted model; run make local-run first, or give --model")
+    if arguments.scale:
+        measured = {count: staged(arguments.model, dataset(count), arguments.batch_size)
+                    for count in (arguments.images, arguments.scale)}  # fmt: skip
+        for count, result in measured.items():
+            print(f"{count:>9,} images: {result['seconds']:7.1f} s, {result['seconds'] / count * 1e6:5.0f} us an "
+                  f"image, peak {result['peak_mb']:6.0f} MB", flush=True)  # fmt: skip
+        (small, first), (large, last) = measured.items()
+        growth = last["seconds"] / large / (first["seconds"] / small)
+        print(f"from {small:,} to {large:,} images: time an image {growth:.2f}x, "
+              f"peak memory {last['peak_mb'] / first['peak_mb']:.2f}x (target 1.1x)")  # fmt: skip
+        return
     small, large = dataset(arguments.images // 4), dataset(arguments.images)
     staged_times, scoring_times, bare_times, in_turn_times = [], [], [], []
     for number in range(arguments.rounds):

@@ -43,14 +43,17 @@ WORK = REPOSITORY / "bench" / "work"
 CIFAR_IMAGES = 60_000
 
 PREPARE = """
-import re, sys, time
+import re, resource, sys, time
 from components.prepare_data.config import PrepareDataConfig
 from components.prepare_data.prepare import prepare_data
 started = time.perf_counter()
-prepare_data(PrepareDataConfig(source=sys.argv[1], output=sys.argv[2], cache_dir=sys.argv[3], force=True,
-                               max_source_megabytes=16384))  # 1.8 GB of files and of pixels at 600,000 images
+result = prepare_data(PrepareDataConfig(source=sys.argv[1], output=sys.argv[2], cache_dir=sys.argv[3], force=True,
+                                        max_source_megabytes=16384,  # 1.8 GB of files and of pixels at 600,000 images
+                                        prepare_workers=int(sys.argv[4])))
 took = time.perf_counter() - started
-print(took, int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024)
+peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+workers_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the largest worker's (0: none)
+print(result.manifest_sha256, took, max(peak, workers_peak))
 """
 
 
@@ -97,16 +100,18 @@ def scaled_source(size: int, cifar: tuple[np.ndarray, list[str], list[str]]) -> 
     return path
 
 
-def prepare_cost(source: Path, size: int) -> tuple[float, int]:
-    """Seconds and peak bytes of prepare_data on `source`, in a fresh process (its own VmHWM, not this one's)."""
+def prepare_cost(source: Path, size: int, workers: int = 1) -> tuple[float, int, str]:
+    """Seconds and peak bytes of prepare_data on `source` with `workers` workers, in a fresh process (its own VmHWM,
+    not this one's; with workers, the largest of any one process's), and its manifest's SHA-256."""
     output = subprocess.run(
-        [sys.executable, "-c", PREPARE, str(source), str(WORK / f"scale-{size}-dataset"), str(WORK / "scale-cache")],
+        [sys.executable, "-c", PREPARE, str(source), str(WORK / f"scale-{size}-dataset-{workers}"),
+         str(WORK / "scale-cache"), str(workers)],
         cwd=REPOSITORY, capture_output=True, text=True,
     )  # fmt: skip
     if output.returncode:
         sys.exit(f"prepare_data on {source} failed:\n{output.stderr[-2000:]}")
-    took, peak = output.stdout.split()[-2:]
-    return float(took), int(peak)
+    manifest, took, peak = output.stdout.split()[-3:]
+    return float(took), int(peak), manifest
 
 
 def features_of(size: int, images: np.ndarray) -> np.ndarray:
@@ -149,6 +154,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="60000,600000", help="image counts, comma-separated, smallest first")
     parser.add_argument("--sample", type=int, default=2000, help="images whose every pair the recall is checked on")
+    parser.add_argument("--workers", type=int, default=2, help="at the largest size, also prepare with this many "
+                        "workers (--prepare-workers), against one (1: not)")  # fmt: skip
     arguments = parser.parse_args()
     sizes = sorted(int(size) for size in arguments.sizes.split(","))
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
@@ -156,13 +163,21 @@ def main() -> None:
     rows = {}
     for size in sizes:
         source = scaled_source(size, cifar)
-        prepare_seconds, peak = prepare_cost(source, size)
+        prepare_seconds, peak, manifest = prepare_cost(source, size)
         search_seconds, recall, pairs = search_cost(features_of(size, cifar[0]), arguments.sample)
         rows[size] = (prepare_seconds, peak, search_seconds, recall, pairs)
         print(f"{size:>9,} images: prepare {prepare_seconds:7.1f} s ({prepare_seconds / size * 1e6:5.0f} us an image), "
               f"peak {peak / 2**20:6.0f} MB; search {search_seconds:6.2f} s, recall {recall:.3f} on {pairs:,} pairs "
               f"of a {arguments.sample:,}-image sample", flush=True)  # fmt: skip
     small, large = sizes[0], sizes[-1]
+    if arguments.workers > 1:
+        fanned_seconds, fanned_peak, fanned_manifest = prepare_cost(
+            scaled_source(large, cifar), large, arguments.workers
+        )
+        same = "the same dataset" if fanned_manifest == manifest else "ANOTHER DATASET (manifests differ)"
+        print(f"{large:>9,} images, --prepare-workers {arguments.workers}: prepare {fanned_seconds:7.1f} s, "
+              f"{rows[large][0] / fanned_seconds:.2f}x faster than 1 worker, peak {fanned_peak / 2**20:6.0f} MB "
+              f"(the largest process's); {same}", flush=True)  # fmt: skip
     if small == large:
         return
     (prepare_small, peak_small, search_small, _, _), (prepare_large, peak_large, search_large, _, _) = (

@@ -240,6 +240,7 @@ PREPARE_PARAMETERS = (
     "resize",
     "leakage",
     "max_source_megabytes",
+    "prepare_workers",
 )
 
 

@@ -33,7 +33,11 @@ STEP_NAMES = {
     "evaluate-component": "evaluate",
     "promote-component": "promote",
     "delete-training-job-component": "clean up",
+    "prepare-part-component": "prepare a part",
 }
+# Steps whose start and end are not worth a line: the prepare fan-out's (with one worker they do nothing). Their
+# progress, warnings and failures are shown as any step's.
+QUIET_STEPS = frozenset({"prepare-worker-indices-component", "prepare-part-component"})
 # A line a stage logs: "[worker-1] 2026-01-01 12:00:00,000 INFO components.train.loop: step 100/300 ..."
 _STAGE_LINE = re.compile(
     r"^(?:\[(?P<worker>[a-z]+-\d+)\] )?\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+ (?P<level>[A-Z]+) "
@@ -117,6 +121,8 @@ class StepView(io.TextIOBase):
         if stage is None or (stage["worker"] and stage["worker"] not in ("worker-0", "chief-0")):
             return None
         cached = _CACHE_HIT.search(stage["message"]) if stage["logger"] == "root" else None
+        if cached and cached["task"] in QUIET_STEPS:
+            return None
         if cached:  # kfp.local's own line, through the root logger
             return f"{stage['time']} {step_name(cached['task'])}: reused from an earlier run (same inputs)"
         important = stage["level"] in ("WARNING", "ERROR", "CRITICAL")
@@ -134,10 +140,10 @@ class StepView(io.TextIOBase):
         if message.startswith("Executing task") and task:
             self.step, self.step_said_something = task["task"], False
             self.tail.clear()
-            return f"{time} {step_name(self.step)}: started"
+            return None if self.step in QUIET_STEPS else f"{time} {step_name(self.step)}: started"
         if "finished with status" in message and task:
             if "SUCCESS" in message:
-                return f"{time} {step_name(task['task'])}: done"
+                return None if task["task"] in QUIET_STEPS else f"{time} {step_name(task['task'])}: done"
             if self.stopping():  # ended because the run was stopped (Ctrl-C, SIGTERM), not by a failure of its own
                 return f"{time} {step_name(task['task'])}: stopped"
             self.failed_steps.append(task["task"])

@@ -21,7 +21,12 @@ from components.evaluate.component import (
 from components.evaluate.config import EvaluateConfig
 from components.images import PUBLISHED_COMPONENT_FILES, image
 from components.predict.component import predict_component
-from components.prepare_data.component import prepare_data_component, source_fingerprint_component
+from components.prepare_data.component import (
+    prepare_data_component,
+    prepare_part_component,
+    prepare_worker_indices_component,
+    source_fingerprint_component,
+)
 from components.prepare_data.config import PrepareDataConfig, step_memory_quantity
 from components.sweep.component import sweep_component
 from components.train.component import delete_training_job_component, launch_training_job_component, train_component
@@ -169,6 +174,16 @@ train_on_gpus = _training_sub_pipeline("train-on-gpus", _on_gpus, gpus=int)
 train_on_cpus = _training_sub_pipeline("train-on-cpus", _on_cpus)
 
 
+def _prepare_pod(task: dsl.PipelineTask, p: SimpleNamespace) -> None:
+    """A prepare step's pod (the whole dataset, its merge, or a worker's part): retried, with the memory its bound on
+    the source needs."""
+    task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
+    task.set_cpu_request("2").set_memory_request(p.prepare_step_memory).set_memory_limit(p.prepare_step_memory)
+    # a resource's parameter is not among the task's inputs KFP passes down into the exit handler: name it
+    task.register_pipeline_channels([p.prepare_step_memory])
+    with_pod_settings(task, p.object_store_secret, p.image_pull_secret)
+
+
 def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None) -> None:
     """The training pipeline's graph, from its parameters: fingerprint, prepare, check, (search,) train, evaluate,
     promote. `search(dataset, check, parameters)`, when given, returns the train options the training uses (the
@@ -184,21 +199,29 @@ def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None
         fingerprint.set_caching_options(False)  # it must look at the source every time
         with_pod_settings(fingerprint, p.object_store_secret, p.image_pull_secret)
 
+        preparing = {
+            "source": p.source,
+            "source_sha256": p.source_sha256,
+            "validation_fraction": p.validation_fraction,
+            "synthetic_train_per_class": p.synthetic_train_per_class,
+            "resize": p.resize,
+            "leakage": p.leakage,
+            "max_source_megabytes": p.max_source_megabytes,
+            "prepare_workers": p.prepare_workers,
+        }
+        # prepare_workers > 1: a ParallelFor of worker pods, each its share of the shards, merged by the prepare step
+        # (one worker: its pod returns at once, and the prepare step prepares the whole dataset)
+        indices = prepare_worker_indices_component(prepare_workers=p.prepare_workers)
+        indices.set_display_name("count the prepare workers").set_caching_options(False)
+        with_pod_settings(indices, p.object_store_secret, p.image_pull_secret)
+        with dsl.ParallelFor(indices.output, name="prepare-workers") as index:
+            part = prepare_part_component(index=index, source_fingerprint=fingerprint.output, **preparing)
+            part.set_display_name("prepare a part")  # cached as the prepare step is: keyed on the source's content
+            _prepare_pod(part, p)
         data = prepare_data_component(
-            source=p.source,
-            source_sha256=p.source_sha256,
-            validation_fraction=p.validation_fraction,
-            synthetic_train_per_class=p.synthetic_train_per_class,
-            resize=p.resize,
-            leakage=p.leakage,
-            max_source_megabytes=p.max_source_megabytes,
-            source_fingerprint=fingerprint.output,
+            **preparing, source_fingerprint=fingerprint.output, parts=dsl.Collected(part.outputs["Output"])
         ).set_display_name("prepare data")
-        data.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
-        data.set_cpu_request("2").set_memory_request(p.prepare_step_memory).set_memory_limit(p.prepare_step_memory)
-        # a resource's parameter is not among the task's inputs KFP passes down into the exit handler: name it
-        data.register_pipeline_channels([p.prepare_step_memory])
-        with_pod_settings(data, p.object_store_secret, p.image_pull_secret)
+        _prepare_pod(data, p)
         dataset = data.outputs["dataset"]
 
         check = check_data_component(
@@ -311,6 +334,7 @@ def cifar10_pipeline(
     synthetic_train_per_class: int = PREPARE.synthetic_train_per_class,
     max_source_megabytes: int = PREPARE.max_source_megabytes,
     prepare_step_memory: str = PREPARE_STEP_MEMORY,
+    prepare_workers: int = PREPARE.prepare_workers,
 ):
     """Prepare CIFAR-10, train a ResNet on one or many workers, evaluate it, and promote it when it is good enough.
 
@@ -373,6 +397,8 @@ def cifar10_pipeline(
             MB); a larger one is refused. Raise it with prepare_step_memory, at 8 MB of memory for each MB.
         prepare_step_memory: Memory request and limit of the prepare step's pod (at least 8 MB for each MB of
             max_source_megabytes).
+        prepare_workers: Pods the preparation fans out to (a ParallelFor, each converting its share of the shards),
+            merged by the prepare step into the same dataset one pod makes; 1 prepares it in one pod.
     """
     retrain(dict(locals()))
 

@@ -212,10 +212,18 @@ def test_caching_retries_resources_and_tolerations_in_the_compiled_pipeline():
         for task in component["dag"]["tasks"].values()
         if "executorLabel" in spec["components"][task["componentRef"]["name"]]
     }
-    assert {name for name, cached in caching.items() if cached} == {"comp-prepare-data-component"}  # keyed on data
-    (prepare,) = tasks_of(spec, "comp-prepare-data-component")
-    prepare_inputs = prepare[1]["inputs"]["parameters"]
-    assert prepare_inputs["source_fingerprint"]["taskOutputParameter"]["producerTask"] == "source-fingerprint-component"
+    assert {name for name, cached in caching.items() if cached} == {
+        "comp-prepare-data-component",
+        "comp-prepare-part-component",
+    }  # keyed on data
+    for prepares in ("comp-prepare-data-component", "comp-prepare-part-component"):
+        (prepare,) = tasks_of(spec, prepares)
+        prepare_inputs = prepare[1]["inputs"]["parameters"]
+        reference = prepare_inputs["source_fingerprint"]  # a worker inside the ParallelFor gets it as a loop input
+        fingerprint = (
+            reference.get("taskOutputParameter", {}).get("producerTask") or reference["componentInputParameter"]
+        )
+        assert fingerprint.removeprefix("pipelinechannel--").startswith("source-fingerprint-component"), prepares
     executors = spec["deploymentSpec"]["executors"]
 
     trains = tasks_of(spec, "comp-train-component") + tasks_of(spec, "comp-launch-training-job-component")

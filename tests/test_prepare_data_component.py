@@ -48,3 +48,32 @@ def test_component_interface_is_typed_and_keeps_the_documented_defaults():
     assert spec.inputs["source"].default == "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
     assert spec.inputs["validation_fraction"].default == -1.0
     assert spec.implementation.container.image == image("prepare_data")
+
+
+def test_a_parallel_for_of_workers_merged_by_the_prepare_step_publishes_what_one_step_does(tmp_path):
+    """The pipeline's fan-out, as it wires it (pipeline/training_pipeline.py), run by kfp.local: the worker pods of a
+    ParallelFor each publish their share into their own artifact, the prepare step merges them (dsl.Collected)."""
+    from kfp import dsl, local
+
+    from components.prepare_data.component import prepare_part_component, prepare_worker_indices_component
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    options = {"source": "synthetic", "synthetic_train_per_class": 30, "examples_per_shard": 40}
+
+    def fanned_out(prepare_workers):
+        indices = prepare_worker_indices_component(prepare_workers=prepare_workers)
+        with dsl.ParallelFor(indices.output) as index:
+            part = prepare_part_component(index=index, prepare_workers=prepare_workers, **options)
+        merged = prepare_data_component(prepare_workers=prepare_workers, parts=dsl.Collected(part.outputs["Output"]),
+                                        **options)  # fmt: skip
+        return merged.outputs["dataset"]
+
+    fanned_out.__annotations__ = {"prepare_workers": int, "return": dsl.Dataset}  # types, not this module's strings
+    fanned_out = dsl.pipeline(name="fanned-out-prepare")(fanned_out)
+    datasets = {workers: Path(fanned_out(prepare_workers=workers).output.path) for workers in (1, 3)}
+    one, three = ({path.relative_to(root).as_posix(): path.read_bytes() for path in root.rglob("*")
+                   if path.is_file() and not path.name.startswith(".")} for root in datasets.values())  # fmt: skip
+    assert sorted(one) == sorted(three) and len([name for name in one if name.endswith(".tfrecord")]) > 3
+    assert [name for name in one if one[name] != three[name]] == []
+    parts = sorted((tmp_path / "root").rglob("prepare-part-component*/**/.parts/*/*.json"))
+    assert len(parts) == len([name for name in one if name.endswith(".tfrecord")]), "not every shard came from a part"

@@ -107,7 +107,7 @@ def test_workers_run_as_pods_and_a_merge_from_their_own_folders_publish_the_same
         )
     assert not (tmp_path / "part-0" / "manifest.json").exists()
     parts = tuple(str(tmp_path / f"part-{index}") for index in range(3))
-    with pytest.raises(RuntimeError, match=r"no worker published this shard whole"):
+    with pytest.raises(ValueError, match=r"no worker published this shard whole"):
         prepare_data(PrepareDataConfig(output=str(tmp_path / "short"), part="merge", parts_from=parts[:2], **config))
     assert not (tmp_path / "short" / "manifest.json").exists()
     assert [path for path in (tmp_path / "short").rglob("*.tfrecord")] == [], "copied shards were left behind"
@@ -125,7 +125,7 @@ def test_a_record_whose_shard_was_cut_short_is_not_merged(tmp_path, folder_sourc
         prepare_data(PrepareDataConfig(output=str(output), part=str(index), **config))
     shard = next(output.glob("train/*.tfrecord"))
     shard.write_bytes(shard.read_bytes()[:-10])  # a worker's write cut short, its record already there
-    with pytest.raises(RuntimeError, match=rf"{shard.name}: no worker published this shard whole"):
+    with pytest.raises(ValueError, match=rf"{shard.name}: no worker published this shard whole"):
         prepare_data(PrepareDataConfig(output=str(output), part="merge", **config))
     assert not (output / "manifest.json").exists()
     prepare_data(PrepareDataConfig(output=str(output), part="1" if "00001" in shard.name else "0", **config))
@@ -189,6 +189,6 @@ def test_the_merge_takes_no_part_of_another_source_or_setting(tmp_path, folder_s
     """A part is named by the dataset's key (the source's digest and the settings): another's is never merged."""
     config = {"source": str(folder_source), "examples_per_shard": 40, "prepare_workers": 1}
     prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), part="0", **config))
-    with pytest.raises(RuntimeError, match=r"no worker published this shard whole"):
+    with pytest.raises(ValueError, match=r"no worker published this shard whole"):
         prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), part="merge", seed=7, **config))
     assert prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), part="merge", **config)).reused is False

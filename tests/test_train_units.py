@@ -658,3 +658,14 @@ def test_the_compiled_gelu_is_the_exact_gelu_and_inference_needs_no_xla(tmp_path
     graph = (tmp_path / "exported" / "saved_model.pb").read_bytes()
     assert b"Erf" in graph  # TensorFlow's own exact GELU
     assert b"Xla" not in graph
+
+
+def test_workers_sum_gradients_with_nccl_between_gpus_the_ring_between_cpus_and_in_one_pack():
+    from tensorflow.python.distribute import cross_device_utils
+
+    implementations = tf.distribute.experimental.CommunicationImplementation
+    assert distribution.communication_options(gpus=1).implementation == implementations.NCCL
+    assert distribution.communication_options(gpus=0).implementation == implementations.RING
+    options = distribution.communication_options(gpus=8)
+    gradients = [tf.zeros([3, 3, 16, 16]) for _ in range(59)]  # ResNet-20's count of gradient tensors
+    assert len(cross_device_utils.group_by_size(gradients, options.bytes_per_pack)) == 1  # one all-reduce a step

@@ -25,6 +25,8 @@ def prepare_data_component(
     synthetic_eval_per_class: int = 50,
     max_source_megabytes: int = 1024,
     source_fingerprint: str = "",
+    prepare_workers: int = 1,
+    parts: list = [],  # noqa: B006 (KFP parameters take literal defaults)
 ):
     """Convert the source to sharded, checksummed TFRecords in the `dataset` artifact.
 
@@ -34,28 +36,52 @@ def prepare_data_component(
     max_source_megabytes bounds what the source may unpack to (the step's memory must go with it).
     `statistics` shows the dataset's statistics.json (class balance, channels, sizes, duplicates and leakage).
     source_fingerprint is only for caching: pass the output of source_fingerprint_component so that a cached
-    result is reused only for unchanged source content.
+    result is reused only for unchanged source content. prepare_workers > 1: `parts` are the locations of
+    prepare_part_component's workers (dsl.Collected of their outputs), whose shards and partial statistics are merged
+    into `dataset`; with one worker its part is "" and this step prepares the whole dataset itself.
     """
+    options = dict(locals())  # every parameter, as the stage's options
     from components.common.cli import component_errors
     from components.prepare_data.kfp_run import EXPECTED_ERRORS, run_prepare_data
 
     with component_errors("prepare_data", EXPECTED_ERRORS):
-        run_prepare_data(
-            dataset,
-            statistics,
-            source=source,
-            leakage=leakage,
-            source_sha256=source_sha256,
-            validation_fraction=validation_fraction,
-            examples_per_shard=examples_per_shard,
-            compression=compression,
-            resize=resize,
-            seed=seed,
-            synthetic_train_per_class=synthetic_train_per_class,
-            synthetic_eval_per_class=synthetic_eval_per_class,
-            max_source_megabytes=max_source_megabytes,
-            source_fingerprint=source_fingerprint,
-        )
+        run_prepare_data(options.pop("dataset"), options.pop("statistics"), **options)
+
+
+@dsl.component(base_image=image("prepare_data"), install_kfp_package=False)
+def prepare_worker_indices_component(prepare_workers: int) -> list:
+    """[0, 1, ..., prepare_workers - 1]: the items of the ParallelFor of prepare workers."""
+    return list(range(max(1, prepare_workers)))
+
+
+@dsl.component(base_image=image("prepare_data"), install_kfp_package=False)
+def prepare_part_component(
+    part: dsl.Output[dsl.Dataset],
+    index: int,
+    prepare_workers: int = 1,
+    source: str = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+    source_sha256: str = "",
+    validation_fraction: float = -1.0,
+    leakage: str = "keep",
+    examples_per_shard: int = 5000,
+    compression: str = "NONE",
+    resize: str = "",
+    seed: int = 42,
+    synthetic_train_per_class: int = 200,
+    synthetic_eval_per_class: int = 50,
+    max_source_megabytes: int = 1024,
+    source_fingerprint: str = "",
+) -> str:
+    """Worker `index` of `prepare_workers` (a pod of the ParallelFor): its share of the shards and their partial
+    statistics into `part`; returns where they are, for prepare_data_component's `parts`. With one worker it does
+    nothing and returns "" (the prepare step then prepares the dataset itself). The options are the prepare step's;
+    source_fingerprint, as the prepare step's, only keys the cache on the source's content."""
+    options = dict(locals())  # every parameter, as the stage's options
+    from components.common.cli import component_errors
+    from components.prepare_data.kfp_run import EXPECTED_ERRORS, run_prepare_part
+
+    with component_errors("prepare_data", EXPECTED_ERRORS):
+        return run_prepare_part(options.pop("part"), **options)
 
 
 @dsl.component(base_image=image("prepare_data"), install_kfp_package=False)

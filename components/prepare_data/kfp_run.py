@@ -38,6 +38,11 @@ def run_prepare_data(dataset: Any, statistics: Any, **options: Any) -> PrepareRe
     Markdown page; runs as the step's own process)."""
     reuse_freed_memory()
     fingerprint = options.pop("source_fingerprint", "")
+    parts = [location for location in options.pop("parts", None) or [] if location]  # one worker's: ""
+    if parts:
+        options.update(part="merge", parts_from=tuple(parts))
+    else:
+        options["prepare_workers"] = 1  # this step prepares it all
     config = config_from_parameters(
         PrepareDataConfig, {**options, "output": dataset.path}, "prepare_data component parameters"
     )
@@ -48,3 +53,17 @@ def run_prepare_data(dataset: Any, statistics: Any, **options: Any) -> PrepareRe
     outputs.write_text(statistics.path, markdown(described, title=title), "statistics artifact")
     dataset.metadata["leakage"] = described["leakage"]
     return result
+
+
+def run_prepare_part(part: Any, index: int, **options: Any) -> str:
+    """Worker `index`'s share into the `part` artifact (nothing with one worker); returns the part's location ("":
+    none), as the merge reads it."""
+    options.pop("source_fingerprint", "")  # only the cache's key
+    if options.get("prepare_workers", 1) <= 1:
+        return ""
+    reuse_freed_memory()
+    config = config_from_parameters(
+        PrepareDataConfig, {**options, "part": str(index), "output": part.path}, "prepare_part component parameters"
+    )
+    prepare_data(config)
+    return part.uri

@@ -397,6 +397,7 @@ def _publish_part(publisher: stores.Publisher, plan: Plan, config: PrepareDataCo
         publisher.publish(record_name, json.dumps(document, sort_keys=True).encode())
 
     _publish_shards(publisher, plan, todo, config, progress, set(), on_shard=record)
+    sources.log_conversions(*plan.splits.values())
     logger.info("worker %d of %d: published %d shards of %s", index, count, len(mine), config.output)
 
 
@@ -437,14 +438,14 @@ def _merged_parts(publisher: stores.Publisher, plan: Plan, config: PrepareDataCo
             if landed is not None:
                 _copy_shard(other, publisher, landed[0])
         if landed is None:
-            raise RuntimeError(
+            raise SourceError(
                 f"{publisher.uri(shard.name)}: no worker published this shard whole (with --part merge, run every "
                 f"--part 0..{config.prepare_workers - 1} first, to --output or to the --parts-from locations)"
             )
         info, content = landed
         described = data_statistics.SplitStatistics.from_bytes(content, publisher.uri(_part_names(plan.key, shard)[0]))
         if described.ids != plan.splits[shard.split].ids[shard.examples]:
-            raise RuntimeError(f"{publisher.uri(shard.name)}: holds other examples than this source and these "
+            raise SourceError(f"{publisher.uri(shard.name)}: holds other examples than this source and these "
                                "parameters give it; the workers read another source")  # fmt: skip
         statistics[shard.split].merge(described)
         infos[shard.name] = info
