@@ -3,9 +3,12 @@
 Order of work, so that bad input publishes nothing and a reader never sees partial data:
 1. resolve the source (download/cache, SHA-256 check) and compare with the published manifest: when the
    source digest and the output parameters match and every shard is intact, nothing is rewritten;
-2. read and validate everything in memory (any SourceError stops here, before any write);
-3. publish each shard atomically under a name keyed by (schema, source digest, parameters), so writers of
-   different data never touch each other's shards and the previous dataset stays readable meanwhile;
+2. plan: read the source's index and labels, check them, assign the splits (and find leaks, when asked), and name
+   the shards by a key of (schema, source digest, parameters), so writers of different data never touch each
+   other's shards and the previous dataset stays readable meanwhile;
+3. publish each shard atomically as its images are gathered (decoded, for image files) and encoded, with its
+   statistics, in this process or shared among workers (`--prepare-workers`, a pipeline's ParallelFor) whose partial
+   statistics are merged in shard order; an image that fails to decode stops the run here, its shards withdrawn;
 4. replace the manifest last, as a compare-and-swap against the version read in step 1; a concurrent
    writer of different data makes this fail loudly instead of mixing datasets;
 5. remove shards that no manifest refers to any more.
@@ -272,6 +275,8 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult | None:
         manifest, content = _publish_manifest(publisher, plan, config, statistics, infos, existing_version)
     except BaseException:  # a lost race, a full disk, a signal: leave no shard of this run behind
         _remove_shards_not_published(publisher, written, "unpublished")
+        if config.part == "all":
+            _remove_parts(publisher, plan.key)
         raise
     sources.log_conversions(*plan.splits.values())
     _remove_shards_not_published(publisher, _shard_paths(existing) - _shard_paths(manifest), "replaced")
