@@ -151,7 +151,7 @@ def _label_names(local: Path, folder: str) -> tuple[list[str], str]:
 
 @dataclass(frozen=True)
 class Images:
-    keys: list[str]  # in the order they are scored
+    keys: list[str] | DatasetKeys  # in the order they are scored
     pixels: Callable[[list[str]], Iterator[tuple[str, np.ndarray | None, str]]]  # (key, image or None, why skipped)
     # A prepared dataset's images of one size, all of them in whole batches: (batch size) -> (keys, pixels) in order.
     batches: Callable[[int], Iterator[tuple[list[str], np.ndarray]]] | None = None
@@ -210,11 +210,7 @@ def _dataset_images(dataset: str, split: str) -> Images:
     from components.common.dataset import open_dataset
 
     opened = open_dataset(dataset, splits=(split,))
-    count = opened.manifest.splits[split].num_examples
-    keys: list[str] = []
-    for _images, _labels, ids in opened.tf_dataset(split, 4096, with_ids=True):
-        keys += [example_id.decode() for example_id in ids.numpy()]
-    assert len(keys) == count
+    keys = DatasetKeys(opened, split)
 
     def records(wanted: list[str]) -> Iterator[tuple[str, np.ndarray | None, str]]:
         wanted_set = set(wanted)
@@ -228,6 +224,22 @@ def _dataset_images(dataset: str, split: str) -> Images:
             yield [example_id.decode() for example_id in ids.numpy()], images.numpy()
 
     return Images(keys, records, batches, tuple(opened.manifest.image_shape))
+
+
+class DatasetKeys:
+    """A prepared split's image ids, in order, read from its shards as they are iterated (never all held: at a
+    million images they were 80 MB and a pass of their own); its length is the manifest's count."""
+
+    def __init__(self, opened, split: str):
+        self.opened, self.split = opened, split
+        self.count = opened.manifest.splits[split].num_examples
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[str]:
+        for _images, _labels, ids in self.opened.tf_dataset(self.split, 4096, with_ids=True):
+            yield from (example_id.decode() for example_id in ids.numpy())
 
 
 # -- the output, continued ------------------------------------------------------------------------------------------
@@ -415,7 +427,7 @@ def ahead(pieces: Iterator, depth: int = 2) -> Iterator:
 def _score(config: PredictConfig, model: ServedModel, images: Images) -> tuple[dict, int, float, int]:
     tally = Tally(config.least_confident)
     done = _continue(config.output, tally)
-    pending = [key for key in images.keys if key not in done]
+    pending = [key for key in images.keys if key not in done] if done else images.keys  # all: not listed again
     progress = Progress("predict", len(pending), unit="images", logger=logger)
     skipped, started = 0, time.monotonic()
     with filesystem.open_for_append(config.output, text=True) as output:
