@@ -212,7 +212,7 @@ def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None
         # prepare_workers > 1: a ParallelFor of worker pods, each its share of the shards, merged by the prepare step
         # (one worker: its pod returns at once, and the prepare step prepares the whole dataset)
         indices = prepare_worker_indices_component(prepare_workers=p.prepare_workers)
-        indices.set_display_name("count the prepare workers").set_caching_options(False)
+        indices.set_display_name("count the prepare workers").set_caching_options(False).after(fingerprint)
         with_pod_settings(indices, p.object_store_secret, p.image_pull_secret)
         with dsl.ParallelFor(indices.output, name="prepare-workers") as index:
             part = prepare_part_component(index=index, source_fingerprint=fingerprint.output, **preparing)

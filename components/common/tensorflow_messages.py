@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-_WRAPPING = (re.compile(r"\{\{function_node [^}]*\}\}\s*"), re.compile(r"\s*\[Op:[^\]]*\]( name: \S*)?\s*$"))
+_WRAPPING = (re.compile(r"\{\{function_node [^}]*\}\}\s*"), re.compile(r"\s*\[Op:[^\]]*\]( name:\s*\S*)?\s*$"))
 _NOT_SAID = ("Graph execution error:", "Detected at node", "<stack traces unavailable>", "[[")
 
 

@@ -414,7 +414,7 @@ def _landed_part(publisher: stores.Publisher, key: str, shard: Shard) -> tuple[S
     if content is None:
         return None
     try:
-        document = json.loads(content)
+        document = json.loads(content)  # reader: a worker's record (bytes already read); its fields checked below
         info = ShardInfo(**document["shard"])
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"{publisher.uri(record_name)}: not a prepare worker's record ({error})") from error

@@ -285,7 +285,7 @@ class SplitStatistics:
     def from_bytes(cls, content: bytes, origin: str) -> SplitStatistics:
         """`to_bytes`'s form read back; anything else is refused in one line naming `origin`."""
         try:
-            with np.load(io.BytesIO(content), allow_pickle=False) as arrays:
+            with np.load(io.BytesIO(content), allow_pickle=False) as arrays:  # reader: bytes already read; checked
                 statistics = cls(int(arrays["num_classes"]))
                 for name in cls.SUMS:
                     value = arrays[name]
@@ -293,7 +293,7 @@ class SplitStatistics:
                     if value.shape != expected:
                         raise ValueError(f"{name} has shape {value.shape}, expected {expected}")
                     setattr(statistics, name, value if value.ndim else value.item())
-                for name, items in json.loads(str(arrays["counters"])).items():
+                for name, items in json.loads(str(arrays["counters"])).items():  # reader: within the checked npz
                     getattr(statistics, name).update({key: count for key, count in items})
                 statistics.pixels_per_image = int(arrays["pixels_per_image"])
                 statistics.ids = arrays["ids"].tolist()
