@@ -147,10 +147,11 @@ def test_the_cell_search_finds_what_comparing_every_pair_finds():
 
 
 def test_past_its_cells_the_search_adds_cells_and_still_finds_the_pairs(monkeypatch):
-    """Scaled down: 16 cells, then one for every 100 images: 12,300 images search in 123 cells of about 100, each
-    image compared with 4 of them, and find what comparing every pair finds."""
-    monkeypatch.setattr(statistics, "SEARCH_CELLS", 16)
+    """Scaled down: one cell for every 100 images, and past 16 cells an image's nearest found among the cells of
+    its nearest groups of cells: 12,300 images search in 123 cells of about 100 (in 12 groups), each image compared
+    with 6 of them, and find what comparing every pair finds."""
     monkeypatch.setattr(statistics, "CELL_IMAGES", 100)
+    monkeypatch.setattr(statistics, "FLAT_CELLS", 16)
     monkeypatch.setattr(statistics, "SCORE_ELEMENTS", 50_000)  # the scores in blocks too
     made = []
     centres_of = statistics._cell_centres
@@ -165,7 +166,7 @@ def test_past_its_cells_the_search_adds_cells_and_still_finds_the_pairs(monkeypa
     exhaustive = set(zip(*(part.tolist() for part in statistics._pairs_exhaustive(features, 0.9)[:2]), strict=True))
     left, right, _similarity = statistics.near_duplicate_pairs(features)
     found = set(zip(left.tolist(), right.tolist(), strict=True))
-    assert made == [123]
+    assert made == [123, 12]  # the cells, then their groups
     assert len(exhaustive) >= 300 and found <= exhaustive
     assert len(found) >= 0.97 * len(exhaustive)
 

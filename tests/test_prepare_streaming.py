@@ -133,3 +133,72 @@ def test_links_inside_an_archive_lead_to_their_files_and_loops_and_dangling_ones
         tree.read("data/to-a-folder", 100)
     assert tree.names() == sorted(["data/a.bin", "data/folder/symbolic", "data/hard", "data/chain", "data/loop-1",
                                    "data/loop-2", "data/dangling", "data/to-a-folder"])  # fmt: skip
+
+
+def _archive_of_every_kind(path: Path, tar_format: int, damage=None) -> Path:
+    """Members of every kind a source holds, in `tar_format`: short and long (prefix, or extension record) names,
+    non-ASCII ones, empty files, folders, links, a v7 folder (a file whose name ends in '/')."""
+    with tarfile.open(path, "w", format=tar_format) as archive:
+        add_member(archive, "data/train/cat/0001.png", b"a cat")
+        add_member(archive, "data/train/empty.png", b"")
+        add_member(archive, "data/" + "deep/" * 25 + "dog.png", b"a dog in a deep folder" * 40)
+        add_member(archive, "data/" + "x" * 120 + "/long.png", b"a long name")
+        add_member(archive, "data/train/caf\u00e9/0002.png", b"coffee")
+        folder = tarfile.TarInfo("data/train/bird")
+        folder.type = tarfile.DIRTYPE
+        archive.addfile(folder)
+        for name, target, kind in (("data/link", "train/cat/0001.png", tarfile.SYMTYPE),
+                                   ("data/hard", "data/train/cat/0001.png", tarfile.LNKTYPE)):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            archive.addfile(info)
+        add_member(archive, "data/last.png", b"the last" * 100)
+    if damage is not None:
+        content = bytearray(path.read_bytes())
+        damage(content)
+        path.write_bytes(bytes(content))
+    return path
+
+
+def _index(tree) -> tuple:
+    return tree._files, tree._links, tree._directories, tree._order
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize("damage", [None, "checksum", "octal", "truncated", "v7-folder", "trailing"])
+def test_the_archive_index_is_what_the_standard_library_reads(tmp_path, monkeypatch, tar_format, damage):
+    """The fast header reader gives the stdlib's members, or hands the archive to it (extension records, a bad
+    checksum, a number that is not plain octal, data past the end); a damaged archive fails as the stdlib fails."""
+    from components.prepare_data import safe_io
+
+    def v7_folder(content):  # the first member made a folder the v7 way: type NUL, name ending in '/'
+        content[156] = 0
+        content[22:23] = b"/"
+        content[148:156] = b"%06o\0 " % (sum(content[:148]) + 256 + sum(content[156:512]))
+
+    damages = {
+        "checksum": lambda content: content.__setitem__(slice(1100, 1101), b"Z"),  # a later header's name
+        "octal": lambda content: content.__setitem__(slice(100, 108), b"0 0644 \0"),  # a space inside the mode
+        "truncated": lambda content: content.__delitem__(slice(len(content) - 11_000, None)),
+        "v7-folder": v7_folder,
+        "trailing": lambda content: content.extend(b"after the end " * 100),
+    }
+    archive = _archive_of_every_kind(tmp_path / "every.tar", tar_format, damages.get(damage))
+
+    def index_or_error(tree_of):
+        try:
+            tree = tree_of()
+        except safe_io.SourceError as error:
+            return str(error)
+        return _index(tree)
+
+    fast = index_or_error(lambda: safe_io.TarTree(archive, 1 << 20))
+    with archive.open("rb") as handle:
+        handed_over = [item for item in safe_io._plain_members(handle, archive.stat().st_size) if isinstance(item, int)]
+    if damage in (None, "trailing") and tar_format == tarfile.USTAR_FORMAT:
+        assert not handed_over  # the fast reader read every member itself
+    monkeypatch.setattr(safe_io, "_plain_members", lambda handle, size: iter([0]))
+    stdlib = index_or_error(lambda: safe_io.TarTree(archive, 1 << 20))
+    assert fast == stdlib
+    if damage in (None, "trailing"):
+        assert "data/" + "deep/" * 25 + "dog.png" in fast[0] and "data/train/caf\u00e9/0002.png" in fast[0]

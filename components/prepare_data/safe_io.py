@@ -3,8 +3,8 @@ pickles that may only rebuild numpy arrays.
 
 An archive file is decompressed as a stream into one unnamed scratch file (an uncompressed one is read in place), so
 its size costs disk, not memory; its members are read from there, never extracted, and every member is first checked
-with the standard library's `data` extraction filter, so absolute paths, `..`, links leaving the archive and device
-files are refused.
+as the standard library's `data` extraction filter checks it (by its name), so absolute paths, `..`, links leaving
+the archive and device files are refused.
 
 Nothing is read without a bound: a source may unpack to at most `max_bytes` (and a compressed one to at most
 `MAX_EXPANSION` times its size, past a small floor: image data barely compresses, decompression bombs expand a
@@ -28,12 +28,15 @@ import os
 import pickle
 import pickletools
 import posixpath
+import re
 import stat
 import tarfile
 import tempfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 from components.common import filesystem
 from components.common.compression import gzip_stream_pieces
@@ -160,25 +163,103 @@ def _normalized(member_name: str) -> str:
     return name.rstrip("/")
 
 
-def check_member(member: tarfile.TarInfo, origin: str) -> None:
+def check_member(name: str, kind: str, linkname: str, origin: str) -> None:
     """Refuse what the stdlib's `data` extraction filter refuses: absolute paths, paths or links that lead out of
     the archive's root, and special files (devices, FIFOs). Decided from the names alone, as the archive is never
     unpacked to a folder (the stdlib filter resolves them against the disk: 100 us a member, most of the time of
-    reading a source of small images)."""
-    name = member.name
+    reading a source of small images). `kind`: file, directory, hardlink, symlink, special."""
     if _absolute(name):
         raise SourceError(f"{origin}: refusing unsafe archive member {name!r}: absolute path")
     if _leaves_root(name):
         raise SourceError(f"{origin}: refusing unsafe archive member {name!r}: its path leads out of the archive")
-    if member.ischr() or member.isblk() or member.isfifo():
+    if kind == "special":
         raise SourceError(f"{origin}: refusing unsafe archive member {name!r}: a special file (device or FIFO)")
-    if member.issym() or member.islnk():
-        link = member.linkname
-        target = posixpath.join(posixpath.dirname(name), link) if member.issym() else link
-        if _absolute(link) or _leaves_root(target):
+    if kind in ("symlink", "hardlink"):
+        target = posixpath.join(posixpath.dirname(name), linkname) if kind == "symlink" else linkname
+        if _absolute(linkname) or _leaves_root(target):
             raise SourceError(
-                f"{origin}: refusing unsafe archive member {name!r}: a link to {link!r}, outside the archive"
+                f"{origin}: refusing unsafe archive member {name!r}: a link to {linkname!r}, outside the archive"
             )
+
+
+def _member_kind(member: tarfile.TarInfo) -> str:
+    if member.ischr() or member.isblk() or member.isfifo():
+        return "special"
+    if member.issym():
+        return "symlink"
+    if member.islnk():
+        return "hardlink"
+    if member.isdir():
+        return "directory"
+    return "file" if member.isfile() else "other"
+
+
+# The header of a plain tar member (ustar, GNU or v7, without extension records), read as the stdlib reads it.
+_BLOCK = tarfile.BLOCKSIZE
+_NUMERIC_FIELDS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (148, 156), (329, 337), (337, 345))
+_PLAIN_NUMBERS = re.compile(rb"(?: *[0-7]* *,){7} *[0-7]* *")
+_PLAIN_KINDS = {b"0": "file", b"\0": "file", b"5": "directory", b"1": "hardlink", b"2": "symlink"}
+_CHECKSUM_BLOCKS = 4096  # headers whose checksums are verified at once
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode(tarfile.ENCODING, "surrogateescape")
+
+
+def _plain_members(handle, file_size: int) -> Iterator[tuple[str, str, int, int, str] | int]:
+    """(name, kind, offset of the data, size, link target) of each member, read straight from the headers (600,000
+    members in 9 s, where the stdlib's reader takes 27). Only headers the stdlib would read to the very same member
+    are read here (a valid checksum, plain octal numbers, the member's data within the file, a plain file, folder or
+    link); at the first other header (an extension record, a special file, anything odd) the offset of that header
+    is yielded instead, and the stdlib reads the rest. A block of zeros ends the archive, as for the stdlib."""
+    descriptor = handle.fileno()
+    offset, pending, blocks = 0, [], []
+    while True:
+        block = os.pread(descriptor, _BLOCK, offset)
+        fields = [block[start:end].split(b"\0", 1)[0] for start, end in _NUMERIC_FIELDS]
+        kind = _PLAIN_KINDS.get(block[156:157])
+        end_of_archive = len(block) == _BLOCK and block.count(0) == _BLOCK
+        plain = (
+            len(block) == _BLOCK
+            and not end_of_archive
+            and kind is not None
+            and _PLAIN_NUMBERS.fullmatch(b",".join(fields))
+        )
+        if plain:
+            size = int(fields[3].strip() or b"0", 8)
+            name, linkname, prefix = _text(block[0:100]), _text(block[157:257]), _text(block[345:500])
+            if block[156:157] == b"\0" and name.endswith("/"):
+                kind = "directory"
+            if kind == "directory":
+                name = name.rstrip("/")
+            if prefix:
+                name = prefix + "/" + name
+            following = offset + _BLOCK + (-(-size // _BLOCK) * _BLOCK if kind == "file" else 0)
+            plain = following <= file_size  # else the data runs past the end: the stdlib's error to give
+        if not plain or len(blocks) == _CHECKSUM_BLOCKS:
+            members, stopped_at = _checked(pending, blocks)
+            yield from members
+            if stopped_at is not None or not plain:
+                if stopped_at is not None or not end_of_archive:
+                    yield offset if stopped_at is None else stopped_at
+                return
+            pending, blocks = [], []
+        pending.append((name, kind, offset + _BLOCK, size, linkname, int(fields[5].strip() or b"0", 8), offset))
+        blocks.append(block)
+        offset = following
+
+
+def _checked(pending: list, blocks: list) -> tuple[list[tuple[str, str, int, int, str]], int | None]:
+    """The members of `pending` up to the first whose header's checksum does not hold (the unsigned sum of the
+    header's bytes, its checksum field read as spaces), and that one's offset (None: all hold)."""
+    if not pending:
+        return [], None
+    headers = np.frombuffer(b"".join(blocks), np.uint8).reshape(len(blocks), _BLOCK)
+    sums = headers.sum(axis=1, dtype=np.int64) - headers[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * ord(" ")
+    for position, (member, actual) in enumerate(zip(pending, sums.tolist(), strict=True)):
+        if member[5] != actual:
+            return [member[:5] for member in pending[:position]], member[6]
+    return [member[:5] for member in pending], None
 
 
 def _absolute(path: str) -> bool:
@@ -215,10 +296,11 @@ class TarTree(FileTree):
         self._order: list[str] = []
         self._directories: set[str] = set()
         try:
-            archive = tarfile.open(fileobj=self._file, mode="r:")  # noqa: SIM115 (read once, here)
-            for member in archive:
-                archive.members.clear()  # each member is taken in as it comes, not kept as a whole record
-                self._take(member)
+            for member in _plain_members(self._file, os.fstat(self._file.fileno()).st_size):
+                if isinstance(member, int):  # a header to leave to the stdlib, and all that follow it
+                    self._take_from_stdlib(member)
+                    break
+                self._take(*member)
         except (tarfile.TarError, EOFError) as error:
             if beginning.lstrip().startswith(b"<"):  # what a proxy or a web server answers instead
                 raise SourceError(
@@ -227,22 +309,32 @@ class TarTree(FileTree):
                 ) from error
             raise SourceError(f"{self.origin}: not a readable tar archive, or truncated ({error})") from error
 
-    def _take(self, member: tarfile.TarInfo) -> None:
-        check_member(member, self.origin)
-        if member.issparse():
-            raise SourceError(
-                f"{self.origin}: refusing sparse archive member {member.name!r} ({member.size:,} bytes, mostly "
-                "holes); an image dataset has no sparse files"
-            )
-        name = _normalized(member.name)
-        if member.isdir():
+    def _take_from_stdlib(self, offset: int) -> None:
+        """The members from the header at `offset` on, as the stdlib's reader reads them (extension records, special
+        files, the errors of a damaged archive)."""
+        self._file.seek(offset)
+        archive = tarfile.TarFile(fileobj=self._file, mode="r")  # reads from where the file stands
+        for member in archive:
+            archive.members.clear()  # each member is taken in as it comes, not kept as a whole record
+            if member.issparse():
+                check_member(member.name, _member_kind(member), member.linkname, self.origin)
+                raise SourceError(
+                    f"{self.origin}: refusing sparse archive member {member.name!r} ({member.size:,} bytes, mostly "
+                    "holes); an image dataset has no sparse files"
+                )
+            self._take(member.name, _member_kind(member), member.offset_data, member.size, member.linkname)
+
+    def _take(self, member_name: str, kind: str, offset: int, size: int, linkname: str) -> None:
+        check_member(member_name, kind, linkname, self.origin)
+        name = _normalized(member_name)
+        if kind == "directory":
             self._directories.add(name)
-        elif member.isfile() or member.islnk() or member.issym():
-            if member.isfile():
-                self._files[name] = (member.offset_data, member.size)
-            else:  # a hard link names a member; a symbolic one a path from its own folder
-                target = member.linkname if member.islnk() else posixpath.join(posixpath.dirname(name), member.linkname)
-                self._links[name] = _normalized(posixpath.normpath(target))
+        elif kind == "file":
+            self._files[name] = (offset, size)
+            self._order.append(name)
+        elif kind in ("hardlink", "symlink"):  # a hard link names a member; a symbolic one a path from its folder
+            target = linkname if kind == "hardlink" else posixpath.join(posixpath.dirname(name), linkname)
+            self._links[name] = _normalized(posixpath.normpath(target))
             self._order.append(name)
 
     def names(self) -> list[str]:

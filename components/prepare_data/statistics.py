@@ -26,9 +26,10 @@ brightness above 0.99, and the threshold 0.9 finds 2.9% of the test images in th
 Barz and Denzler found by hand.
 
 The search (`near_duplicate_pairs`) runs once over the images of all splits together: exhaustive up to
-EXHAUSTIVE_LIMIT images, beyond that within cells of similar descriptors, one more cell for every 1,024 images past
-262,144 (99.7% of the exhaustive search's pairs on CIFAR-10, in a twentieth of its time; bench/scale.py measures it
-at 600,000); the pairs are then sorted into within-split and across-split comparisons.
+EXHAUSTIVE_LIMIT images, beyond that within cells of about CELL_IMAGES similar descriptors, each image compared with
+the images of its SEARCH_PROBES nearest cells, so that its time grows linearly with the images (bench/scale.py: 98.8%
+of the exhaustive search's pairs at 600,000 images, in 15 s); the pairs are then sorted into within-split and
+across-split comparisons.
 """
 
 from __future__ import annotations
@@ -57,11 +58,14 @@ THUMBNAIL_SIDE = 8  # class mean images: 8x8x3 values each
 LISTED_PAIRS = 500  # pairs listed per comparison (all are counted)
 LISTED_LEAKING = 20_000  # ids of leaking images listed per split (all are counted): at most about 1 MB
 EXHAUSTIVE_LIMIT = 8192  # images up to which every pair is compared
-SEARCH_CELLS = 256
-SEARCH_PROBES = 4
+CELL_IMAGES = 512  # images a cell, at any size
+SEARCH_PROBES = 6  # cells each image is compared with (bench/scale.py: recall 0.99 at 600,000 images)
+FLAT_CELLS = 256  # up to this many cells, an image's nearest are found among all of them; beyond, among groups'
+GROUP_PROBES = 4  # groups of cells among whose cells an image's nearest are found
+SAMPLE_PER_CELL = 40  # descriptors the cells' centres are fitted on, per cell
+SAMPLE_FLOOR = 20_480
 SEARCH_BLOCK = 2048
-CELL_IMAGES = 1024  # images a cell beyond SEARCH_CELLS cells (bench/scale.py: recall 0.98 at 600,000 images)
-SCORE_ELEMENTS = 1 << 24  # descriptor-centre scores computed at a time (64 MB of float32)
+SCORE_ELEMENTS = 1 << 22  # scores computed at a time (16 MB of float32)
 CHUNK_BYTES = 32 << 20  # of float pixels converted at a time
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 HISTOGRAM_BINS = 32  # per channel, of 8 pixel values each
@@ -400,45 +404,79 @@ def _rounded(values, digits: int = 4) -> list[float]:
 def near_duplicate_pairs(features: np.ndarray, threshold: float = NEAR_DUPLICATE_THRESHOLD, seed: int = 0):
     """(i, j, similarity), i < j, of the descriptors whose cosine similarity is at least `threshold`.
 
-    Up to EXHAUSTIVE_LIMIT images every pair is compared. Beyond, the descriptors are grouped into cells around
-    centres (a few rounds of spherical k-means on a sample), and each image is compared with the images of its
-    SEARCH_PROBES nearest cells: a near-duplicate pair lies so close (cosine 0.9 is an angle of 26 degrees, where
-    unrelated images are 80 to 90 apart) that its images almost always share a cell. There are SEARCH_CELLS cells, and
-    beyond SEARCH_CELLS * CELL_IMAGES images one for every CELL_IMAGES, so that a probe compares an image with a
-    bounded number of others at any size. On CIFAR-10's 60,000 images this finds 99.7% of the pairs an exhaustive
-    comparison finds, in a twentieth of its time; at 600,000 (bench/scale.py) 98.3%, in 14 s against 32 s with 256
-    cells (a growth exponent of 1.33 from 60,000, against 1.69)."""
+    Up to EXHAUSTIVE_LIMIT images every pair is compared. Beyond, the descriptors are grouped into cells of about
+    CELL_IMAGES images around centres (a few rounds of spherical k-means on a sample), and each image is compared with
+    the images of its SEARCH_PROBES nearest cells: a near-duplicate pair lies so close (cosine 0.9 is an angle of 26
+    degrees, where unrelated images are 80 to 90 apart) that its images almost always share a cell. An image's
+    nearest cells are found among the cells of its GROUP_PROBES nearest groups of cells (the centres' own k-means), so
+    that neither finding them nor comparing costs more an image as the images grow: the search's time is linear in
+    their number, its memory that of the descriptors and a bounded block of scores. bench/scale.py measures its time
+    and its recall against comparing every pair."""
     if len(features) <= EXHAUSTIVE_LIMIT:
         return _pairs_exhaustive(features, threshold)
-    centres = _cell_centres(features, seed, max(SEARCH_CELLS, len(features) // CELL_IMAGES))
-    probed = _nearest_cells(features, centres)
+    centres = _cell_centres(features, seed, max(1, round(len(features) / CELL_IMAGES)))
+    probed = _nearest_cells(features, centres, SEARCH_PROBES, seed)
     members_by_cell = _grouped(probed[:, 0], len(centres))
     probers_by_cell = _grouped(probed.ravel(), len(centres), np.repeat(np.arange(len(features)), SEARCH_PROBES))
+    del probed
     found_left, found_right, found_similarity = [], [], []
     for cell in range(len(centres)):
         members, probers = members_by_cell[cell], probers_by_cell[cell]
         if not len(members) or not len(probers):
             continue
-        similarity = features[probers] @ features[members].T
-        candidates = np.flatnonzero(similarity.max(axis=1) >= threshold)  # few rows: look only at those
-        hit_rows, columns = np.nonzero(similarity[candidates] >= threshold)
-        rows = candidates[hit_rows]
-        left, right = probers[rows], members[columns]
-        keep = left != right
-        found_left.append(np.minimum(left, right)[keep])
-        found_right.append(np.maximum(left, right)[keep])
-        found_similarity.append(similarity[rows, columns][keep])
+        cell_features = features[members].T
+        block = max(1, SCORE_ELEMENTS // len(members))
+        for start in range(0, len(probers), block):
+            rows_of = probers[start : start + block]
+            similarity = features[rows_of] @ cell_features
+            candidates = np.flatnonzero(similarity.max(axis=1) >= threshold)  # few rows: look only at those
+            hit_rows, columns = np.nonzero(similarity[candidates] >= threshold)
+            rows = candidates[hit_rows]
+            left, right = rows_of[rows], members[columns]
+            keep = left != right
+            found_left.append(np.minimum(left, right)[keep])
+            found_right.append(np.maximum(left, right)[keep])
+            found_similarity.append(similarity[rows, columns][keep])
     return _distinct_pairs(found_left, found_right, found_similarity, len(features))
 
 
-def _nearest_cells(features: np.ndarray, centres: np.ndarray) -> np.ndarray:
-    """int64 [n, SEARCH_PROBES]: each descriptor's nearest cells, nearest first, scored SCORE_ELEMENTS at a time."""
-    probed = np.empty((len(features), SEARCH_PROBES), np.int64)
+def _nearest_cells(features: np.ndarray, centres: np.ndarray, probes: int, seed: int) -> np.ndarray:
+    """int64 [n, probes]: each descriptor's nearest cells, nearest first. Up to FLAT_CELLS cells, from its scores
+    with every centre; beyond, from its scores with the centres of its GROUP_PROBES nearest groups of cells (about
+    the square root of the cells, grouped by k-means of the centres)."""
+    probes = min(probes, len(centres))
+    if len(centres) <= FLAT_CELLS:
+        return _nearest_flat(features, centres, probes)
+    groups = _cell_centres(centres, seed, math.ceil(math.sqrt(len(centres))))
+    cells_by_group = _grouped((centres @ groups.T).argmax(axis=1), len(groups))
+    nearest_groups = _nearest_flat(features, groups, min(GROUP_PROBES, len(groups)))
+    rows_by_group = _grouped(nearest_groups.ravel(), len(groups), np.repeat(np.arange(len(features)),
+                             nearest_groups.shape[1]))  # fmt: skip
+    best_scores = np.full((len(features), probes), -np.inf, np.float32)
+    best_cells = np.zeros((len(features), probes), np.int64)
+    for cells, rows_in_group in zip(cells_by_group, rows_by_group, strict=True):
+        if not len(cells):
+            continue
+        block = max(1, SCORE_ELEMENTS // len(cells))
+        for start in range(0, len(rows_in_group), block):
+            rows = rows_in_group[start : start + block]
+            scores = np.concatenate([best_scores[rows], features[rows] @ centres[cells].T], axis=1)
+            named = np.concatenate([best_cells[rows], np.broadcast_to(cells, (len(rows), len(cells)))], axis=1)
+            kept = np.argpartition(-scores, probes - 1, axis=1)[:, :probes]
+            best_scores[rows] = np.take_along_axis(scores, kept, axis=1)
+            best_cells[rows] = np.take_along_axis(named, kept, axis=1)
+    order = np.argsort(-best_scores, axis=1, kind="stable")
+    return np.take_along_axis(best_cells, order, axis=1)
+
+
+def _nearest_flat(features: np.ndarray, centres: np.ndarray, probes: int) -> np.ndarray:
+    """int64 [n, probes]: each descriptor's nearest centres, nearest first, scored SCORE_ELEMENTS at a time."""
+    probed = np.empty((len(features), probes), np.int64)
     block = max(1, SCORE_ELEMENTS // len(centres))
     for start in range(0, len(features), block):
         scores = features[start : start + block] @ centres.T
         rows = np.arange(len(scores))
-        for probe in range(SEARCH_PROBES):  # argmax beats a partial sort here
+        for probe in range(probes):  # argmax beats a partial sort here
             probed[start : start + block, probe] = scores.argmax(axis=1)
             scores[rows, probed[start : start + block, probe]] = -np.inf
     return probed
@@ -466,10 +504,10 @@ def _distinct_pairs(lefts: list, rights: list, similarities: list, count: int):
 
 
 def _cell_centres(features: np.ndarray, seed: int, cells: int) -> np.ndarray:
-    """`cells` unit centres: spherical k-means, five rounds, on a sample of 80 images a cell (at least 80 *
-    SEARCH_CELLS, at most 24 a cell beyond), its assignments summed SCORE_ELEMENTS at a time."""
+    """`cells` unit centres: spherical k-means, five rounds, on a sample of SAMPLE_PER_CELL images a cell (at least
+    SAMPLE_FLOOR), its assignments summed SCORE_ELEMENTS at a time."""
     rng = np.random.default_rng(seed)
-    size = min(len(features), max(80 * SEARCH_CELLS, 24 * cells))
+    size = min(len(features), max(SAMPLE_FLOOR, SAMPLE_PER_CELL * cells))
     sample = features[rng.choice(len(features), size, replace=False)]
     centres = sample[rng.choice(len(sample), cells, replace=False)].copy()
     block = max(1, SCORE_ELEMENTS // cells)
