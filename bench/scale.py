@@ -116,7 +116,7 @@ def prepare_cost(source: Path, size: int, workers: int = 1) -> tuple[float, int,
 
 def features_of(size: int, images: np.ndarray) -> np.ndarray:
     """The search's descriptors of the `size` images of the scaled source, computed a chunk at a time."""
-    features = np.empty((size, statistics._WEIGHTS.size), np.float32)
+    features = np.empty((size, statistics._WEIGHTS.size), statistics.DESCRIPTOR_DTYPE)  # as prepare_data keeps them
     for start in range(0, size, 8192):
         indices = np.arange(start, min(start + 8192, size))
         copies, originals = np.divmod(indices, len(images))
@@ -134,10 +134,10 @@ def search_cost(features: np.ndarray, sample: int) -> tuple[float, float, int]:
     left, right, _similarity = statistics.near_duplicate_pairs(features)
     took = time.perf_counter() - started
     chosen = np.random.default_rng(0).choice(len(features), min(sample, len(features)), replace=False)
-    truth = set()
+    truth, whole = set(), features.astype(np.float32)
     for start in range(0, len(chosen), 256):
         rows = chosen[start : start + 256]
-        hits_row, hits_column = np.nonzero(features[rows] @ features.T >= statistics.NEAR_DUPLICATE_THRESHOLD)
+        hits_row, hits_column = np.nonzero(whole[rows] @ whole.T >= statistics.NEAR_DUPLICATE_THRESHOLD)
         for row, column in zip(rows[hits_row], hits_column, strict=True):
             if row != column:
                 truth.add((min(row, column), max(row, column)))

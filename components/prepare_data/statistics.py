@@ -34,16 +34,20 @@ across-split comparisons.
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import json
 import logging
 import math
+import os
 import zipfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from components.common.data_statistics import PER_IMAGE
 from components.common.progress import Progress
@@ -65,6 +69,9 @@ GROUP_PROBES = 4  # groups of cells among whose cells an image's nearest are fou
 SAMPLE_PER_CELL = 40  # descriptors the cells' centres are fitted on, per cell
 SAMPLE_FLOOR = 20_480
 SEARCH_BLOCK = 2048
+DESCRIPTOR_DTYPE = np.float16  # as the descriptors are kept (cosines within 1e-3 of float32's), half the memory
+SEARCH_THREADS = min(8, len(os.sched_getaffinity(0)))  # cells compared at once (numpy lets go of the GIL)
+NEAREST_ROWS = 16_384  # descriptors whose nearest cells are found at a time
 SCORE_ELEMENTS = 1 << 22  # scores computed at a time (16 MB of float32)
 CHUNK_BYTES = 32 << 20  # of float pixels converted at a time
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
@@ -213,7 +220,7 @@ class SplitStatistics:
         at_32 = images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE)
         small = images.astype(np.float32) if at_32 else at_feature_size(images)
         luminance = small @ LUMA  # [n, 32, 32]
-        self.features.append(luminance_descriptors(luminance))
+        self.features.append(luminance_descriptors(luminance).astype(DESCRIPTOR_DTYPE))
         step = -(-count // LOOK_IMAGES)  # a systematic sample of a large batch: the look needs no more
         self._add_look(images[::step], small[::step], luminance[::step], labels[::step])
         pixels = images.reshape(count, -1) if at_32 else small.reshape(count, -1)
@@ -280,7 +287,7 @@ class SplitStatistics:
         arrays["counters"] = np.array(json.dumps({name: list(getattr(self, name).items()) for name in self.COUNTERS}))
         arrays.update(num_classes=np.array(self.num_classes), pixels_per_image=np.array(self.pixels_per_image),
                       ids=np.array(self.ids, dtype=str), digests=_joined(self.digests, (0, 2), np.uint64),
-                      features=_joined(self.features, (0, _WEIGHTS.size), np.float32))  # fmt: skip
+                      features=_joined(self.features, (0, _WEIGHTS.size), DESCRIPTOR_DTYPE))  # fmt: skip
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
         return buffer.getvalue()
@@ -302,7 +309,7 @@ class SplitStatistics:
                 statistics.pixels_per_image = int(arrays["pixels_per_image"])
                 statistics.ids = arrays["ids"].tolist()
                 statistics.digests = [arrays["digests"]]
-                statistics.features = [arrays["features"]]
+                statistics.features = [arrays["features"].astype(DESCRIPTOR_DTYPE, copy=False)]
         except (OSError, KeyError, ValueError, TypeError, AttributeError, zipfile.BadZipFile) as error:
             raise ValueError(f"{origin}: not a prepare worker's partial statistics ({error})") from error
         return statistics
@@ -417,18 +424,30 @@ def near_duplicate_pairs(features: np.ndarray, threshold: float = NEAR_DUPLICATE
     centres = _cell_centres(features, seed, max(1, round(len(features) / CELL_IMAGES)))
     probed = _nearest_cells(features, centres, SEARCH_PROBES, seed)
     members_by_cell = _grouped(probed[:, 0], len(centres))
-    probers_by_cell = _grouped(probed.ravel(), len(centres), np.repeat(np.arange(len(features)), SEARCH_PROBES))
+    probers_by_cell = _grouped(
+        probed.ravel(), len(centres), np.repeat(np.arange(len(features), dtype=np.int32), SEARCH_PROBES)
+    )
     del probed
-    found_left, found_right, found_similarity = [], [], []
-    for cell in range(len(centres)):
-        members, probers = members_by_cell[cell], probers_by_cell[cell]
-        if not len(members) or not len(probers):
-            continue
-        cell_features = features[members].T
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(SEARCH_THREADS) as pool:
+        found = list(pool.map(functools.partial(_cell_pairs, features, threshold), members_by_cell, probers_by_cell))
+    return _distinct_pairs(*(list(parts) for parts in zip(*found, strict=True)), len(features)) if found else (
+        _distinct_pairs([], [], [], len(features)))  # fmt: skip
+
+
+def _cell_pairs(features: np.ndarray, threshold: float, members: np.ndarray, probers: np.ndarray):
+    """(left, right, similarity) of the pairs of a cell's `members` and the images that probe it (`probers`), at
+    least `threshold`, each pair's smaller index left; scored SCORE_ELEMENTS at a time."""
+    found_left, found_right, found_similarity = (
+        [np.zeros(0, np.int32)],
+        [np.zeros(0, np.int32)],
+        [np.zeros(0, np.float32)],
+    )
+    if len(members) and len(probers):
+        cell_features = _rows(features, members).T
         block = max(1, SCORE_ELEMENTS // len(members))
         for start in range(0, len(probers), block):
             rows_of = probers[start : start + block]
-            similarity = features[rows_of] @ cell_features
+            similarity = _rows(features, rows_of) @ cell_features
             candidates = np.flatnonzero(similarity.max(axis=1) >= threshold)  # few rows: look only at those
             hit_rows, columns = np.nonzero(similarity[candidates] >= threshold)
             rows = candidates[hit_rows]
@@ -437,44 +456,56 @@ def near_duplicate_pairs(features: np.ndarray, threshold: float = NEAR_DUPLICATE
             found_left.append(np.minimum(left, right)[keep])
             found_right.append(np.maximum(left, right)[keep])
             found_similarity.append(similarity[rows, columns][keep])
-    return _distinct_pairs(found_left, found_right, found_similarity, len(features))
+    return np.concatenate(found_left), np.concatenate(found_right), np.concatenate(found_similarity)
+
+
+def _rows(features: np.ndarray, chosen) -> np.ndarray:
+    """float32 rows of the descriptors (held at DESCRIPTOR_DTYPE), for the products."""
+    return np.asarray(features[chosen], np.float32)
 
 
 def _nearest_cells(features: np.ndarray, centres: np.ndarray, probes: int, seed: int) -> np.ndarray:
-    """int64 [n, probes]: each descriptor's nearest cells, nearest first. Up to FLAT_CELLS cells, from its scores
+    """int32 [n, probes]: each descriptor's nearest cells, nearest first. Up to FLAT_CELLS cells, from its scores
     with every centre; beyond, from its scores with the centres of its GROUP_PROBES nearest groups of cells (about
-    the square root of the cells, grouped by k-means of the centres)."""
+    the square root of the cells, grouped by k-means of the centres), NEAREST_ROWS descriptors at a time on
+    SEARCH_THREADS threads."""
     probes = min(probes, len(centres))
     if len(centres) <= FLAT_CELLS:
         return _nearest_flat(features, centres, probes)
     groups = _cell_centres(centres, seed, math.ceil(math.sqrt(len(centres))))
     cells_by_group = _grouped((centres @ groups.T).argmax(axis=1), len(groups))
-    nearest_groups = _nearest_flat(features, groups, min(GROUP_PROBES, len(groups)))
-    rows_by_group = _grouped(nearest_groups.ravel(), len(groups), np.repeat(np.arange(len(features)),
-                             nearest_groups.shape[1]))  # fmt: skip
-    best_scores = np.full((len(features), probes), -np.inf, np.float32)
-    best_cells = np.zeros((len(features), probes), np.int64)
-    for cells, rows_in_group in zip(cells_by_group, rows_by_group, strict=True):
-        if not len(cells):
-            continue
-        block = max(1, SCORE_ELEMENTS // len(cells))
-        for start in range(0, len(rows_in_group), block):
-            rows = rows_in_group[start : start + block]
-            scores = np.concatenate([best_scores[rows], features[rows] @ centres[cells].T], axis=1)
-            named = np.concatenate([best_cells[rows], np.broadcast_to(cells, (len(rows), len(cells)))], axis=1)
-            kept = np.argpartition(-scores, probes - 1, axis=1)[:, :probes]
-            best_scores[rows] = np.take_along_axis(scores, kept, axis=1)
-            best_cells[rows] = np.take_along_axis(named, kept, axis=1)
-    order = np.argsort(-best_scores, axis=1, kind="stable")
-    return np.take_along_axis(best_cells, order, axis=1)
+    group_probes = min(GROUP_PROBES, len(groups))
+    probed = np.empty((len(features), probes), np.int32)
+
+    def nearest(start: int) -> None:
+        part = _rows(features, slice(start, start + NEAREST_ROWS))
+        nearest_groups = _nearest_flat(part, groups, group_probes)
+        scores = np.full((len(part), group_probes * probes), -np.inf, np.float32)
+        named = np.zeros((len(part), group_probes * probes), np.int32)
+        for slot in range(group_probes):  # each row's slot-th nearest group: its best cells in columns of their own
+            for positions, cells in zip(_grouped(nearest_groups[:, slot], len(groups)), cells_by_group, strict=True):
+                if not len(positions) or not len(cells):
+                    continue
+                kept = min(probes, len(cells))
+                cell_scores = part[positions] @ centres[cells].T
+                best = np.argpartition(-cell_scores, kept - 1, axis=1)[:, :kept]
+                columns = slice(slot * probes, slot * probes + kept)
+                scores[positions, columns] = np.take_along_axis(cell_scores, best, axis=1)
+                named[positions, columns] = cells[best]
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :probes]
+        probed[start : start + len(part)] = np.take_along_axis(named, order, axis=1)
+
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(SEARCH_THREADS) as pool:
+        list(pool.map(nearest, range(0, len(features), NEAREST_ROWS)))
+    return probed
 
 
 def _nearest_flat(features: np.ndarray, centres: np.ndarray, probes: int) -> np.ndarray:
-    """int64 [n, probes]: each descriptor's nearest centres, nearest first, scored SCORE_ELEMENTS at a time."""
-    probed = np.empty((len(features), probes), np.int64)
+    """int32 [n, probes]: each descriptor's nearest centres, nearest first, scored SCORE_ELEMENTS at a time."""
+    probed = np.empty((len(features), probes), np.int32)
     block = max(1, SCORE_ELEMENTS // len(centres))
     for start in range(0, len(features), block):
-        scores = features[start : start + block] @ centres.T
+        scores = _rows(features, slice(start, start + block)) @ centres.T
         rows = np.arange(len(scores))
         for probe in range(probes):  # argmax beats a partial sort here
             probed[start : start + block, probe] = scores.argmax(axis=1)
@@ -485,7 +516,7 @@ def _nearest_flat(features: np.ndarray, centres: np.ndarray, probes: int) -> np.
 def _pairs_exhaustive(features: np.ndarray, threshold: float):
     found_left, found_right, found_similarity = [], [], []
     for start in range(0, len(features), SEARCH_BLOCK):
-        similarity = features[start : start + SEARCH_BLOCK] @ features[start:].T  # the columns from the block on
+        similarity = _rows(features, slice(start, start + SEARCH_BLOCK)) @ _rows(features, slice(start, None)).T
         rows, columns = np.nonzero(similarity >= threshold)
         keep = columns > rows
         rows, columns = rows[keep], columns[keep]
@@ -508,7 +539,7 @@ def _cell_centres(features: np.ndarray, seed: int, cells: int) -> np.ndarray:
     SAMPLE_FLOOR), its assignments summed SCORE_ELEMENTS at a time."""
     rng = np.random.default_rng(seed)
     size = min(len(features), max(SAMPLE_FLOOR, SAMPLE_PER_CELL * cells))
-    sample = features[rng.choice(len(features), size, replace=False)]
+    sample = _rows(features, rng.choice(len(features), size, replace=False))
     centres = sample[rng.choice(len(sample), cells, replace=False)].copy()
     block = max(1, SCORE_ELEMENTS // cells)
     for _ in range(5):
@@ -617,7 +648,7 @@ def comparisons(statistics: dict[str, SplitStatistics]) -> list[Comparison]:
 def _joined_features(statistics: dict[str, SplitStatistics], names: list[str]) -> np.ndarray:
     """The descriptors of every split, in `names`' order, in one array; each split's batches are let go as they are
     copied (this is their one use), so that the descriptors are held once, not two or three times, at the peak."""
-    features = np.empty((sum(statistics[name].count for name in names), _WEIGHTS.size), np.float32)
+    features = np.empty((sum(statistics[name].count for name in names), _WEIGHTS.size), DESCRIPTOR_DTYPE)
     position = 0
     for name in names:
         batches, statistics[name].features = statistics[name].features, []
