@@ -53,7 +53,9 @@ result = prepare_data(PrepareDataConfig(source=sys.argv[1], output=sys.argv[2], 
 took = time.perf_counter() - started
 peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 workers_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the largest worker's (0: none)
-print(result.manifest_sha256, took, max(peak, workers_peak))
+used = sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+           for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+print(result.manifest_sha256, took, max(peak, workers_peak), used / took)
 """
 
 
@@ -100,9 +102,10 @@ def scaled_source(size: int, cifar: tuple[np.ndarray, list[str], list[str]]) -> 
     return path
 
 
-def prepare_cost(source: Path, size: int, workers: int = 1) -> tuple[float, int, str]:
+def prepare_cost(source: Path, size: int, workers: int = 1) -> tuple[float, int, str, float]:
     """Seconds and peak bytes of prepare_data on `source` with `workers` workers, in a fresh process (its own VmHWM,
-    not this one's; with workers, the largest of any one process's), and its manifest's SHA-256."""
+    not this one's; with workers, the largest of any one process's), its manifest's SHA-256, and the cores it kept
+    busy on average (CPU time over wall time, workers included)."""
     output = subprocess.run(
         [sys.executable, "-c", PREPARE, str(source), str(WORK / f"scale-{size}-dataset-{workers}"),
          str(WORK / "scale-cache"), str(workers)],
@@ -110,8 +113,8 @@ def prepare_cost(source: Path, size: int, workers: int = 1) -> tuple[float, int,
     )  # fmt: skip
     if output.returncode:
         sys.exit(f"prepare_data on {source} failed:\n{output.stderr[-2000:]}")
-    manifest, took, peak = output.stdout.split()[-3:]
-    return float(took), int(peak), manifest
+    manifest, took, peak, cores = output.stdout.split()[-4:]
+    return float(took), int(peak), manifest, float(cores)
 
 
 def features_of(size: int, images: np.ndarray) -> np.ndarray:
@@ -163,21 +166,22 @@ def main() -> None:
     rows = {}
     for size in sizes:
         source = scaled_source(size, cifar)
-        prepare_seconds, peak, manifest = prepare_cost(source, size)
+        prepare_seconds, peak, manifest, cores = prepare_cost(source, size)
         search_seconds, recall, pairs = search_cost(features_of(size, cifar[0]), arguments.sample)
         rows[size] = (prepare_seconds, peak, search_seconds, recall, pairs)
         print(f"{size:>9,} images: prepare {prepare_seconds:7.1f} s ({prepare_seconds / size * 1e6:5.0f} us an image), "
-              f"peak {peak / 2**20:6.0f} MB; search {search_seconds:6.2f} s, recall {recall:.3f} on {pairs:,} pairs "
+              f"peak {peak / 2**20:6.0f} MB, {cores:.2f} cores busy; search {search_seconds:6.2f} s, "
+              f"recall {recall:.3f} on {pairs:,} pairs "
               f"of a {arguments.sample:,}-image sample", flush=True)  # fmt: skip
     small, large = sizes[0], sizes[-1]
     if arguments.workers > 1:
-        fanned_seconds, fanned_peak, fanned_manifest = prepare_cost(
+        fanned_seconds, fanned_peak, fanned_manifest, fanned_cores = prepare_cost(
             scaled_source(large, cifar), large, arguments.workers
         )
         same = "the same dataset" if fanned_manifest == manifest else "ANOTHER DATASET (manifests differ)"
         print(f"{large:>9,} images, --prepare-workers {arguments.workers}: prepare {fanned_seconds:7.1f} s, "
               f"{rows[large][0] / fanned_seconds:.2f}x faster than 1 worker, peak {fanned_peak / 2**20:6.0f} MB "
-              f"(the largest process's); {same}", flush=True)  # fmt: skip
+              f"(the largest process's), {fanned_cores:.2f} cores busy; {same}", flush=True)  # fmt: skip
     if small == large:
         return
     (prepare_small, peak_small, search_small, _, _), (prepare_large, peak_large, search_large, _, _) = (

@@ -34,7 +34,6 @@ across-split comparisons.
 
 from __future__ import annotations
 
-import functools
 import io
 import itertools
 import json
@@ -423,13 +422,14 @@ def near_duplicate_pairs(features: np.ndarray, threshold: float = NEAR_DUPLICATE
         return _pairs_exhaustive(features, threshold)
     centres = _cell_centres(features, seed, max(1, round(len(features) / CELL_IMAGES)))
     probed = _nearest_cells(features, centres, SEARCH_PROBES, seed)
-    members_by_cell = _grouped(probed[:, 0], len(centres))
-    probers_by_cell = _grouped(
-        probed.ravel(), len(centres), np.repeat(np.arange(len(features), dtype=np.int32), SEARCH_PROBES)
-    )
+    by_probe = [_grouped(probed[:, probe], len(centres)) for probe in range(probed.shape[1])]  # [0]: the members
     del probed
+
+    def pairs_of(cell: int):  # the cell's members against every image that probes it
+        return _cell_pairs(features, threshold, by_probe[0][cell], np.concatenate([cells[cell] for cells in by_probe]))
+
     with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(SEARCH_THREADS) as pool:
-        found = list(pool.map(functools.partial(_cell_pairs, features, threshold), members_by_cell, probers_by_cell))
+        found = list(pool.map(pairs_of, range(len(centres))))
     return _distinct_pairs(*(list(parts) for parts in zip(*found, strict=True)), len(features)) if found else (
         _distinct_pairs([], [], [], len(features)))  # fmt: skip
 
@@ -555,12 +555,12 @@ def _cell_centres(features: np.ndarray, seed: int, cells: int) -> np.ndarray:
     return centres
 
 
-def _grouped(cells: np.ndarray, count: int, values: np.ndarray | None = None) -> list[np.ndarray]:
-    """values (default: positions) grouped by their cell, for cells 0..count-1."""
+def _grouped(cells: np.ndarray, count: int) -> list[np.ndarray]:
+    """int32 positions grouped by their cell, for cells 0..count-1."""
     order = np.argsort(cells, kind="stable")
     bounds = np.searchsorted(cells[order], np.arange(count + 1))
-    ordered = order if values is None else values[order]
-    return [ordered[bounds[cell] : bounds[cell + 1]] for cell in range(count)]
+    positions = order.astype(np.int32)
+    return [positions[bounds[cell] : bounds[cell + 1]] for cell in range(count)]
 
 
 @dataclass(frozen=True)
