@@ -10,7 +10,8 @@ photographs would have them). It prints, per size:
 and the growth exponent of each cost between the sizes (log of the cost's ratio over log of the size's: 1 is linear).
 The baseline is prepare_data's cost at the smallest size, run in the same invocation.
 
-    .venv/bin/python bench/scale.py [--sizes 60000,600000] [--sample 2000]
+    .venv/bin/python bench/scale.py [--sizes 60000,600000] [--sample 2000] [--workers 2]
+    .venv/bin/python bench/scale.py --sizes 50000 --side 224 --workers 1    # CIFAR-10's images upscaled
 
 The sources are kept in bench/work/scale-<size>.tar (1.8 GB at 600,000 images); a run takes about 10 minutes on
 2 cores at the default sizes (20 minutes the first time, making the sources), most of it decoding PNG files.
@@ -78,9 +79,10 @@ def cifar_images() -> tuple[np.ndarray, list[str], list[str]]:
     return np.stack(images)[order], [splits[i] for i in order], [classes[i] for i in order]
 
 
-def scaled_source(size: int, cifar: tuple[np.ndarray, list[str], list[str]]) -> Path:
-    """bench/work/scale-<size>.tar: `size` PNG files in <split>/<class>/ folders (uncompressed: PNG is)."""
-    path = WORK / f"scale-{size}.tar"
+def scaled_source(size: int, cifar: tuple[np.ndarray, list[str], list[str]], side: int = 32) -> Path:
+    """bench/work/scale-<size>.tar (scale-<size>-<side>px.tar): `size` PNG files in <split>/<class>/ folders
+    (uncompressed: PNG is), of `side` x `side` pixels (the images upscaled, bicubic)."""
+    path = WORK / (f"scale-{size}.tar" if side == 32 else f"scale-{size}-{side}px.tar")
     if path.exists():
         return path
     images, splits, classes = cifar
@@ -91,6 +93,8 @@ def scaled_source(size: int, cifar: tuple[np.ndarray, list[str], list[str]]) -> 
         for index in range(size):
             copy, original = divmod(index, len(images))
             image = np.roll(images[original], (copy, 2 * copy), axis=(0, 1)) if copy else images[original]
+            if side != 32:
+                image = np.asarray(Image.fromarray(image).resize((side, side), Image.BICUBIC))
             encoded = io.BytesIO()
             Image.fromarray(image).save(encoded, format="PNG", compress_level=1)
             info = tarfile.TarInfo(f"{splits[original]}/{classes[original]}/{copy:03d}-{original:05d}.png")
@@ -102,12 +106,12 @@ def scaled_source(size: int, cifar: tuple[np.ndarray, list[str], list[str]]) -> 
     return path
 
 
-def prepare_cost(source: Path, size: int, workers: int = 1) -> tuple[float, int, str, float]:
+def prepare_cost(source: Path, workers: int = 1) -> tuple[float, int, str, float]:
     """Seconds and peak bytes of prepare_data on `source` with `workers` workers, in a fresh process (its own VmHWM,
     not this one's; with workers, the largest of any one process's), its manifest's SHA-256, and the cores it kept
     busy on average (CPU time over wall time, workers included)."""
     output = subprocess.run(
-        [sys.executable, "-c", PREPARE, str(source), str(WORK / f"scale-{size}-dataset-{workers}"),
+        [sys.executable, "-c", PREPARE, str(source), str(WORK / f"{source.stem}-dataset-{workers}"),
          str(WORK / "scale-cache"), str(workers)],
         cwd=REPOSITORY, capture_output=True, text=True,
     )  # fmt: skip
@@ -156,27 +160,32 @@ def exponent(small: float, large: float, small_size: int, large_size: int) -> fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="60000,600000", help="image counts, comma-separated, smallest first")
+    parser.add_argument("--side", type=int, default=32, help="the images' side in pixels (not 32: the search, whose "
+                        "descriptors are computed at 32x32 whatever the size, is not run)")  # fmt: skip
     parser.add_argument("--sample", type=int, default=2000, help="images whose every pair the recall is checked on")
     parser.add_argument("--workers", type=int, default=2, help="at the largest size, also prepare with this many "
                         "workers (--prepare-workers), against one (1: not)")  # fmt: skip
     arguments = parser.parse_args()
     sizes = sorted(int(size) for size in arguments.sizes.split(","))
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; images {arguments.side}x{arguments.side}", flush=True)
     cifar = cifar_images()
     rows = {}
     for size in sizes:
-        source = scaled_source(size, cifar)
-        prepare_seconds, peak, manifest, cores = prepare_cost(source, size)
-        search_seconds, recall, pairs = search_cost(features_of(size, cifar[0]), arguments.sample)
-        rows[size] = (prepare_seconds, peak, search_seconds, recall, pairs)
-        print(f"{size:>9,} images: prepare {prepare_seconds:7.1f} s ({prepare_seconds / size * 1e6:5.0f} us an image), "
-              f"peak {peak / 2**20:6.0f} MB, {cores:.2f} cores busy; search {search_seconds:6.2f} s, "
-              f"recall {recall:.3f} on {pairs:,} pairs "
-              f"of a {arguments.sample:,}-image sample", flush=True)  # fmt: skip
+        source = scaled_source(size, cifar, arguments.side)
+        prepare_seconds, peak, manifest, cores = prepare_cost(source)
+        line = (f"{size:>9,} images: prepare {prepare_seconds:7.1f} s ({prepare_seconds / size * 1e6:5.0f} us an "
+                f"image), peak {peak / 2**20:6.0f} MB, {cores:.2f} cores busy")  # fmt: skip
+        search_seconds = None
+        if arguments.side == 32:
+            search_seconds, recall, pairs = search_cost(features_of(size, cifar[0]), arguments.sample)
+            line += (f"; search {search_seconds:6.2f} s, recall {recall:.3f} on {pairs:,} pairs of a "
+                     f"{arguments.sample:,}-image sample")  # fmt: skip
+        rows[size] = (prepare_seconds, peak, search_seconds)
+        print(line, flush=True)
     small, large = sizes[0], sizes[-1]
     if arguments.workers > 1:
         fanned_seconds, fanned_peak, fanned_manifest, fanned_cores = prepare_cost(
-            scaled_source(large, cifar), large, arguments.workers
+            scaled_source(large, cifar, arguments.side), arguments.workers
         )
         same = "the same dataset" if fanned_manifest == manifest else "ANOTHER DATASET (manifests differ)"
         print(f"{large:>9,} images, --prepare-workers {arguments.workers}: prepare {fanned_seconds:7.1f} s, "
@@ -184,14 +193,13 @@ def main() -> None:
               f"(the largest process's), {fanned_cores:.2f} cores busy; {same}", flush=True)  # fmt: skip
     if small == large:
         return
-    (prepare_small, peak_small, search_small, _, _), (prepare_large, peak_large, search_large, _, _) = (
-        rows[small], rows[large],
-    )  # fmt: skip
+    (prepare_small, peak_small, search_small), (prepare_large, peak_large, search_large) = rows[small], rows[large]
     print(f"growth from {small:,} to {large:,} images (exponent: 1 is linear, 0 constant):")
     print(f"  prepare time   {exponent(prepare_small, prepare_large, small, large):.2f}  "
           f"(time an image {prepare_large / large / (prepare_small / small):.2f}x)")  # fmt: skip
     print(f"  prepare peak   {exponent(peak_small, peak_large, small, large):.2f}  ({peak_large / peak_small:.2f}x)")
-    print(f"  search time    {exponent(search_small, search_large, small, large):.2f}")
+    if search_small is not None:
+        print(f"  search time    {exponent(search_small, search_large, small, large):.2f}")
 
 
 def cpu_name() -> str:

@@ -10,7 +10,13 @@ The loop and the bare step are timed in windows of consecutive steps after one w
 from its own progress lines; bench/timing.py), so start-up and tracing are left out. Rounds alternate which side
 goes first, so that machine noise hits both sides alike.
 
+With `--s3` the dataset is copied to a bucket of a local S3 server (moto, on 127.0.0.1) and both sides train from its
+s3:// copy, as from an object store: the train stage downloads and verifies the shards to its cache before the first
+step (timed and printed on its own), so the loop reads local files whatever the dataset's size. The two-worker
+comparison is then not run.
+
     .venv/bin/python bench/train.py [--dataset DIR] [--rounds 5] [--window-steps 20] [--windows 4] [--steps 60]
+    .venv/bin/python bench/train.py --s3 --dataset bench/work/scale-600000-dataset-1 --rounds 3
 """
 
 from __future__ import annotations
@@ -96,6 +102,46 @@ def workers_images_per_second(data: str, workers: int, steps: int) -> float:
     return statistics.median(rates[1:])  # the first window includes tracing
 
 
+def served_from_s3(local: str) -> str:
+    """The prepared dataset at `local` copied (its manifest last) to a bucket of an S3 server started on 127.0.0.1 for
+    this run, and its s3:// URI; the standard AWS variables point this process at the server, and the cache it is
+    downloaded to is a scratch folder. Prints how long the train stage takes to download and verify it."""
+    import socket
+    import time
+
+    from moto.server import ThreadedMotoServer
+
+    from components.common import object_stores
+    from components.common.dataset import open_dataset
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False).start()  # a daemon thread: ends with the run
+    cache = tempfile.mkdtemp(prefix="bench-cache-")
+    os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
+                      AWS_SECRET_ACCESS_KEY="bench", XDG_CACHE_HOME=cache)  # fmt: skip
+    for variable in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        os.environ.pop(variable, None)
+    object_stores.reset_clients()
+    client = object_stores.s3_client()
+    client.create_bucket(Bucket="bench")
+    files = sorted(
+        (path for path in Path(local).rglob("*") if path.is_file()), key=lambda path: path.name == "manifest.json"
+    )
+    started = time.perf_counter()
+    for path in files:
+        client.upload_file(str(path), "bench", f"dataset/{path.relative_to(local).as_posix()}")
+    size = sum(path.stat().st_size for path in files)
+    took = time.perf_counter() - started
+    print(f"copied {len(files)} files ({size / 1e9:.2f} GB) to s3://bench/dataset in {took:.0f} s", flush=True)
+    started = time.perf_counter()
+    open_dataset("s3://bench/dataset")
+    print(f"the train stage's download and check of its shards: {time.perf_counter() - started:.0f} s (cached after)",
+          flush=True)  # fmt: skip
+    return "s3://bench/dataset"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", help="a prepared dataset (default: bench/work/dataset, prepared if missing)")
@@ -103,9 +149,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="steps per worker-count run")
     parser.add_argument("--window-steps", type=int, default=20, help="steps per timed window of the loop comparison")
     parser.add_argument("--windows", type=int, default=4, help="timed windows per side and round")
+    parser.add_argument("--s3", action="store_true", help="train from the dataset's copy on a local S3 server")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     data = dataset_directory(arguments.dataset)
+    if arguments.s3:
+        data = served_from_s3(data)
 
     bare_rates, loop_rates = [], []
     for round_number in range(1, arguments.rounds + 1):
@@ -119,6 +168,8 @@ def main() -> None:
     print(f"bare tf.function step:           {statistics.median(bare_rates):7.0f} images/s")
     print(f"this loop (default features):    {statistics.median(loop_rates):7.0f} images/s")
     print(f"ratio loop / bare: {paired:.2f} (median of per-round ratios; target >= 0.95)")
+    if arguments.s3:
+        return
 
     one, two = [], []
     for _round in range(arguments.rounds):

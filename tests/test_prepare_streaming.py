@@ -202,3 +202,30 @@ def test_the_archive_index_is_what_the_standard_library_reads(tmp_path, monkeypa
     assert fast == stdlib
     if damage in (None, "trailing"):
         assert "data/" + "deep/" * 25 + "dog.png" in fast[0] and "data/train/caf\u00e9/0002.png" in fast[0]
+
+
+def test_spooled_descriptors_read_back_as_written_from_threads_and_a_forked_worker():
+    """The descriptors wait in one scratch file: batches put from several threads read back as they were, and a
+    forked worker puts its own in a file of its own while reading its parent's."""
+    import multiprocessing
+    from concurrent.futures import ThreadPoolExecutor
+
+    from components.prepare_data import statistics as data_statistics
+
+    rng = np.random.default_rng(0)
+    batches = [rng.standard_normal((int(size), 63)).astype(np.float16) for size in rng.integers(1, 500, 40)]
+    with ThreadPoolExecutor(4) as pool:
+        spooled = list(pool.map(data_statistics.spooled, batches))
+    assert all(np.array_equal(item.array(), batch) for item, batch in zip(spooled, batches, strict=True))
+
+    def child(queue):
+        mine = data_statistics.spooled(batches[0] + 1)
+        queue.put((mine.spool is not spooled[0].spool, np.array_equal(spooled[5].array(), batches[5]),
+                   np.array_equal(mine.array(), batches[0] + 1)))  # fmt: skip
+
+    queue = multiprocessing.get_context("fork").Queue()
+    worker = multiprocessing.get_context("fork").Process(target=child, args=(queue,))
+    worker.start()
+    assert queue.get(timeout=60) == (True, True, True)
+    worker.join(60)
+    assert np.array_equal(spooled[5].array(), batches[5])  # the parent's, untouched by the worker's

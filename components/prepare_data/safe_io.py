@@ -79,6 +79,9 @@ class FileTree:
     def describe(self, name: str) -> str:
         return f"{self.origin}:{name}"
 
+    def close(self) -> None:
+        """Let go of the index of the files (and an archive's scratch file), once nothing more is read."""
+
     def _too_large(self, name: str, size: int, max_bytes: int, what: str) -> SourceError:
         return SourceError(
             f"{self.describe(name)}: {size:,} bytes is more than {what} can be ({max_bytes:,} bytes); not read"
@@ -361,6 +364,10 @@ class TarTree(FileTree):
                 )
             target = self._links[target]
         raise SourceError(f"{self.origin}: member {name!r}: links lead through more than {MAX_LINKS} others")
+
+    def close(self) -> None:
+        self._files, self._links, self._order = {}, {}, []
+        self._file.close()
 
     def read(self, name: str, max_bytes: int, what: str = "a file") -> bytes:
         if name not in self._files and name not in self._links:

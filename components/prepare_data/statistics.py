@@ -34,12 +34,17 @@ across-split comparisons.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import io
 import itertools
 import json
 import logging
 import math
 import os
+import tempfile
+import threading
+import weakref
 import zipfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +76,8 @@ SEARCH_BLOCK = 2048
 DESCRIPTOR_DTYPE = np.float16  # as the descriptors are kept (cosines within 1e-3 of float32's), half the memory
 SEARCH_THREADS = min(4, os.cpu_count() or 1)  # cells compared at once (numpy lets go of the GIL), 20 MB each
 NEAREST_ROWS = 16_384  # descriptors whose nearest cells are found at a time
-SCORE_ELEMENTS = 1 << 22  # scores computed at a time (16 MB of float32)
+RELEASE_BATCHES = 64  # batches of descriptors joined between two releases of the memory they held
+SCORE_ELEMENTS = 1 << 20  # scores computed at a time (4 MB of float32, a thread)
 CHUNK_BYTES = 32 << 20  # of float pixels converted at a time
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 HISTOGRAM_BINS = 32  # per channel, of 8 pixel values each
@@ -114,6 +120,56 @@ def luminance_descriptors(luminance: np.ndarray) -> np.ndarray:
     coefficients = coefficients.reshape(count, -1)[:, 1:] * _WEIGHTS  # without the DC term
     norms = np.linalg.norm(coefficients, axis=1, keepdims=True)
     return np.where(norms > 1e-3, coefficients / np.maximum(norms, 1e-3), 0).astype(np.float32)
+
+
+class Spool:
+    """An unnamed scratch file that arrays are appended to and read back from: the descriptors wait on disk, not in
+    memory, from their batch's statistics to the search (76 MB at 600,000 images, beside the encoding's peak)."""
+
+    def __init__(self):
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the arrays in it)
+        self._end = 0
+        self._lock = threading.Lock()
+
+    def put(self, array: np.ndarray) -> SpooledArray:
+        content = np.ascontiguousarray(array).tobytes()
+        with self._lock:
+            offset, self._end = self._end, self._end + len(content)
+        os.pwrite(self._file.fileno(), content, offset)
+        return SpooledArray(self, offset, array.shape, array.dtype)
+
+    def read(self, offset: int, size: int) -> bytes:
+        content = os.pread(self._file.fileno(), size, offset)
+        if len(content) != size:
+            raise OSError(f"scratch file of descriptors: {len(content)} of {size} bytes at {offset} read back")
+        return content
+
+
+@dataclass(frozen=True)
+class SpooledArray:
+    spool: Spool
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def array(self) -> np.ndarray:
+        size = math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return np.frombuffer(self.spool.read(self.offset, size), self.dtype).reshape(self.shape)
+
+
+_SPOOLS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # "current": this process's, while in use
+os.register_at_fork(after_in_child=_SPOOLS.clear)  # a forked worker reads its parent's spool, and writes its own
+
+
+def spooled(array: np.ndarray) -> SpooledArray:
+    """`array` kept in this process's spool (one scratch file, gone when the last array in it is)."""
+    spool = _SPOOLS.get("current")
+    if spool is None:
+        spool = _SPOOLS["current"] = Spool()
+    return spool.put(array)
 
 
 ONE_PRODUCT_CLASSES = 64  # up to this many classes, per-class sums are one matrix product
@@ -176,7 +232,7 @@ class SplitStatistics:
     conversions: Counter = field(default_factory=Counter)  # colour kinds other than RGB
     ids: list[str] = field(default_factory=list)
     digests: list[np.ndarray] = field(default_factory=list)  # uint64 [n, 2] per batch
-    features: list[np.ndarray] = field(default_factory=list)
+    features: list[SpooledArray] = field(default_factory=list)  # the descriptors, per batch, kept on disk
     channel_histogram: np.ndarray = None  # int64 [3, HISTOGRAM_BINS]
     saturation_histogram: np.ndarray = None  # int64 [SATURATION_BINS]
     detail_histogram: np.ndarray = None  # int64 [DETAIL_BINS]
@@ -219,7 +275,7 @@ class SplitStatistics:
         at_32 = images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE)
         small = images.astype(np.float32) if at_32 else at_feature_size(images)
         luminance = small @ LUMA  # [n, 32, 32]
-        self.features.append(luminance_descriptors(luminance).astype(DESCRIPTOR_DTYPE))
+        self.features.append(spooled(luminance_descriptors(luminance).astype(DESCRIPTOR_DTYPE)))
         step = -(-count // LOOK_IMAGES)  # a systematic sample of a large batch: the look needs no more
         self._add_look(images[::step], small[::step], luminance[::step], labels[::step])
         pixels = images.reshape(count, -1) if at_32 else small.reshape(count, -1)
@@ -286,10 +342,14 @@ class SplitStatistics:
         arrays["counters"] = np.array(json.dumps({name: list(getattr(self, name).items()) for name in self.COUNTERS}))
         arrays.update(num_classes=np.array(self.num_classes), pixels_per_image=np.array(self.pixels_per_image),
                       ids=np.array(self.ids, dtype=str), digests=_joined(self.digests, (0, 2), np.uint64),
-                      features=_joined(self.features, (0, _WEIGHTS.size), DESCRIPTOR_DTYPE))  # fmt: skip
+                      features=self.descriptors())  # fmt: skip
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
         return buffer.getvalue()
+
+    def descriptors(self) -> np.ndarray:
+        """The images' descriptors, [count, 63] at DESCRIPTOR_DTYPE, in the order they were added."""
+        return _joined([batch.array() for batch in self.features], (0, _WEIGHTS.size), DESCRIPTOR_DTYPE)
 
     @classmethod
     def from_bytes(cls, content: bytes, origin: str) -> SplitStatistics:
@@ -308,7 +368,7 @@ class SplitStatistics:
                 statistics.pixels_per_image = int(arrays["pixels_per_image"])
                 statistics.ids = arrays["ids"].tolist()
                 statistics.digests = [arrays["digests"]]
-                statistics.features = [arrays["features"].astype(DESCRIPTOR_DTYPE, copy=False)]
+                statistics.features = [spooled(arrays["features"].astype(DESCRIPTOR_DTYPE, copy=False))]
         except (OSError, KeyError, ValueError, TypeError, AttributeError, zipfile.BadZipFile) as error:
             raise ValueError(f"{origin}: not a prepare worker's partial statistics ({error})") from error
         return statistics
@@ -653,10 +713,20 @@ def _joined_features(statistics: dict[str, SplitStatistics], names: list[str]) -
     for name in names:
         batches, statistics[name].features = statistics[name].features, []
         while batches:
-            batch = batches.pop(0)
+            batch = batches.pop(0).array()
             features[position : position + len(batch)] = batch
             position += len(batch)
+            if len(batches) % RELEASE_BATCHES == 0:
+                release_freed_memory()
     return features
+
+
+def release_freed_memory() -> None:
+    """Hand the C allocator's freed pages back to the system. A shard's descriptors (630 KB) are allocated from the
+    allocator's heaps, which keep what is freed for reuse: copied into one array and freed, they would stay resident
+    beside it (76 MB at 600,000 images). glibc only; elsewhere nothing is done."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _joined(batches: list[np.ndarray], empty_shape: tuple[int, int], dtype) -> np.ndarray:
