@@ -16,7 +16,7 @@ step (timed and printed on its own), so the loop reads local files whatever the 
 comparison is then not run.
 
     .venv/bin/python bench/train.py [--dataset DIR] [--rounds 5] [--window-steps 20] [--windows 4] [--steps 60]
-    .venv/bin/python bench/train.py --s3 --dataset bench/work/scale-600000-dataset-1 --rounds 3
+    .venv/bin/python bench/train.py --s3 --dataset bench/work/scale-600000-dataset-1 --rounds 3 --run-steps 37500
 """
 
 from __future__ import annotations
@@ -60,9 +60,12 @@ def dataset_directory(given: str | None) -> str:
     return str(target)
 
 
-def speed_round(data: str, round_number: int, window_steps: int, windows: int) -> tuple[float, float]:
+def speed_round(
+    data: str, round_number: int, window_steps: int, windows: int, run_steps: int | None = None
+) -> tuple[float, float]:
     """Images/s of the bare step and of this loop, each the median of its windows; odd rounds start with the bare
-    step, even ones with the loop."""
+    step, even ones with the loop. `run_steps`: the length of the run whose cadence (summaries, checkpoints,
+    validation) the loop's windows keep (None: their own short run's, which validates every few steps)."""
     import keras
 
     from components.common.model import ModelSpec, build_resnet
@@ -73,7 +76,7 @@ def speed_round(data: str, round_number: int, window_steps: int, windows: int) -
 
     config = TrainConfig(data=data, model_dir="unused", depth=DEPTH, batch_size=BATCH)
     bare_seconds, loop_seconds = timing.paired_round(
-        round_number, bare, lambda: timing.loop_window_seconds(config, window_steps, windows)
+        round_number, bare, lambda: timing.loop_window_seconds(config, window_steps, windows, run_steps)
     )
     return BATCH / bare_seconds, BATCH / loop_seconds
 
@@ -118,6 +121,7 @@ def served_from_s3(local: str) -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False).start()  # a daemon thread: ends with the run
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the server's line for every request
     cache = tempfile.mkdtemp(prefix="bench-cache-")
     os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
                       AWS_SECRET_ACCESS_KEY="bench", XDG_CACHE_HOME=cache)  # fmt: skip
@@ -150,6 +154,9 @@ def main() -> None:
     parser.add_argument("--window-steps", type=int, default=20, help="steps per timed window of the loop comparison")
     parser.add_argument("--windows", type=int, default=4, help="timed windows per side and round")
     parser.add_argument("--s3", action="store_true", help="train from the dataset's copy on a local S3 server")
+    parser.add_argument("--run-steps", type=int, help="keep the cadence of a run this long in the timed windows "
+                        "(default: the windows' own short run, which validates every few steps: at 600,000 images "
+                        "a pass over 100,000 in every window)")  # fmt: skip
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     data = dataset_directory(arguments.dataset)
@@ -158,7 +165,7 @@ def main() -> None:
 
     bare_rates, loop_rates = [], []
     for round_number in range(1, arguments.rounds + 1):
-        bare, loop = speed_round(data, round_number, arguments.window_steps, arguments.windows)
+        bare, loop = speed_round(data, round_number, arguments.window_steps, arguments.windows, arguments.run_steps)
         bare_rates.append(bare)
         loop_rates.append(loop)
         print(f"round {round_number}: bare step {bare:.0f} images/s, this loop {loop:.0f} images/s", flush=True)
