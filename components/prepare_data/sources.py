@@ -538,19 +538,19 @@ def left_by_a_tool(name: str) -> bool:
 def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[str]]]]:
     """Find `<root><split>/<class>/<file>` and group the files: {split: {class: [names]}}; what a tool or an
     operating system left among them (`left_by_a_tool`) is skipped, said once in the log."""
-    skipped = [name for name in tree.names() if left_by_a_tool(name)]
+    visible, skipped = [], []
+    for name in tree.names():
+        (skipped if left_by_a_tool(name) else visible).append(name)
     if skipped:
         logger.info("skipping %d hidden or system file(s), e.g. %s", len(skipped), tree.describe(skipped[0]))
     roots = set()
-    for name in tree.names():
-        if left_by_a_tool(name):
-            continue
+    for name in visible:
         parts = name.split("/")
         for depth in range(len(parts) - 2):
             if parts[depth].lower() in SPLIT_FOLDERS and len(parts) - depth == 3:
                 roots.add("/".join(parts[:depth]))
     if not roots:
-        flat = sorted({name.split("/")[-2] for name in tree.names() if not left_by_a_tool(name) and "/" in name})
+        flat = sorted({name.split("/")[-2] for name in visible if "/" in name})
         if flat:  # class folders of images, as many tools lay them out, without the split folders above them
             shown_classes = ", ".join(f"{name}/" for name in flat[:3]) + (", ..." if len(flat) > 3 else "")
             raise SourceError(
@@ -567,11 +567,11 @@ def _class_folder_layout(tree: FileTree) -> tuple[str, dict[str, dict[str, list[
     prefix = f"{root}/" if root else ""
     groups: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     spelled: dict[str, set[str]] = defaultdict(set)  # each split's folder names as the source spells them
-    for name in tree.names():
+    for name in visible:
         if not name.startswith(prefix):
             continue
         parts = name[len(prefix) :].split("/")
-        if parts[0].lower() not in SPLIT_FOLDERS or left_by_a_tool(name):
+        if parts[0].lower() not in SPLIT_FOLDERS:
             continue
         spelled[SPLIT_FOLDERS[parts[0].lower()]].add(parts[0])
         if len(parts) != 3:
