@@ -7,10 +7,12 @@ photographs would have them). It prints, per size:
 - prepare_data in a process of its own, as the CLI runs it: wall time, time per image and peak memory (VmHWM);
 - the search for near-duplicates on the images' descriptors: its time, and its recall against an exhaustive
   comparison of a seeded sample of `--sample` images with every image;
+- the evaluate stage on the published dataset's test split (a tenth of the images), in a process of its own: wall
+  time and peak memory, of a ResNet-20 trained one step (`--evaluate` off: not run);
 and the growth exponent of each cost between the sizes (log of the cost's ratio over log of the size's: 1 is linear).
 The baseline is prepare_data's cost at the smallest size, run in the same invocation.
 
-    .venv/bin/python bench/scale.py [--sizes 60000,600000] [--sample 2000] [--workers 2]
+    .venv/bin/python bench/scale.py [--sizes 60000,600000] [--sample 2000] [--workers 2] [--evaluate on]
     .venv/bin/python bench/scale.py --sizes 50000 --side 224 --workers 1    # CIFAR-10's images upscaled
 
 The sources are kept in bench/work/scale-<size>.tar (1.8 GB at 600,000 images); a run takes about 10 minutes on
@@ -24,6 +26,7 @@ import io
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -57,6 +60,25 @@ workers_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # 
 used = sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
            for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 print(result.manifest_sha256, took, max(peak, workers_peak), used / took)
+"""
+
+
+TRAIN_ONE_STEP = """
+import sys
+from components.train.config import TrainConfig
+from components.train.loop import train
+train(TrainConfig(data=sys.argv[1], model_dir=sys.argv[2], depth=20, train_steps=1, log_every_steps=1))
+"""
+
+EVALUATE = """
+import re, sys, time
+from components.evaluate.config import EvaluateConfig
+from components.evaluate.evaluate import evaluate
+started = time.perf_counter()
+result = evaluate(EvaluateConfig(data=sys.argv[1], model_dir=sys.argv[2], output_dir=sys.argv[3]))
+took = time.perf_counter() - started
+peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+print(took, peak, len(result.final.probabilities))
 """
 
 
@@ -121,6 +143,23 @@ def prepare_cost(source: Path, workers: int = 1) -> tuple[float, int, str, float
     return float(took), int(peak), manifest, float(cores)
 
 
+def evaluate_cost(dataset: Path) -> tuple[float, int, int]:
+    """Seconds and peak bytes of the evaluate stage on `dataset`'s test split, in a fresh process, of a ResNet-20
+    trained one step on it (not timed), and the images it evaluated."""
+    model_dir = WORK / f"{dataset.name}-model"
+    for script, arguments in (
+        (TRAIN_ONE_STEP, [dataset, model_dir]),
+        (EVALUATE, [dataset, model_dir, model_dir / "eval"]),
+    ):
+        output = subprocess.run([sys.executable, "-c", script, *map(str, arguments)], cwd=REPOSITORY,
+                                capture_output=True, text=True)  # fmt: skip
+        if output.returncode:
+            sys.exit(f"{dataset}: the evaluate stage's run failed:\n{output.stderr[-2000:]}")
+    took, peak, images = output.stdout.split()[-3:]
+    shutil.rmtree(model_dir)
+    return float(took), int(peak), int(images)
+
+
 def features_of(size: int, images: np.ndarray) -> np.ndarray:
     """The search's descriptors of the `size` images of the scaled source, computed a chunk at a time."""
     features = np.empty((size, statistics._WEIGHTS.size), statistics.DESCRIPTOR_DTYPE)  # as prepare_data keeps them
@@ -165,6 +204,7 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=2000, help="images whose every pair the recall is checked on")
     parser.add_argument("--workers", type=int, default=2, help="at the largest size, also prepare with this many "
                         "workers (--prepare-workers), against one (1: not)")  # fmt: skip
+    parser.add_argument("--evaluate", choices=("on", "off"), default="on", help="time the evaluate stage at each size")
     arguments = parser.parse_args()
     sizes = sorted(int(size) for size in arguments.sizes.split(","))
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; images {arguments.side}x{arguments.side}", flush=True)
@@ -180,7 +220,12 @@ def main() -> None:
             search_seconds, recall, pairs = search_cost(features_of(size, cifar[0]), arguments.sample)
             line += (f"; search {search_seconds:6.2f} s, recall {recall:.3f} on {pairs:,} pairs of a "
                      f"{arguments.sample:,}-image sample")  # fmt: skip
-        rows[size] = (prepare_seconds, peak, search_seconds)
+        evaluation = None
+        if arguments.evaluate == "on":
+            evaluation = evaluate_cost(WORK / f"{source.stem}-dataset-1")
+            line += (f"; evaluate {evaluation[2]:,} test images {evaluation[0]:6.1f} s, peak "
+                     f"{evaluation[1] / 2**20:6.0f} MB")  # fmt: skip
+        rows[size] = (prepare_seconds, peak, search_seconds, evaluation)
         print(line, flush=True)
     small, large = sizes[0], sizes[-1]
     if arguments.workers > 1:
@@ -193,13 +238,20 @@ def main() -> None:
               f"(the largest process's), {fanned_cores:.2f} cores busy; {same}", flush=True)  # fmt: skip
     if small == large:
         return
-    (prepare_small, peak_small, search_small), (prepare_large, peak_large, search_large) = rows[small], rows[large]
+    (prepare_small, peak_small, search_small, evaluation_small) = rows[small]
+    (prepare_large, peak_large, search_large, evaluation_large) = rows[large]
     print(f"growth from {small:,} to {large:,} images (exponent: 1 is linear, 0 constant):")
     print(f"  prepare time   {exponent(prepare_small, prepare_large, small, large):.2f}  "
           f"(time an image {prepare_large / large / (prepare_small / small):.2f}x)")  # fmt: skip
     print(f"  prepare peak   {exponent(peak_small, peak_large, small, large):.2f}  ({peak_large / peak_small:.2f}x)")
     if search_small is not None:
         print(f"  search time    {exponent(search_small, search_large, small, large):.2f}")
+    if evaluation_small is not None:
+        (seconds_small, peak_small, images_small), (seconds_large, peak_large, images_large) = (
+            evaluation_small, evaluation_large)  # fmt: skip
+        print(f"  evaluate time  {exponent(seconds_small, seconds_large, images_small, images_large):.2f}")
+        print(f"  evaluate peak  {exponent(peak_small, peak_large, images_small, images_large):.2f}  "
+              f"({peak_large / peak_small:.2f}x)")  # fmt: skip
 
 
 def cpu_name() -> str:
