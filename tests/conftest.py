@@ -34,6 +34,20 @@ def restored_logging():
 
 
 @pytest.fixture(autouse=True)
+def unpatched_print():
+    """kfp.local indents every `print` while a step runs (it replaces `builtins.print`, and puts it back after): a test
+    that leaves it replaced fails, and the print is put back, so that a later test's output is not indented."""
+    import builtins
+
+    original = builtins.print
+    yield
+    if builtins.print is not original:
+        left = builtins.print
+        builtins.print = original
+        pytest.fail(f"the test left builtins.print replaced by {left.__module__}.{left.__qualname__}")
+
+
+@pytest.fixture(autouse=True)
 def restored_signal_mask():
     """`python -m components.train` blocks SIGTERM and SIGINT when imported (components/train/termination.py); a test
     that imports its main leaves them blocked in this process, and every process a later test starts inherits the

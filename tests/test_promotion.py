@@ -718,6 +718,7 @@ def test_a_live_promotion_renews_its_claim_while_it_stages_and_is_never_taken_ov
     promote_once(trained, root, step=5)
     slow_stage = promote.stage
 
+    staging = threading.Event()  # the first promotion holds the claim (it stages after claiming)
     watching = threading.Event()  # the second promotion found the first's claim and watches it
     real_abandoned = promote._abandoned
 
@@ -727,6 +728,7 @@ def test_a_live_promotion_renews_its_claim_while_it_stages_and_is_never_taken_ov
 
     def stage(*arguments):
         if threading.current_thread().name == "first":
+            staging.set()
             assert watching.wait(120), "the second promotion never met the claim"
             time.sleep(3.0)  # twice the lease while the second watches: only the renewals keep the claim
         return slow_stage(*arguments)
@@ -740,6 +742,7 @@ def test_a_live_promotion_renews_its_claim_while_it_stages_and_is_never_taken_ov
 
     thread = threading.Thread(target=first, name="first")
     thread.start()
+    assert staging.wait(120), "the first promotion never claimed"  # else the second may claim first: another story
     with caplog.at_level("INFO", logger="components.evaluate.promote"):
         second = promote_once(trained, root, step=5, decide_again=lambda ready: promote.Decision(True, ["again"]))
     thread.join()
