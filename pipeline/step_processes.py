@@ -23,6 +23,7 @@ removed.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
@@ -47,6 +48,43 @@ DRAIN_SECONDS = 10.0  # how long a step's output may go on after the step exited
 REMOVE_SECONDS = 120.0  # how long a container's removal may take (on vfs, a GPU image's copy: about 40 s)
 ENDED = ("exited", "dead", "stopped")  # a container's states once it has ended ("stopped": podman 4.3's Docker API)
 RUNNING = ("running", "restarting", "paused")
+
+
+class IndentedPrint:
+    """kfp.local's `indented_print`, safe on threads. kfp's swaps `builtins.print` for an indenting one while a step
+    runs and back after; kfp 2.17 runs a ParallelFor's steps on threads, whose swaps interleave (a step ends while
+    another runs: the second put back the first's indenting print), so the indenting print stayed for the rest of the
+    process. This one swaps once for all the steps running, back when the last ends, and indents the lines of the
+    threads inside a step only."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._original = builtins.print
+        self._spaces = threading.local()
+
+    @contextlib.contextmanager
+    def __call__(self, num_spaces: int = 4):
+        with self._lock:
+            if not self._running:
+                self._original, builtins.print = builtins.print, self._print
+            self._running += 1
+        outer = getattr(self._spaces, "count", 0)
+        self._spaces.count = outer + num_spaces
+        try:
+            yield
+        finally:
+            self._spaces.count = outer
+            with self._lock:
+                self._running -= 1
+                if not self._running:
+                    builtins.print = self._original
+
+    def _print(self, *values, **options):
+        spaces = getattr(self._spaces, "count", 0)
+        if spaces:
+            self._original(" " * spaces, end="", file=options.get("file"))
+        return self._original(*values, **options)
 
 
 class StepProcesses:
@@ -213,7 +251,7 @@ class StepProcesses:
     def supervised(self):
         """kfp.local's runners start their steps through this owner (the subprocess runner's processes, the Docker
         runner's containers); SIGINT and SIGTERM stop them."""
-        from kfp.local import docker_task_handler, subprocess_task_handler
+        from kfp.local import docker_task_handler, logging_utils, subprocess_task_handler
 
         self._reaper = subprocess.Popen(
             [sys.executable, "-m", "pipeline.step_processes", str(self.grace_seconds)],
@@ -224,6 +262,8 @@ class StepProcesses:
         subprocess_task_handler.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": self._popen_class()})
         original_container_start = docker_task_handler.run_docker_container
         docker_task_handler.run_docker_container = self.run_container
+        original_indented_print = logging_utils.indented_print
+        logging_utils.indented_print = IndentedPrint()
         handlers = {}
         if threading.current_thread() is threading.main_thread():
             # A signal this process was started ignoring (SIGINT of a background job, nohup's SIGHUP) stays ignored.
@@ -239,6 +279,7 @@ class StepProcesses:
                 signal.signal(number, handler)
             subprocess_task_handler.subprocess = original_module
             docker_task_handler.run_docker_container = original_container_start
+            logging_utils.indented_print = original_indented_print
             self._close_reaper()
 
     def _close_reaper(self) -> None:

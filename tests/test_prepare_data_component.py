@@ -50,12 +50,16 @@ def test_component_interface_is_typed_and_keeps_the_documented_defaults():
     assert spec.implementation.container.image == image("prepare_data")
 
 
-def test_a_parallel_for_of_workers_merged_by_the_prepare_step_publishes_what_one_step_does(tmp_path):
+def test_a_parallel_for_of_workers_merged_by_the_prepare_step_publishes_what_one_step_does(tmp_path, monkeypatch):
     """The pipeline's fan-out, as it wires it (pipeline/training_pipeline.py), run by kfp.local: the worker pods of a
     ParallelFor each publish their share into their own artifact, the prepare step merges them (dsl.Collected)."""
     from kfp import dsl, local
+    from kfp.local import logging_utils
 
     from components.prepare_data.component import prepare_part_component, prepare_worker_indices_component
+    from pipeline.step_processes import IndentedPrint
+
+    monkeypatch.setattr(logging_utils, "indented_print", IndentedPrint())  # as local-run's (the steps run on threads)
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
     options = {"source": "synthetic", "synthetic_train_per_class": 30, "examples_per_shard": 40}

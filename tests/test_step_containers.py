@@ -286,3 +286,36 @@ def test_a_container_the_engine_does_not_start_fails_its_step_in_one_line(capsys
     )
     client.refusal = docker.errors.ImageNotFound("No such image: step:latest")
     assert steps.run_container(client, "step", ["python"], {}) == 1 and steps.exit_codes == [1, 1]
+
+
+def test_steps_on_threads_indent_their_own_lines_and_leave_print_as_it_was(capsys):
+    """kfp.local runs a ParallelFor's steps on threads, each inside `indented_print`: a step that ends while another
+    runs left kfp's indenting print in place for the rest of the run. The run's own (thread-safe) one does not."""
+    import builtins
+
+    from kfp.local import logging_utils
+
+    from pipeline.step_processes import IndentedPrint
+
+    def interleaved(indented_print) -> None:  # the first step ends while the second runs
+        first, second = indented_print(), indented_print()
+        first.__enter__()
+        print("first step's line")
+        second.__enter__()
+        first.__exit__(None, None, None)
+        outside = threading.Thread(target=print, args=("a line of the run's own",))
+        outside.start()
+        outside.join()
+        second.__exit__(None, None, None)
+
+    original = builtins.print
+    try:
+        interleaved(logging_utils.indented_print)
+        assert builtins.print is not original, "kfp's indented_print is safe on threads now: drop IndentedPrint"
+    finally:
+        builtins.print = original
+    capsys.readouterr()
+    interleaved(IndentedPrint())
+    assert builtins.print is original
+    print("after the steps")
+    assert capsys.readouterr().out == "    first step's line\na line of the run's own\nafter the steps\n"
