@@ -247,11 +247,11 @@ def main() -> None:
     if search_small is not None:
         print(f"  search time    {exponent(search_small, search_large, small, large):.2f}")
     if evaluation_small is not None:
-        (seconds_small, peak_small, images_small), (seconds_large, peak_large, images_large) = (
+        (seconds_small, held_small, images_small), (seconds_large, held_large, images_large) = (
             evaluation_small, evaluation_large)  # fmt: skip
         print(f"  evaluate time  {exponent(seconds_small, seconds_large, images_small, images_large):.2f}")
-        print(f"  evaluate peak  {exponent(peak_small, peak_large, images_small, images_large):.2f}  "
-              f"({peak_large / peak_small:.2f}x)")  # fmt: skip
+        print(f"  evaluate peak  {exponent(held_small, held_large, images_small, images_large):.2f}  "
+              f"({held_large / held_small:.2f}x)")  # fmt: skip
 
 
 def cpu_name() -> str:

@@ -297,16 +297,30 @@ def test_steps_on_threads_indent_their_own_lines_and_leave_print_as_it_was(capsy
 
     from pipeline.step_processes import IndentedPrint
 
-    def interleaved(indented_print) -> None:  # the first step ends while the second runs
-        first, second = indented_print(), indented_print()
-        first.__enter__()
-        print("first step's line")
-        second.__enter__()
-        first.__exit__(None, None, None)
-        outside = threading.Thread(target=print, args=("a line of the run's own",))
-        outside.start()
-        outside.join()
-        second.__exit__(None, None, None)
+    def interleaved(indented_print) -> None:  # two steps on threads of their own; the first ends while the second runs
+        first_in, second_in, first_out, run_said = (threading.Event() for _ in range(4))
+
+        def first_step():
+            with indented_print():
+                print("first step's line")
+                first_in.set()
+                assert second_in.wait(10)
+            first_out.set()
+
+        def second_step():
+            assert first_in.wait(10)
+            with indented_print():
+                second_in.set()
+                assert run_said.wait(10)
+
+        steps = [threading.Thread(target=step) for step in (first_step, second_step)]
+        for step in steps:
+            step.start()
+        assert first_out.wait(10)
+        print("a line of the run's own")
+        run_said.set()
+        for step in steps:
+            step.join()
 
     original = builtins.print
     try:
