@@ -48,6 +48,12 @@ def compiled_path(pipeline) -> Path:
     return COMPILED_FILES.get(pipeline.name, COMPILED.with_name(f"{pipeline.name}.yaml"))
 
 
+def fan_out_path(pipeline) -> Path:
+    """Where `compile --prepare-fan-out` writes the pipeline fanned out (not kept in the repository)."""
+    path = compiled_path(pipeline)
+    return path.with_name(f"{path.stem}-fan-out.yaml")
+
+
 DEFAULT_EXPERIMENT = "cifar10"
 
 
@@ -243,6 +249,35 @@ def compile_components(root: Path = COMPONENTS_ROOT) -> list[Path]:
 # -- what a submission sends ----------------------------------------------------------------------------------
 
 
+def check_backend(package: Path, version: str, host: str) -> None:
+    """Refuse, in one line, a compiled pipeline that the KFP backend `version` cannot run; say in a line each what it
+    would run without (pipeline/backend_support.py reads both from the backend's sources)."""
+    import yaml
+
+    from pipeline import backend_support
+
+    documents = list(yaml.safe_load_all(package.read_text()))  # reader: the pipeline file just compiled
+    used = backend_support.constructs_used(documents)
+    oldest = backend_support.oldest_release(documents)
+    if backend_support.version_key(version) is None:
+        logger.warning(
+            "the KFP backend at %s does not name its version (%r): this pipeline needs %s or newer", host, version,
+            oldest or "a release none of docs/cluster.md's is"
+        )  # fmt: skip
+        return
+    failing, ignored = backend_support.problems(used, version)
+    release = backend_support.RELEASES.get(version)
+    named = f"KFP {version}" + (f" ({release})" if release else "")
+    if failing:
+        more = f" (and {len(failing) - 1} more)" if len(failing) > 1 else ""
+        raise CommandError(
+            f"the KFP backend at {host} is {named}, which cannot run this pipeline: {failing[0]}{more}; it needs KFP "
+            f"{oldest or '(no release)'} or newer (docs/cluster.md)"
+        )
+    for sentence in ignored:
+        logger.warning("KFP %s runs this pipeline without %s", version, sentence)
+
+
 def package_for_submission(pipeline, directory: Path) -> Path:
     """The pipeline compiled for a submission, into `directory` (the compiled file under pipeline/ is `make
     compile`'s and stays as it wrote it), naming the images `make compile REGISTRY=... TAG=...` wrote into that file
@@ -317,6 +352,7 @@ def submit(
     say_the_source(pipeline, parameters)
     with tempfile.TemporaryDirectory(prefix="cifar10-pipeline-") as directory:
         package = package_for_submission(pipeline, Path(directory))
+        check_backend(package, endpoint.backend_version, endpoint.config.host)
         result = endpoint.call(
             f"submitting run {name}",
             lambda: endpoint.client.create_run_from_pipeline_package(
@@ -378,13 +414,14 @@ def schedule(
             "(--replace) replaces it, NAME=... (--name) makes another; make schedules lists them"
         )
     say_the_source(pipeline, parameters)
-    experiment_id = endpoint.call(
-        f"creating experiment {experiment}",
-        lambda: endpoint.client.create_experiment(experiment, namespace=endpoint.namespace),
-        identifier="experiment_id",
-    ).experiment_id
     with tempfile.TemporaryDirectory(prefix="cifar10-pipeline-") as directory:
         package = package_for_submission(pipeline, Path(directory))
+        check_backend(package, endpoint.backend_version, endpoint.config.host)  # before anything is created
+        experiment_id = endpoint.call(
+            f"creating experiment {experiment}",
+            lambda: endpoint.client.create_experiment(experiment, namespace=endpoint.namespace),
+            identifier="experiment_id",
+        ).experiment_id
         job = endpoint.call(
             f"scheduling {name}",
             lambda: endpoint.client.create_recurring_run(
@@ -452,6 +489,25 @@ def endpoint_config(arguments: argparse.Namespace):
     return EndpointConfig(host=arguments.host, namespace=arguments.namespace, ca_bundle=arguments.ca_bundle)
 
 
+def add_fan_out_option(parser: argparse.ArgumentParser, pipeline) -> None:
+    if "prepare_workers" in parameter_types(pipeline):
+        parser.add_argument(
+            "--prepare-fan-out",
+            action="store_true",
+            help="prepare in a ParallelFor of prepare_workers pods merged by the prepare step (KFP backend 2.14 or "
+            "newer; without it, prepare_workers are processes of the one prepare step's pod)",
+        )
+
+
+def fanned_out(pipeline, arguments: argparse.Namespace):
+    """The pipeline the command runs: `pipeline`, or with --prepare-fan-out its fanned-out variant."""
+    if not getattr(arguments, "prepare_fan_out", False):
+        return pipeline
+    from pipeline.training_pipeline import with_prepare_fan_out
+
+    return with_prepare_fan_out(pipeline)
+
+
 def build_parser(pipeline) -> argparse.ArgumentParser:
     word = {"cifar10-sweep": " sweep", "cifar10-predict": " predict"}.get(pipeline.name, "")
     parser = OneLineParser(
@@ -470,6 +526,7 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
         default=COMPONENTS_ROOT,
         help="where each stage's component YAML goes (<root>/<stage>/component.yaml) (default: components/)",
     )
+    add_fan_out_option(compile_parser, pipeline)
     local = commands.add_parser("local-run", help="the whole pipeline on this machine (kfp.local)", allow_abbrev=False)
     local.add_argument(
         "--runner",
@@ -486,6 +543,7 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
         "go (default: outputs)",
     )
     local.add_argument("--verbose", action="store_true", help="show every line of every step, not only the progress")
+    add_fan_out_option(local, pipeline)
     local.add_argument(
         "--resume",
         metavar="RUN",
@@ -515,6 +573,7 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
         "--wait-timeout", type=SECONDS, default=7 * 24 * 3600.0, metavar="SECONDS", help="(default: 604800, 7 days)"
     )
     run.add_argument("--poll-seconds", type=SECONDS, default=10.0, help="how often --wait reads the run (default: 10)")
+    add_fan_out_option(run, pipeline)
     add_parameter_options(run, pipeline)
     recurring = commands.add_parser(
         "schedule", help=f"create a recurring run{' (retraining)' if trains(pipeline) else ''}", allow_abbrev=False
@@ -528,6 +587,7 @@ def build_parser(pipeline) -> argparse.ArgumentParser:
     recurring.add_argument(
         "--replace", action="store_true", help="replace a schedule of the same name (without it, one is refused)"
     )
+    add_fan_out_option(recurring, pipeline)
     add_parameter_options(recurring, pipeline, {key: value for key, value in SCHEDULE_DEFAULTS.items()
                                                 if key in parameter_types(pipeline)})  # fmt: skip
     listing = commands.add_parser(
@@ -571,10 +631,13 @@ def check_names(**names: str | None) -> None:
 def main(pipeline, argv: list[str] | None = None) -> int:
     arguments = build_parser(pipeline).parse_args(argv)
     setup_logging()
+    default, pipeline = pipeline, fanned_out(pipeline, arguments)
     try:
         if arguments.command == "compile":
-            compile_pipeline(pipeline, arguments.output)
-            if compiled_path(pipeline) == COMPILED:  # the stages' published components, with the training pipeline
+            fan_out = pipeline is not default  # beside the pipeline's own file, <name>-fan-out.yaml
+            output = arguments.output or (fan_out_path(pipeline) if fan_out else None)
+            compile_pipeline(pipeline, output)
+            if not fan_out and compiled_path(pipeline) == COMPILED:  # the stages' components, with the training one
                 compile_components(arguments.components_root)
         elif arguments.command == "local-run":
             from pipeline.local_run import local_run

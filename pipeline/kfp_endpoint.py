@@ -210,8 +210,9 @@ def _check_namespace(namespace: str) -> None:
         )
 
 
-def probe(config: EndpointConfig, credentials: Credentials) -> bool:
-    """One request to the health check, redirects not followed; True when the endpoint is multi-user."""
+def probe(config: EndpointConfig, credentials: Credentials) -> tuple[bool, str]:
+    """One request to the health check, redirects not followed: whether the endpoint is multi-user, and the backend's
+    version as it names it (its `tag_name`: "2.15.0"; "unknown" when it does not say)."""
     import requests
 
     url = config.host + API_PATH + "/healthz"
@@ -270,7 +271,8 @@ def probe(config: EndpointConfig, credentials: Credentials) -> bool:
             f"{where} answered with a page ({kind}), not KFP's API: a login page, or not a KFP endpoint; "
             f"check KFP_HOST, and {HOW_TO_AUTHENTICATE}"
         )
-    return health.get("multi_user") is True
+    version = health.get("tag_name")
+    return health.get("multi_user") is True, version if isinstance(version, str) and version else "unknown"
 
 
 def _reason(error: Exception) -> str:
@@ -295,6 +297,7 @@ class Endpoint:
     credentials: Credentials
     namespace: str | None
     client: Any
+    backend_version: str = "unknown"  # the KFP backend's, from its health check
 
     def call(self, what: str, function: Callable[[], Any], identifier: str | None = None) -> Any:
         """`function()`, with the API's refusals as one line each; `identifier` must be set on the answer."""
@@ -341,7 +344,7 @@ def connect(config: EndpointConfig) -> Endpoint:
 
     config = config.resolved()
     credentials = credentials_from_environment()
-    multi_user = probe(config, credentials)
+    multi_user, backend_version = probe(config, credentials)
     namespace = config.namespace
     if multi_user:
         if namespace is None:
@@ -374,13 +377,14 @@ def connect(config: EndpointConfig) -> Endpoint:
         rest_client.pool_manager, f"the KFP endpoint {config.host}", "the KFP API"
     )
     logger.info(
-        "KFP endpoint %s (%s, %s%s)",
+        "KFP endpoint %s (KFP %s, %s, %s%s)",
         config.host,
+        backend_version,
         "multi-user" if multi_user else "single-user",
         credentials.source,
         f", namespace {namespace}" if namespace else "",
     )
-    return Endpoint(config=config, credentials=credentials, namespace=namespace, client=kfp_client)
+    return Endpoint(config, credentials, namespace, kfp_client, backend_version)
 
 
 # -- recurring runs ------------------------------------------------------------------------------------------------

@@ -41,9 +41,7 @@ def predict_pipeline(
         object_store_secret: The secret with the object store's keys (accesskey, secretkey); KFP's by default.
         image_pull_secret: The secret for pulling the image from a private registry ("": none).
     """
-    task = predict_component(
-        model=model, images=images, split=split, top_k=top_k, batch_size=batch_size, resize=resize
-    ).set_display_name("predict")
+    task = predict_component(model=model, images=images, split=split, top_k=top_k, batch_size=batch_size, resize=resize)
     task.set_caching_options(False)  # new images arrive under the same prefix; the promoted model changes
     task.set_cpu_request("2").set_memory_request("4Gi")
     with_pod_settings(task, object_store_secret, image_pull_secret)

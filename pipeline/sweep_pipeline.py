@@ -62,7 +62,7 @@ def _search(dataset, check, parameters: dict) -> dsl.PipelineChannel:
         workers=parameters["trial_workers"],
         sweep_dir=parameters["sweep_dir"],
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-    ).set_display_name("search the train settings")
+    )
     task.set_caching_options(False).after(check)
     task.set_retry(num_retries=2, backoff_duration="60s", backoff_factor=2.0)  # a retry continues the study
     task.set_cpu_request("2").set_memory_request("4Gi")

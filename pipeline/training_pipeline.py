@@ -90,7 +90,7 @@ def evaluate_and_promote(
         baseline_tolerance=baseline_tolerance,
         promotion_root=promotion_root,
         data_blocking=data_blocking,
-    ).set_display_name("evaluate")
+    )
     evaluation.set_caching_options(False)
     evaluation.set_cpu_request("2").set_memory_request("4Gi")
     with_pod_settings(evaluation, object_store_secret, image_pull_secret)
@@ -108,7 +108,7 @@ def evaluate_and_promote(
             run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
             train_image=train_image,
-        ).set_display_name("promote")
+        )
         # a retry of the same promotion takes over its own claim at once, and finds a version it already made ready
         promotion.set_caching_options(False).set_retry(num_retries=2, backoff_duration="60s", backoff_factor=2.0)
         with_pod_settings(promotion, object_store_secret, image_pull_secret)
@@ -123,7 +123,7 @@ TRAIN_RETRIES = {"num_retries": 2, "backoff_duration": "120s", "backoff_factor":
 
 
 def _train_in_pod(training: dict, cpus, memory, object_store_secret, image_pull_secret) -> dsl.PipelineTask:
-    task = train_component(**training, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER).set_display_name("train")
+    task = train_component(**training, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     # Training must run every time (a schedule retrains on new data), so it never comes from the cache; a retry
     # resumes from the last checkpoint in the run's model directory, e.g. after a preemption (exit 143).
     task.set_caching_options(False).set_retry(**TRAIN_RETRIES)
@@ -184,59 +184,78 @@ def _prepare_pod(task: dsl.PipelineTask, p: SimpleNamespace) -> None:
     with_pod_settings(task, p.object_store_secret, p.image_pull_secret)
 
 
+# Whether the pipelines being defined fan their prepare step out (`with_prepare_fan_out`); False for the compiled
+# pipelines under pipeline/, which every backend in docs/cluster.md's table runs (pipeline/backend_support.py).
+_prepare_fan_out = False
+
+
+def with_prepare_fan_out(pipeline):
+    """`pipeline` with its prepare step fanned out: a ParallelFor of prepare_workers pods, each converting its share
+    of the shards, merged by the prepare step (dsl.Collected: KFP backends from 2.14, pipeline/backend_support.py).
+    The same name and parameters; without it, prepare_workers are processes in the one prepare step's pod."""
+    global _prepare_fan_out
+    _prepare_fan_out = True
+    try:
+        return dsl.pipeline(name=pipeline.name, description=pipeline.description)(pipeline.pipeline_func)
+    finally:
+        _prepare_fan_out = False
+
+
+def _prepare(p: SimpleNamespace):
+    """Fingerprint the source, then prepare the dataset (fanned out where the pipeline is `with_prepare_fan_out`):
+    the fingerprint and prepare tasks."""
+    fingerprint = source_fingerprint_component(source=p.source, launcher=p.launcher, promotion_root=p.promotion_root)
+    fingerprint.set_caching_options(False)  # it must look at the source every time; in a pod, it checks access first
+    with_pod_settings(fingerprint, p.object_store_secret, p.image_pull_secret)
+    preparing = {
+        "source": p.source,
+        "source_sha256": p.source_sha256,
+        "validation_fraction": p.validation_fraction,
+        "synthetic_train_per_class": p.synthetic_train_per_class,
+        "resize": p.resize,
+        "leakage": p.leakage,
+        "max_source_megabytes": p.max_source_megabytes,
+        "prepare_workers": p.prepare_workers,
+    }
+    parts = {}
+    if _prepare_fan_out:  # each worker its share of the shards, merged by the prepare step; one worker returns at once
+        indices = prepare_worker_indices_component(prepare_workers=p.prepare_workers)
+        indices.set_caching_options(False).after(fingerprint)
+        with_pod_settings(indices, p.object_store_secret, p.image_pull_secret)
+        with dsl.ParallelFor(indices.output) as index:  # no name=: KFP 2.15 loses a named loop's outputs
+            part = prepare_part_component(index=index, source_fingerprint=fingerprint.output, **preparing)
+            _prepare_pod(part, p)  # cached as the prepare step is: keyed on the source's content
+        parts = {"parts": dsl.Collected(part.outputs["Output"])}
+    data = prepare_data_component(**preparing, source_fingerprint=fingerprint.output, **parts)
+    _prepare_pod(data, p)
+    return fingerprint, data
+
+
 def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None) -> None:
     """The training pipeline's graph, from its parameters: fingerprint, prepare, check, (search,) train, evaluate,
     promote. `search(dataset, check, parameters)`, when given, returns the train options the training uses (the
-    sweep pipeline's best trial's)."""
+    sweep pipeline's best trial's). The preparation comes before the exit handler (which deletes a training job
+    left behind): a ParallelFor inside an ExitHandler fails on KFP backends (kubeflow/pipelines #12390)."""
     p = SimpleNamespace(**parameters)
+    _fingerprint, data = _prepare(p)
+    dataset = data.outputs["dataset"]
     cleanup = delete_training_job_component(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-    cleanup.set_display_name("clean up the training job").set_caching_options(False)
+    cleanup.set_caching_options(False)
     kubernetes.set_image_pull_secrets(cleanup, [p.image_pull_secret])
     with dsl.ExitHandler(cleanup, name="run"):
-        fingerprint = source_fingerprint_component(
-            source=p.source, launcher=p.launcher, promotion_root=p.promotion_root
-        ).set_display_name("fingerprint the source")  # and, in a pod, ask for the run's permissions first
-        fingerprint.set_caching_options(False)  # it must look at the source every time
-        with_pod_settings(fingerprint, p.object_store_secret, p.image_pull_secret)
-
-        preparing = {
-            "source": p.source,
-            "source_sha256": p.source_sha256,
-            "validation_fraction": p.validation_fraction,
-            "synthetic_train_per_class": p.synthetic_train_per_class,
-            "resize": p.resize,
-            "leakage": p.leakage,
-            "max_source_megabytes": p.max_source_megabytes,
-            "prepare_workers": p.prepare_workers,
-        }
-        # prepare_workers > 1: a ParallelFor of worker pods, each its share of the shards, merged by the prepare step
-        # (one worker: its pod returns at once, and the prepare step prepares the whole dataset)
-        indices = prepare_worker_indices_component(prepare_workers=p.prepare_workers)
-        indices.set_display_name("count the prepare workers").set_caching_options(False).after(fingerprint)
-        with_pod_settings(indices, p.object_store_secret, p.image_pull_secret)
-        with dsl.ParallelFor(indices.output, name="prepare-workers") as index:
-            part = prepare_part_component(index=index, source_fingerprint=fingerprint.output, **preparing)
-            part.set_display_name("prepare a part")  # cached as the prepare step is: keyed on the source's content
-            _prepare_pod(part, p)
-        data = prepare_data_component(
-            **preparing, source_fingerprint=fingerprint.output, parts=dsl.Collected(part.outputs["Output"])
-        ).set_display_name("prepare data")
-        _prepare_pod(data, p)
-        dataset = data.outputs["dataset"]
-
         check = check_data_component(
             dataset=dataset,
             mode=p.data_check,
             reference=p.data_reference,
             promotion_root=p.promotion_root,
             thresholds=p.data_thresholds,
-        ).set_display_name("check the data")
+        )
         check.set_caching_options(False)  # the promoted model it compares with changes between runs
         with_pod_settings(check, p.object_store_secret, p.image_pull_secret)
 
         start = warm_start_component(
             warm_start=p.warm_start, promotion_root=p.promotion_root, from_promoted=p.warm_start_from_promoted
-        ).set_display_name("choose the warm start")
+        )
         start.set_caching_options(False).after(data)  # a failed prepare ends the run: nothing else starts
         with_pod_settings(start, p.object_store_secret, p.image_pull_secret)
 
@@ -272,7 +291,7 @@ def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None
                 object_store_secret=p.object_store_secret,
                 image_pull_secret=p.image_pull_secret,
                 queue_name=p.queue_name,
-            ).set_display_name("train (training job)")
+            )
             launched.set_caching_options(False).set_retry(**TRAIN_RETRIES).after(check)  # data_check=fail: no training
             launched.set_cpu_request("250m").set_memory_request("512Mi").set_memory_limit("1Gi")
             kubernetes.set_timeout(launched, LAUNCH_STEP_TIMEOUT_SECONDS)
@@ -282,13 +301,11 @@ def retrain(parameters: dict[str, Any], search: Callable[..., Any] | None = None
         with dsl.Elif(p.train_step_gpus > 0, name="gpu-pod"):
             on_gpus = train_on_gpus(
                 **training, cpus=p.train_step_cpus, memory=p.train_step_memory, gpus=p.train_step_gpus, **pod_settings
-            ).set_display_name("train on GPUs")
+            )
             on_gpus.set_caching_options(False).after(check)
             evaluate_and_promote(model=on_gpus.output, **gate).set_caching_options(False)
         with dsl.Else(name="cpu-pod"):
-            on_cpus = train_on_cpus(
-                **training, cpus=p.train_step_cpus, memory=p.train_step_memory, **pod_settings
-            ).set_display_name("train on CPUs")
+            on_cpus = train_on_cpus(**training, cpus=p.train_step_cpus, memory=p.train_step_memory, **pod_settings)
             on_cpus.set_caching_options(False).after(check)
             evaluate_and_promote(model=on_cpus.output, **gate).set_caching_options(False)
 

@@ -165,6 +165,7 @@ class FakeKfpApi:
         run_outcome: str = "SUCCEEDED",
         instant: bool = False,
         release: str = "1.10",
+        backend_version: str = "2.17.0",
     ):
         self.multi_user = multi_user
         self.prefix = prefix
@@ -172,6 +173,7 @@ class FakeKfpApi:
         self.cookies = cookies or {}  # session cookie (NAME=VALUE) -> the namespaces
         self.run_outcome = run_outcome
         self.release = release  # "1.9.0": a 302 to the login page without credentials; "1.9.1" and later: 401
+        self.backend_version = backend_version  # the health check's tag_name, as the API server names its release
         self.instant = instant  # a run reads as ended at once (for examples that follow a run to its end)
         self.requests: list[tuple[str, str, Any]] = []
         self.headers_seen: list[dict[str, str]] = []
@@ -229,7 +231,7 @@ class FakeKfpApi:
             raise RefusedError(404, f"{method} {path} is not under {self.prefix + API}")
         path = path[len(self.prefix) :]
         if method == "GET" and path == f"{API}/healthz":
-            return {"multi_user": self.multi_user}
+            return {"commit_sha": "unknown", "tag_name": self.backend_version, "multi_user": self.multi_user}
         if method == "GET" and path == f"{API}/experiments":
             self._namespace_of((query.get("namespace") or [None])[0], allowed, "experiments")
             predicates = json.loads(query["filter"][0])["predicates"]
@@ -355,6 +357,11 @@ class FakeKfpApi:
             raise RefusedError(400, f"{where}: give exactly one of pipeline_spec and pipeline_version_reference")
         pipeline = check_pipeline_spec(body["pipeline_spec"])
         check_parameters(pipeline, (body.get("runtime_config") or {}).get("parameters") or {})
+        numbers = re.match(r"(\d+)\.(\d+)", self.backend_version)  # "unknown": a build that names no release
+        older = bool(numbers) and tuple(map(int, numbers.groups())) < (2, 14)
+        # as 2.5.0 refuses it: backend/src/v2/compiler/argocompiler/dag.go:629
+        if older and "taskFinalStatus" in json.dumps(pipeline):
+            raise RefusedError(400, "Failed to compile job: task final status not supported yet")
 
     @staticmethod
     def _check_trigger(body: dict) -> None:

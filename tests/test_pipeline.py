@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -154,6 +155,18 @@ def compiled() -> tuple[dict, dict]:
     return documents[0], documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
 
 
+def fan_out_spec() -> dict:
+    """The training pipeline compiled with --prepare-fan-out (its IR)."""
+    from kfp import compiler
+
+    from pipeline.training_pipeline import with_prepare_fan_out
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "fan-out.yaml"
+        compiler.Compiler().compile(with_prepare_fan_out(cifar10_pipeline), str(path))
+        return next(yaml.safe_load_all(path.read_text()))
+
+
 def dags(spec: dict) -> dict[str, dict]:
     """Every DAG of the compiled pipeline (the root, the dsl.If branches, the sub-pipelines), by component name."""
     return {"root": spec["root"], **{name: c for name, c in spec["components"].items() if "dag" in c}}
@@ -212,12 +225,11 @@ def test_caching_retries_resources_and_tolerations_in_the_compiled_pipeline():
         for task in component["dag"]["tasks"].values()
         if "executorLabel" in spec["components"][task["componentRef"]["name"]]
     }
-    assert {name for name, cached in caching.items() if cached} == {
-        "comp-prepare-data-component",
-        "comp-prepare-part-component",
-    }  # keyed on data
+    assert {name for name, cached in caching.items() if cached} == {"comp-prepare-data-component"}  # keyed on data
+    fanned_out = fan_out_spec()
     for prepares in ("comp-prepare-data-component", "comp-prepare-part-component"):
-        (prepare,) = tasks_of(spec, prepares)
+        (prepare,) = tasks_of(fanned_out, prepares)
+        assert prepare[1]["cachingOptions"]["enableCache"] is True  # the parts are keyed on the data too
         prepare_inputs = prepare[1]["inputs"]["parameters"]
         reference = prepare_inputs["source_fingerprint"]  # a worker inside the ParallelFor gets it as a loop input
         fingerprint = (
@@ -229,7 +241,7 @@ def test_caching_retries_resources_and_tolerations_in_the_compiled_pipeline():
     trains = tasks_of(spec, "comp-train-component") + tasks_of(spec, "comp-launch-training-job-component")
     assert len(trains) == 3  # on GPUs, on CPUs, as a training job: exactly one runs
     for _dag, task, executor in trains:
-        assert task["retryPolicy"]["maxRetryCount"] >= 2 and task["taskInfo"]["name"].startswith("train")
+        assert task["retryPolicy"]["maxRetryCount"] >= 2 and "train" in task["taskInfo"]["name"]
         assert int(platform[executor]["activeDeadlineSeconds"]) >= 7 * 24 * 3600  # stuck steps end
     promotions = tasks_of(spec, "comp-promote-component")
     assert promotions and all(task["retryPolicy"]["maxRetryCount"] >= 2 for _dag, task, _ in promotions)

@@ -242,7 +242,7 @@ def test_a_private_tls_endpoint_is_refused_until_its_ca_bundle_is_given(tls_endp
     with pytest.raises(kfp_endpoint.EndpointError, match=r"TLS certificate is not trusted.*--ca-bundle FILE"):
         kfp_endpoint.probe(config.resolved(), kfp_endpoint.Credentials())
     trusted = kfp_endpoint.EndpointConfig(host=url, ca_bundle=str(certificate)).resolved()
-    assert kfp_endpoint.probe(trusted, kfp_endpoint.Credentials()) is False
+    assert kfp_endpoint.probe(trusted, kfp_endpoint.Credentials())[0] is False
 
 
 def test_wait_follows_a_run_that_succeeds(kubeflow, monkeypatch, capsys):

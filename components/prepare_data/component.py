@@ -36,9 +36,10 @@ def prepare_data_component(
     max_source_megabytes bounds what the source may unpack to (the step's memory must go with it).
     `statistics` shows the dataset's statistics.json (class balance, channels, sizes, duplicates and leakage).
     source_fingerprint is only for caching: pass the output of source_fingerprint_component so that a cached
-    result is reused only for unchanged source content. prepare_workers > 1: `parts` are the locations of
-    prepare_part_component's workers (dsl.Collected of their outputs), whose shards and partial statistics are merged
-    into `dataset`; with one worker its part is "" and this step prepares the whole dataset itself.
+    result is reused only for unchanged source content. prepare_workers > 1: without `parts`, as many processes of
+    this step's pod; in a fan-out, `parts` are the locations of prepare_part_component's workers (dsl.Collected of
+    their outputs), whose shards and partial statistics are merged into `dataset` (one worker's part is "": this step
+    then prepares the whole dataset itself).
     """
     options = dict(locals())  # every parameter, as the stage's options
     from components.common.cli import component_errors

@@ -38,11 +38,13 @@ def run_prepare_data(dataset: Any, statistics: Any, **options: Any) -> PrepareRe
     Markdown page; runs as the step's own process)."""
     reuse_freed_memory()
     fingerprint = options.pop("source_fingerprint", "")
-    parts = [location for location in options.pop("parts", None) or [] if location]  # one worker's: ""
+    collected = options.pop("parts", None) or []  # the fan-out's (pipeline/training_pipeline.py), else none
+    parts = [location for location in collected if location]  # one worker's: ""
     if parts:
         options.update(part="merge", parts_from=tuple(parts))
-    else:
-        options["prepare_workers"] = 1  # this step prepares it all
+    elif collected:  # a fan-out of one pod: this step prepares it all
+        options["prepare_workers"] = 1
+    # else: prepare_workers > 1 are processes of this step's pod
     config = config_from_parameters(
         PrepareDataConfig, {**options, "output": dataset.path}, "prepare_data component parameters"
     )
