@@ -85,3 +85,78 @@ def test_op_threads_stay_tensorflows_in_float32_on_a_gpu_or_when_given():
     assert compiled_kernels.inter_op_threads("mixed_float16", True, 0, {}) is None
     assert compiled_kernels.inter_op_threads("mixed_bfloat16", True, 1, {}) is None
     assert compiled_kernels.inter_op_threads("mixed_bfloat16", True, 0, {"TF_NUM_INTEROP_THREADS": "2"}) is None
+
+
+# The kernels numpy and its OpenBLAS take on each kind, chosen here by their own variables (the kernels whose
+# rounding depends on a product's shape): OpenBLAS's core type and the SIMD levels numpy may dispatch to.
+NUMERIC_KERNELS = {
+    "AMD EPYC with AVX512-BF16, no AMX (Zen 4)": ({"OPENBLAS_CORETYPE": "Zen"}, "avx2"),
+    "Intel Xeon with AMX (Sapphire Rapids)": ({"OPENBLAS_CORETYPE": "SapphireRapids"}, "avx512f"),
+    "AVX2 only (Intel Haswell, AMD Zen 2)": (
+        {"OPENBLAS_CORETYPE": "Haswell", "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"}, "avx2"
+    ),
+    "Intel Xeon with AVX-512, no BF16 (Cascade Lake)": (
+        {"OPENBLAS_CORETYPE": "SkylakeX", "NPY_DISABLE_CPU_FEATURES": "AVX512_ICL AVX512_SPR"}, "avx512f"
+    ),
+}
+# Each side's split, described whole and in three parts (as one process and a fan-out's workers add shards), then
+# the digest of every statistic a dataset publishes from them.
+STATISTICS_SCRIPT = """
+import hashlib, json
+import numpy as np
+from components.prepare_data import statistics
+
+def described(side, parts):
+    rng = np.random.default_rng(side)
+    images = rng.integers(0, 256, size=(500, side, side, 3), dtype=np.uint8)
+    images[250:260] = images[0:10] // 2 + 60  # near-duplicates of the first ten
+    labels = rng.integers(0, 4, size=500)
+    merged = statistics.SplitStatistics(4)
+    for start, end in parts:
+        shard = statistics.SplitStatistics(4)
+        shard.add(images[start:end], labels[start:end], [str(i) for i in range(start, end)],
+                  np.tile([side, side], (end - start, 1)), None)
+        merged.merge(statistics.SplitStatistics.from_bytes(shard.to_bytes(), "a shard"))
+    features = merged.descriptors().astype(np.float32)
+    pairs = statistics.near_duplicate_pairs(features)
+    values = {"descriptors": features, "pairs": np.asarray(pairs, dtype=object).astype(str),
+              "digests": np.concatenate(merged.digests)}
+    for name in ("channel_sum", "channel_square_sum", "class_pixel_sum", "channel_histogram",
+                 "saturation_histogram", "detail_histogram", "class_counts"):
+        values[name] = getattr(merged, name)
+    return {name: hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest() for name, value in values.items()}
+
+print(json.dumps({side: {"whole": described(side, [(0, 500)]),
+                         "parts": described(side, [(0, 100), (100, 356), (356, 500)])} for side in (32, 40, 64)}))
+"""
+
+
+def statistics_under(kind: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    variables, _needs = NUMERIC_KERNELS[kind]
+    environment = {**os.environ, **variables}
+    environment.pop("OPENBLAS_L2_SIZE", None)  # set with a core type of the machine's own (env's README)
+    done = subprocess.run([sys.executable, "-c", STATISTICS_SCRIPT], capture_output=True, text=True, timeout=300,
+                          env=environment, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_published_statistics_are_the_same_bits_whole_or_in_parts_on_every_cpu_kind():
+    flags = compiled_kernels.cpu_flags()
+    runnable = [kind for kind, (_variables, needs) in NUMERIC_KERNELS.items() if needs in flags]
+    assert runnable, "this CPU runs none of the kinds' kernels"
+    results = {kind: statistics_under(kind) for kind in runnable}
+    for kind, by_side in results.items():
+        for side, described in by_side.items():
+            differing = [name for name in described["whole"] if described["whole"][name] != described["parts"][name]]
+            assert differing == [], (kind, side, differing)
+    first = next(iter(results.values()))
+    for kind, by_side in results.items():  # the same bits on every kind, too
+        assert by_side == first, kind

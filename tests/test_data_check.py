@@ -31,7 +31,7 @@ TRAIN, TEST = 60, 20
 def drawn_images(label: int, count: int, seed: int, size: int = 32) -> np.ndarray:
     rng = np.random.default_rng([seed, label])
     prototype = synthetic.class_prototypes(len(CLASSES))[label]
-    backgrounds = synthetic.smooth_backgrounds(count, rng)
+    backgrounds = synthetic.smooth_backgrounds(synthetic.background_waves(count, rng))
     images = []
     for index in range(count):
         down, right = rng.integers(-4, 5, size=2)

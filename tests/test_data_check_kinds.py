@@ -25,7 +25,7 @@ def drawn(seed: int, per_class: int = PER_CLASS, classes: int = len(CLASSES)) ->
     prototypes = synthetic.class_prototypes(classes) * 0.6
     images, labels = [], []
     for label in range(classes):
-        backgrounds = synthetic.smooth_backgrounds(per_class, rng)
+        backgrounds = synthetic.smooth_backgrounds(synthetic.background_waves(per_class, rng))
         for index in range(per_class):
             down, right = rng.integers(-3, 4, size=2)
             image = np.roll(prototypes[label], (down, right), axis=(0, 1)) + backgrounds[index][..., None] * 0.8

@@ -79,17 +79,17 @@ NEAREST_ROWS = 16_384  # descriptors whose nearest cells are found at a time
 RELEASE_BATCHES = 64  # batches of descriptors joined between two releases of the memory they held
 SCORE_ELEMENTS = 1 << 20  # scores computed at a time (4 MB of float32, a thread)
 CHUNK_BYTES = 32 << 20  # of float pixels converted at a time
-LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 HISTOGRAM_BINS = 32  # per channel, of 8 pixel values each
 SATURATION_BINS = 16
 DETAIL_BINS = 32
 DETAIL_RANGE = (-3.0, 2.0)  # log2 of an image's fine detail (see `fine_detail`)
 _CHANNEL_OFFSETS = np.arange(3, dtype=np.int32) * HISTOGRAM_BINS
 LOOK_IMAGES = 512  # of a batch, at most about this many are measured for the look (every k-th)
-# [8, 32]: the mean of each 4 consecutive values; P @ image @ P.T is the image at 8x8
-_POOL = np.kron(
-    np.eye(THUMBNAIL_SIDE, dtype=np.float32), np.full((1, FEATURE_SIDE // THUMBNAIL_SIDE), 0.25, np.float32)
-)
+# The luminance in integers: ITU-R BT.601's weights (0.299, 0.587, 0.114) in thousandths, so that a uint8 image's
+# luminance is exact (0 to 255,000) and every statistic of it the same bits whatever the batch and the CPU.
+LUMA_THOUSANDTHS = np.array([299, 587, 114], np.int32)
+LUMA = (LUMA_THOUSANDTHS / 1000).astype(np.float32)  # the same weights, for a grey image made of a colour one
+BASIS_SCALE = 1 << 14  # the DCT's basis in integers (of at most 4,096), see `luminance_descriptors`
 
 
 def _dct_basis(size: int, count: int) -> np.ndarray:
@@ -101,24 +101,35 @@ def _dct_basis(size: int, count: int) -> np.ndarray:
 
 
 _BASIS = _dct_basis(FEATURE_SIDE, DCT_SIZE)
+_INTEGER_BASIS = np.rint(_BASIS.astype(np.float64) * BASIS_SCALE)  # float64 holding integers
 _FREQUENCIES = np.add.outer(np.arange(DCT_SIZE) ** 2, np.arange(DCT_SIZE) ** 2).ravel()[1:]
-_WEIGHTS = (_FREQUENCIES.astype(np.float32)) ** 0.25
+_WEIGHTS = _FREQUENCIES.astype(np.float64) ** 0.25
+
+
+def luminance_thousandths(images: np.ndarray) -> np.ndarray:
+    """int32 [n, H, W]: the luminance of uint8 [n, H, W, 3] images in thousandths of a pixel value, exact."""
+    red, green, blue = (images[..., channel].astype(np.int32) for channel in range(3))
+    return red * LUMA_THOUSANDTHS[0] + green * LUMA_THOUSANDTHS[1] + blue * LUMA_THOUSANDTHS[2]  # integers: exact
 
 
 def descriptors(pixels: np.ndarray) -> np.ndarray:
-    """float32 [n, 63] unit descriptors of float32 [n, 32, 32, 3] pixels (a flat image's is all zeros)."""
-    return luminance_descriptors(pixels @ LUMA)
+    """float32 [n, 63] unit descriptors of uint8 (or integer-valued) [n, 32, 32, 3] pixels (a flat image's is all
+    zeros)."""
+    return luminance_descriptors(luminance_thousandths(np.asarray(pixels).astype(np.uint8)))
 
 
 def luminance_descriptors(luminance: np.ndarray) -> np.ndarray:
-    """float32 [n, 63] unit descriptors of float32 [n, 32, 32] luminance: two matrix products (the DCT along the
-    rows, then across)."""
+    """float32 [n, 63] unit descriptors of int32 [n, 32, 32] luminance in thousandths: two matrix products (the DCT
+    along the rows, then across) of integers in float64, every partial sum an integer below 2^53 (255,000 x 4,096 x
+    32, then x 4,096 x 32: 4.4e15), so exact in any order of addition: the same bits whatever the batch's size and
+    whatever kernels the CPU's BLAS picks."""
     count = len(luminance)
-    along_rows = (luminance.reshape(-1, FEATURE_SIDE) @ _BASIS.T).reshape(count, FEATURE_SIDE, DCT_SIZE)
+    rows = luminance.reshape(-1, FEATURE_SIDE).astype(np.float64)
+    along_rows = (rows @ _INTEGER_BASIS.T).reshape(count, FEATURE_SIDE, DCT_SIZE)
     across = np.ascontiguousarray(along_rows.transpose(0, 2, 1)).reshape(-1, FEATURE_SIDE)  # [n * 8, 32 rows]
-    coefficients = (across @ _BASIS.T).reshape(count, DCT_SIZE, DCT_SIZE).transpose(0, 2, 1)  # [n, down, across]
-    coefficients = coefficients.reshape(count, -1)[:, 1:] * _WEIGHTS  # without the DC term
-    norms = np.linalg.norm(coefficients, axis=1, keepdims=True)
+    exact = (across @ _INTEGER_BASIS.T).reshape(count, DCT_SIZE, DCT_SIZE).transpose(0, 2, 1)  # [n, down, across]
+    coefficients = exact.reshape(count, -1)[:, 1:] * (_WEIGHTS / (1000.0 * BASIS_SCALE * BASIS_SCALE))  # no DC term
+    norms = np.sqrt(np.einsum("ij,ij->i", coefficients, coefficients))[:, None]  # row by row, whatever the batch
     return np.where(norms > 1e-3, coefficients / np.maximum(norms, 1e-3), 0).astype(np.float32)
 
 
@@ -202,18 +213,20 @@ def _channel_sums(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def at_feature_size(images: np.ndarray) -> np.ndarray:
-    """float32 [n, 32, 32, 3]: the images at the descriptors' size (area averages when a multiple, else resized)."""
+    """uint8 [n, 32, 32, 3]: the images at the descriptors' size (area averages, rounded, when a multiple; else
+    resized), every later sum of them exact."""
     height, width = images.shape[1:3]
     if (height, width) == (FEATURE_SIDE, FEATURE_SIDE):
-        return images.astype(np.float32)
+        return images
     if height % FEATURE_SIDE == 0 and width % FEATURE_SIDE == 0:
         blocks = images.reshape(
             len(images), FEATURE_SIDE, height // FEATURE_SIDE, FEATURE_SIDE, width // FEATURE_SIDE, 3
         )
-        return blocks.mean(axis=(2, 4), dtype=np.float32)
+        area = (height // FEATURE_SIDE) * (width // FEATURE_SIDE)
+        return ((blocks.sum(axis=(2, 4), dtype=np.int64) + area // 2) // area).astype(np.uint8)
     from components.prepare_data.sources import resized_in_batches
 
-    return resized_in_batches(images, (FEATURE_SIDE, FEATURE_SIDE)).astype(np.float32)
+    return resized_in_batches(images, (FEATURE_SIDE, FEATURE_SIDE))
 
 
 @dataclass
@@ -272,14 +285,12 @@ class SplitStatistics:
         channel_sum, channel_square_sum = _channel_sums(images)
         self.channel_sum += channel_sum
         self.channel_square_sum += channel_square_sum
-        at_32 = images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE)
-        small = images.astype(np.float32) if at_32 else at_feature_size(images)
-        luminance = small @ LUMA  # [n, 32, 32]
+        small = at_feature_size(images)  # uint8 [n, 32, 32, 3]
+        luminance = luminance_thousandths(small)  # int32 [n, 32, 32]
         self.features.append(spooled(luminance_descriptors(luminance).astype(DESCRIPTOR_DTYPE)))
         step = -(-count // LOOK_IMAGES)  # a systematic sample of a large batch: the look needs no more
-        self._add_look(images[::step], small[::step], luminance[::step], labels[::step])
-        pixels = images.reshape(count, -1) if at_32 else small.reshape(count, -1)
-        self.class_pixel_sum += _class_sums(pixels, labels, self.num_classes)  # [classes, 32*32*3]
+        self._add_look(small[::step], luminance[::step], labels[::step])
+        self.class_pixel_sum += _class_sums(small.reshape(count, -1), labels, self.num_classes)  # [classes, 3072]
         distinct, counts = np.unique(np.asarray(sizes).reshape(-1, 2), axis=0, return_counts=True)
         for (height, width), number in zip(distinct.tolist(), counts.tolist(), strict=True):
             self.sizes[f"{width}x{height}"] += number
@@ -287,21 +298,22 @@ class SplitStatistics:
         if colors is not None:
             self.conversions.update(color for color in colors[part] if color != "RGB")
 
-    def _add_look(self, images: np.ndarray, small: np.ndarray, luminance: np.ndarray, labels: np.ndarray) -> None:
+    def _add_look(self, small: np.ndarray, thousandths: np.ndarray, labels: np.ndarray) -> None:
         """The histograms and per-image measures of how the images look (of the split, and the measures of each
-        class): luminance, contrast and detail from every pixel of the float [n, 32, 32, 3] `small`; the histograms
+        class): luminance, contrast and detail from every pixel of the uint8 [n, 32, 32, 3] `small` (its luminance in
+        `thousandths`, int32 [n, 32, 32]); the histograms
         and colour from every fourth pixel of every fourth row (64 an image: as good a histogram over thousands of
         images, at a sixteenth of the cost)."""
-        if images.dtype == np.uint8 and images.shape[1:3] == (FEATURE_SIDE, FEATURE_SIDE):
-            sampled = images[:, ::4, ::4]
-        else:
-            sampled = np.clip(small[:, ::4, ::4], 0, 255).astype(np.uint8)  # [n, 8, 8, 3]
+        sampled = small[:, ::4, ::4]  # uint8 [n, 8, 8, 3]
         codes = (sampled >> 3).astype(np.int32) + _CHANNEL_OFFSETS  # channel * 32 + value / 8
         self.channel_histogram += np.bincount(codes.ravel(), minlength=3 * HISTOGRAM_BINS).reshape(3, -1)
         red, green, blue = sampled[..., 0], sampled[..., 1], sampled[..., 2]
         chroma = np.maximum(np.maximum(red, green), blue) - np.minimum(np.minimum(red, green), blue)  # from grey
         self.saturation_histogram += np.bincount((chroma >> 4).ravel(), minlength=SATURATION_BINS)
-        coarse = (_POOL @ luminance @ _POOL.T).reshape(len(small), -1)  # [n, 64]: the luminance at 8x8
+        side, pooled = THUMBNAIL_SIDE, FEATURE_SIDE // THUMBNAIL_SIDE  # the luminance at 8x8: exact sums of 4x4
+        sums = thousandths.reshape(len(small), side, pooled, side, pooled).sum(axis=(2, 4), dtype=np.int64)
+        coarse = (sums.reshape(len(small), -1) / (1000.0 * pooled * pooled)).astype(np.float32)  # [n, 64]
+        luminance = thousandths.astype(np.float32) / np.float32(1000)
         contrast = coarse.std(axis=1)  # what blur and noise leave alone, and contrast scales
         detail = fine_detail(luminance, contrast)
         low, high = DETAIL_RANGE

@@ -14,6 +14,7 @@ import json
 
 import numpy as np
 
+from components.prepare_data.pixel_file import PixelFile
 from components.prepare_data.sources import CIFAR_SHAPE, RawDataset, RawSplit
 
 NOISE_STANDARD_DEVIATION = 48.0
@@ -36,28 +37,45 @@ def class_prototypes(num_classes: int) -> np.ndarray:
     return prototypes
 
 
-def smooth_backgrounds(count: int, rng: np.random.Generator) -> np.ndarray:
-    """float32 [count, 32, 32]: per image a sum of BACKGROUND_WAVES random waves of at most 3 cycles per image."""
-    rows, columns = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
-    backgrounds = np.zeros((count, 32, 32), np.float32)
+def background_waves(count: int, rng: np.random.Generator) -> np.ndarray:
+    """float64 [BACKGROUND_WAVES, 3, count]: each image's waves (cycles down, cycles across, phase), drawn wave by
+    wave for all the images at once (so the draws, and the images, are those of any earlier version)."""
+    waves = []
     for _ in range(BACKGROUND_WAVES):
-        down, across = rng.uniform(0, 3, size=(2, count, 1, 1))
-        phase = rng.uniform(0, 2 * np.pi, size=(count, 1, 1))
+        down, across = rng.uniform(0, 3, size=(2, count))
+        waves.append((down, across, rng.uniform(0, 2 * np.pi, size=count)))
+    return np.asarray(waves)
+
+
+def smooth_backgrounds(waves: np.ndarray) -> np.ndarray:
+    """float32 [n, 32, 32]: per image the sum of its BACKGROUND_WAVES waves (`background_waves`' [waves, 3, n])."""
+    rows, columns = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
+    backgrounds = np.zeros((waves.shape[-1], 32, 32), np.float32)
+    for down, across, phase in waves:
+        down, across, phase = (value[:, None, None] for value in (down, across, phase))
         backgrounds += np.cos(2 * np.pi * (down * rows + across * columns) / 32 + phase)
     return BACKGROUND_AMPLITUDE * backgrounds
+
+
+GENERATED_IMAGES = 4096  # made at a time, then appended to the split's scratch file: memory holds a chunk
 
 
 def _generate_split(prototypes: np.ndarray, per_class: int, rng: np.random.Generator, name: str) -> RawSplit:
     num_classes = len(prototypes)
     labels = np.repeat(np.arange(num_classes, dtype=np.int64), per_class)
     shifts = rng.integers(-4, 5, size=(len(labels), 2))
-    backgrounds = smooth_backgrounds(len(labels), rng)
-    images = np.empty((len(labels), *CIFAR_SHAPE), np.uint8)
-    for index, (label, (down, right)) in enumerate(zip(labels, shifts, strict=True)):
-        pattern = np.roll(prototypes[label], (down, right), axis=(0, 1)) + backgrounds[index][..., None]
-        noisy = pattern + rng.normal(0.0, NOISE_STANDARD_DEVIATION, CIFAR_SHAPE)
-        images[index] = np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
-    return RawSplit.from_array(images, labels, [f"synthetic/{name}/{index:06d}" for index in range(len(labels))])
+    waves = background_waves(len(labels), rng)
+    pixels = PixelFile(CIFAR_SHAPE)
+    for start in range(0, len(labels), GENERATED_IMAGES):
+        chunk = slice(start, start + GENERATED_IMAGES)
+        backgrounds = smooth_backgrounds(waves[..., chunk])
+        images = np.empty((len(backgrounds), *CIFAR_SHAPE), np.uint8)
+        for offset, (label, (down, right)) in enumerate(zip(labels[chunk], shifts[chunk], strict=True)):
+            pattern = np.roll(prototypes[label], (down, right), axis=(0, 1)) + backgrounds[offset][..., None]
+            noisy = pattern + rng.normal(0.0, NOISE_STANDARD_DEVIATION, CIFAR_SHAPE)
+            images[offset] = np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
+        pixels.append(images)
+    return RawSplit.from_array(pixels, labels, [f"synthetic/{name}/{index:06d}" for index in range(len(labels))])
 
 
 def generate(num_classes: int, train_per_class: int, eval_per_class: int, seed: int) -> RawDataset:
