@@ -398,6 +398,31 @@ def test_a_launched_trainjob_is_owned_by_the_runs_workflow_and_goes_with_it(rele
         assert api.jobs == {} and api.collected == [(NAMESPACE, name)]
 
 
+@pytest.mark.parametrize("named_by", ["KFP_POD_NAME", "POD_NAME"])
+def test_a_pod_named_by_253_characters_finds_its_workflow_by_the_name_kfp_gives_it(named_by, monkeypatch, caplog):
+    """Argo names a step's pod after the run and its DAG path (up to 253 characters); the kubelet cuts the host name
+    to 63. The launching step reads its name where KFP's own launcher does ($KFP_POD_NAME, from the downward API),
+    not from $HOSTNAME."""
+    workflow = "cifar10-pipeline-" + "x" * 40
+    pod_name = f"{workflow}-{'condition-branches-3-' * 10}system-container-impl-4242"[:253]
+    name = cluster_job.job_name_for_run("run-with-a-long-pod-name")
+    with FakeKubernetesApi([Tick(TRAINJOB_RUNNING), Tick(TRAINJOB_COMPLETE)], release="26.03") as api:
+        install_runtime(api)
+        owner = api.add_workflow(NAMESPACE, workflow)
+        api.add_pod(PodRecord(NAMESPACE, pod_name, {}, {}, "main", phase="Running", owners=[owner]))
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        monkeypatch.setenv("HOSTNAME", pod_name[:63])  # as the kubelet sets it
+        monkeypatch.setenv(named_by, pod_name)
+        assert trainjob_launcher(api).run(config(), launch(), name=name).succeeded
+        (created,) = api.created
+        assert created["metadata"]["ownerReferences"][0]["name"] == workflow
+        monkeypatch.delenv(named_by)  # with the host name alone: the pod is not found, and the line says why
+        with caplog.at_level("WARNING"):
+            assert trainjob_launcher(api).run(config(), launch(), name=name + "-2").succeeded
+        assert "its name from HOSTNAME (cut to 63 characters by the kubelet" in caplog.text
+        assert "ownerReferences" not in api.created[-1]["metadata"]
+
+
 def test_without_a_workflow_owner_the_job_has_none_and_the_stand_in_collects_a_dangling_one(monkeypatch, caplog):
     with FakeKubernetesApi([Tick(TRAINJOB_RUNNING), Tick(TRAINJOB_COMPLETE)], release="1.11") as api:
         install_runtime(api)

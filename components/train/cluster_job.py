@@ -115,23 +115,23 @@ def step_holder() -> str:
     """Who holds a step's lease: this pod (its host name) and process."""
     import socket
 
-    return f"{os.environ.get('HOSTNAME') or socket.gethostname()} pid {os.getpid()}"
+    return f"{this_pod.name_of_this_pod()[0] or socket.gethostname()} pid {os.getpid()}"
 
 
 def run_owner(core, namespace: str) -> list[dict[str, str]]:
     """The run's Argo Workflow as the launched job's owner, found from this step's own pod (Argo makes the Workflow
-    the owner of each step's pod; a pod's host name is its name), so that the cluster's garbage collector removes the
+    the owner of each step's pod; the pod's name as KFP's launcher reads it), so that the cluster's garbage collector removes the
     job with the run when KFP deletes the run's Workflow (Kubeflow 1.11 and 26.03 a day after the run ends, KFP 2.17's
     compiled ttlStrategy an hour), besides the step's lease. [] where there is none: not in a pod, or the pod cannot
     be read (said)."""
     if not this_pod.in_kubernetes_pod():
         return []
-    name = os.environ.get("HOSTNAME", "")
+    name, read_from = this_pod.name_of_this_pod()
     try:
-        pod = core.read_namespaced_pod(name, namespace, _request_timeout=30)
+        pod = core.read_namespaced_pod(name or "", namespace, _request_timeout=30)
     except Exception as error:
-        logger.warning("the run's Workflow cannot be found from this pod %s/%s (%s): the job is removed by this "
-                       "step's lease alone", namespace, name, api_reason(error))  # fmt: skip
+        logger.warning("the run's Workflow cannot be found from this pod %s/%s (its name from %s: %s): the job is "
+                       "removed by this step's lease alone", namespace, name, read_from, api_reason(error))  # fmt: skip
         return []
     for owner in pod.metadata.owner_references or []:
         if owner.kind == "Workflow" and owner.api_version.startswith("argoproj.io/"):
