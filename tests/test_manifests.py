@@ -117,6 +117,27 @@ def test_a_profile_owner_installs_the_pipeline_with_kubeflow_admin_alone(release
 
 
 @pytest.mark.parametrize("release", PROFILE_RELEASES)
+def test_the_profile_owner_mints_the_default_editors_token_once_the_admins_set_is_applied(release):
+    """`kubectl -n <profile> create token default-editor` (docs/cluster.md) is a create on serviceaccounts/token of
+    that name: no release's Kubeflow roles grant it; manifests/admin/ grants it to every profile owner, for that one
+    service account, and to nobody else."""
+    from tests.fake_rbac import ADMIN, EDITOR, NAMESPACE, OWNER, Forbidden, Rbac
+
+    def create_token(rbac, user, account, namespace=NAMESPACE):
+        rbac.authorize(user, "create", "", "serviceaccounts/token", namespace, account)
+
+    rbac = Rbac(release)
+    with pytest.raises(Forbidden, match=r'cannot create resource "serviceaccounts/token"'):
+        create_token(rbac, OWNER, "default-editor")
+    rbac.apply(ADMIN, MANIFESTS / "admin", None)
+    create_token(rbac, OWNER, "default-editor")
+    for user, account, namespace in ((OWNER, "default-viewer", NAMESPACE), (OWNER, "cifar10-pipeline", NAMESPACE),
+                                     (OWNER, "default-editor", "team-b"), (EDITOR, "default-editor", NAMESPACE)):
+        with pytest.raises(Forbidden):
+            create_token(rbac, user, account, namespace)  # fmt: skip
+
+
+@pytest.mark.parametrize("release", PROFILE_RELEASES)
 def test_before_the_admins_set_the_owners_install_is_refused_naming_the_role(release):
     from tests.fake_rbac import NAMESPACE, OWNER, Forbidden, Rbac
 
