@@ -239,6 +239,29 @@ def test_sigterm_to_the_local_launcher_makes_both_workers_checkpoint_the_same_st
     assert (model_dir / f"ckpt-{steps['worker-0']}.index").exists()
 
 
+def test_a_trial_katib_stops_early_checkpoints_on_every_worker_and_exits_0_not_to_be_restarted(synthetic_data, tmp_path):
+    """Katib's metrics collector marks the trial's shell "early-stopped" (/var/log/katib/<pid>.pid), then sends the
+    training process SIGTERM: one worker gets it; both checkpoint one agreed step and exit 0, which neither the
+    TrainJob runtime's "Preempted" rule (143) nor TFJob's ExitCode policy restarts. Without the mark, the same SIGTERM
+    is a preemption (143: test_sigterm_to_the_local_launcher_makes_both_workers_checkpoint_the_same_step)."""
+    model_dir, katib = tmp_path / "model", tmp_path / "katib"
+    katib.mkdir()
+    config = tiny_train_config(synthetic_data, model_dir, workers=2, train_steps=100000, log_every_steps=10)
+    live = LiveProcess(config, CIFAR10_PIPELINE_KATIB_FOLDER=str(katib))
+    worker = int(live.wait_for(r"started worker-0 \(pid (\d+)\)").group(1))
+    live.wait_for(r"\[worker-1\].*step 20/")
+    (katib / f"{live.process.pid}.pid").write_text("early-stopped")  # the trial's shell: this worker's launcher
+    os.kill(worker, signal.SIGTERM)
+    code, output = live.finish()
+    assert code == 0, output[-3000:]
+    assert "SIGTERM from Katib's early stopping" in output and "stopped early by Katib at step" in output
+    steps = dict(re.findall(r"\[(worker-\d)\].*weights sha256 [0-9a-f]{64} \(worker-\d\) at step (\d+)", output))
+    assert set(steps) == {"worker-0", "worker-1"} and steps["worker-0"] == steps["worker-1"], output[-3000:]
+    metrics = json.loads((model_dir / "train_metrics.json").read_text())
+    assert metrics["stopped_early"] is True and metrics["preempted"] is False
+    assert (model_dir / f"ckpt-{steps['worker-0']}.index").exists()
+
+
 def test_two_local_workers_train_into_and_resume_from_an_s3_model_directory(synthetic_data, tmp_path, s3_bucket):
     """The KFP default store (S3-compatible): two worker processes train into s3://, a second run resumes there."""
     from components.common import storage

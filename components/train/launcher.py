@@ -153,7 +153,9 @@ def run(config: TrainConfig, launch: LaunchConfig | None = None, refuse_unused_l
         logger.error("%s", error)
         code = exit_codes.FAILED
     else:
-        code = exit_codes.PREEMPTED if result.preempted else exit_codes.SUCCESS
+        code = exit_codes.PREEMPTED if result.preempted else exit_codes.SUCCESS  # stopped early by Katib: 0
+        if result.stopped_early:
+            logger.info("stopped early by Katib at step %d (checkpoint saved): exit 0, not to be retried", result.step)
     if launcher == "worker":
         leave_at_once(code)
     return code

@@ -73,6 +73,7 @@ class TrainResult:
     metrics: dict
     weights_sha256: str
     preempted: bool = False
+    stopped_early: bool = False  # by Katib's early stopping (components/train/termination.py): not to be retried
     chief: bool = True
     framework: str = "tensorflow"
     framework_version: str = tf.__version__
@@ -367,7 +368,7 @@ class Trainer:
         cadence = self.cadence
         validation = self._validation()
         host: dict = {}
-        preempted = False
+        preempted = stopped_early = False
         self.termination.check("before the first step")
         termination = self.termination
         while step < self.total_steps:
@@ -376,7 +377,9 @@ class Trainer:
                 and time.monotonic() - last_save_time >= config.checkpoint_every_seconds
             )
             summaries.maybe_profile(step)
-            outputs, batch = step_function(iterator, stop_requested=termination.requested, save_due=due_by_time)
+            outputs, batch = step_function(
+                iterator, termination.requested, save_due=due_by_time, stopped_early=termination.stopped_early
+            )
             host = {key: value.numpy() for key, value in outputs.items()}
             _check_numerics(host, step + 1, config.precision)
             step += 1
@@ -403,9 +406,9 @@ class Trainer:
                 self._save(step)
                 last_save_time = time.monotonic()
             if stop_agreed:
-                preempted = True
+                stopped_early, preempted = bool(host["stopped_early"]), not host["stopped_early"]
                 break
-        if not preempted and (
+        if not (preempted or stopped_early) and (
             not self.manager.latest_checkpoint or not self.manager.latest_checkpoint.endswith(f"-{step}")
         ):
             self._save(step)
@@ -423,6 +426,7 @@ class Trainer:
             metrics=metrics,
             weights_sha256=weights_sha256(self.model),
             preempted=preempted,
+            stopped_early=stopped_early,
             chief=self.chief,
         )
         logger.info("weights sha256 %s (%s) at step %d", result.weights_sha256, self._worker_name(), step)

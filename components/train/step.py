@@ -96,10 +96,11 @@ class TrainStep:
         self._compute = tf.function(self._forward_backward, jit_compile=True) if config.xla else self._forward_backward
         self._function = tf.function(self._step_function)
 
-    def __call__(self, iterator, stop_requested: bool = False, save_due: bool = False):
-        """One step on the next batch: (metrics, batch). This worker's wishes to stop (a signal) and to save (its
-        clock) are shared with every worker: `stop_agreed` and `save_agreed` are true on all when any wished it."""
-        flags = tf.constant([int(stop_requested), int(save_due)])  # cast on each replica
+    def __call__(self, iterator, stop_requested: bool = False, save_due: bool = False, stopped_early: bool = False):
+        """One step on the next batch: (metrics, batch). This worker's wishes to stop (a signal), to save (its clock)
+        and whether its stop is Katib's early stopping are shared with every worker: `stop_agreed`, `save_agreed` and
+        `stopped_early` are true on all when any wished it."""
+        flags = tf.constant([int(stop_requested), int(save_due), int(stopped_early)])  # cast on each replica
         return self._function(iterator, flags, self.whitening_bias_stopped())
 
     def whitening_bias_stopped(self) -> bool:
@@ -168,6 +169,7 @@ class TrainStep:
             "gradients_finite": gradients_finite,
             "stop_agreed": flags[0] > 0,
             "save_agreed": flags[1] > 0,
+            "stopped_early": flags[2] > 0,
             "loss_scale": self.loss_scale.read_value() * 1.0,
         }
 

@@ -10,18 +10,51 @@ thread takes it with `sigtimedwait` and raises the flag. What the flag does depe
 - during start-up (no step taken in this attempt): `check()` raises `Terminated` at the next phase boundary,
   and the process exits 143 at once, with nothing to save;
 - in the loop: the flag rides the step's all-reduce, every worker checkpoints the same step and exits 143.
+
+Katib's early stopping ends a trial the same way: its metrics collector writes "early-stopped" into
+`/var/log/katib/<pid of the trial's shell>.pid`, then sends the training process SIGTERM (kubeflow/katib v0.19.0
+`cmd/metricscollector/v1beta1/file-metricscollector/main.go`). A SIGTERM with that mark beside it is no preemption:
+its flag rides the all-reduce too, and every worker checkpoints and exits 0, so that neither the TrainJob runtime's
+"Preempted" rule nor TFJob's ExitCode policy restarts a trial Katib stopped.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 # SIGHUP too: a closed terminal or a dropped session stops the training as SIGTERM does (a checkpoint, exit 143).
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+# Where Katib's metrics collector marks a trial it stops early (the folder of its default metrics file).
+KATIB_FOLDER = Path(os.environ.get("CIFAR10_PIPELINE_KATIB_FOLDER", "/var/log/katib"))
+KATIB_EARLY_STOPPED = "early-stopped"
+
+
+def _parent_of(pid: int) -> int | None:
+    try:  # reader: the kernel's one-line status of a process: "pid (name) state ppid ..."
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def stopped_early_by_katib(folder: Path | None = None) -> bool:
+    """Whether Katib marked this process's trial as stopped early: the mark file of the trial's shell, our parent or
+    (a worker under its supervisor, components/train/supervisor.py) our grandparent, says so."""
+    for pid in (os.getppid(), _parent_of(os.getppid())):
+        mark = (folder or KATIB_FOLDER) / f"{pid}.pid"
+        try:  # reader: Katib's one-line mark file
+            if pid and mark.read_text(encoding="utf-8", errors="replace").strip() == KATIB_EARLY_STOPPED:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class Terminated(Exception):  # noqa: N818 (a signal, not an error)
@@ -40,6 +73,7 @@ class Termination:
 
     def __init__(self):
         self.requested = False
+        self.stopped_early = False  # the signal was Katib's early stopping: nothing to retry
         self.signal_name = "SIGTERM"
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -70,7 +104,13 @@ class Termination:
     def _record(self, number: int = signal.SIGTERM) -> None:
         if not self.requested:
             self.signal_name = signal.Signals(number).name
-            logger.warning("%s received: stopping (after a checkpoint if a step was taken), exit 143", self.signal_name)
+            self.stopped_early = number == signal.SIGTERM and stopped_early_by_katib()
+            if self.stopped_early:
+                logger.warning("SIGTERM from Katib's early stopping: stopping after a checkpoint, exit 0 (no retry)")
+            else:
+                logger.warning(
+                    "%s received: stopping (after a checkpoint if a step was taken), exit 143", self.signal_name
+                )
         self.requested = True
 
     def check(self, phase: str) -> None:
