@@ -93,10 +93,12 @@ NUMERIC_KERNELS = {
     "AMD EPYC with AVX512-BF16, no AMX (Zen 4)": ({"OPENBLAS_CORETYPE": "Zen"}, "avx2"),
     "Intel Xeon with AMX (Sapphire Rapids)": ({"OPENBLAS_CORETYPE": "SapphireRapids"}, "avx512f"),
     "AVX2 only (Intel Haswell, AMD Zen 2)": (
-        {"OPENBLAS_CORETYPE": "Haswell", "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"}, "avx2"
+        {"OPENBLAS_CORETYPE": "Haswell", "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"},
+        "avx2",
     ),
     "Intel Xeon with AVX-512, no BF16 (Cascade Lake)": (
-        {"OPENBLAS_CORETYPE": "SkylakeX", "NPY_DISABLE_CPU_FEATURES": "AVX512_ICL AVX512_SPR"}, "avx512f"
+        {"OPENBLAS_CORETYPE": "SkylakeX", "NPY_DISABLE_CPU_FEATURES": "AVX512_ICL AVX512_SPR"},
+        "avx512f",
     ),
 }
 # Each side's split, described whole and in three parts (as one process and a fan-out's workers add shards), then

@@ -131,8 +131,12 @@ def test_the_profile_owner_mints_the_default_editors_token_once_the_admins_set_i
         create_token(rbac, OWNER, "default-editor")
     rbac.apply(ADMIN, MANIFESTS / "admin", None)
     create_token(rbac, OWNER, "default-editor")
-    for user, account, namespace in ((OWNER, "default-viewer", NAMESPACE), (OWNER, "cifar10-pipeline", NAMESPACE),
-                                     (OWNER, "default-editor", "team-b"), (EDITOR, "default-editor", NAMESPACE)):
+    for user, account, namespace in (
+        (OWNER, "default-viewer", NAMESPACE),
+        (OWNER, "cifar10-pipeline", NAMESPACE),
+        (OWNER, "default-editor", "team-b"),
+        (EDITOR, "default-editor", NAMESPACE),
+    ):
         with pytest.raises(Forbidden):
             create_token(rbac, user, account, namespace)  # fmt: skip
 

@@ -122,8 +122,8 @@ def run_owner(core, namespace: str) -> list[dict[str, str]]:
     """The run's Argo Workflow as the launched job's owner, found from this step's own pod (Argo makes the Workflow
     the owner of each step's pod; its name read as KFP's launcher reads it), so that the cluster's garbage collector
     removes the job with the run when KFP deletes the run's Workflow (Kubeflow 1.11 and 26.03 a day after the run
-    ends, KFP 2.17's compiled ttlStrategy an hour), besides the step's lease. [] where there is none: not in a pod, or the pod cannot
-    be read (said)."""
+    ends, KFP 2.17's compiled ttlStrategy an hour), besides the step's lease. [] where there is none: not in a pod,
+    or the pod cannot be read (said)."""
     if not this_pod.in_kubernetes_pod():
         return []
     name, read_from = this_pod.name_of_this_pod()
