@@ -667,6 +667,7 @@ class PodRecord:
     waiting: tuple[str, str] | None = None  # the container's waiting (reason, message)
     unschedulable: str | None = None  # the scheduler's message while the pod cannot be placed
     owners: list[dict] = field(default_factory=list)  # ownerReferences (a step's pod: its run's Workflow)
+    init_containers: list[dict] = field(default_factory=list)  # a KFP step's: kfp-launcher, with KFP's image
 
     @property
     def instance(self) -> int:
@@ -1030,6 +1031,7 @@ def pod_json(record: PodRecord) -> dict:
         "metadata": {"name": record.name, "namespace": record.namespace, "labels": record.labels,
                      "annotations": record.annotations, "creationTimestamp": record.created,
                      **({"ownerReferences": record.owners} if record.owners else {})},
+        "spec": {"containers": [{"name": record.container, "image": "i"}], "initContainers": record.init_containers},
         "status": {"phase": record.phase, "conditions": conditions, "containerStatuses": [status]},
     }  # fmt: skip
 

@@ -241,7 +241,7 @@ def test_sigterm_to_the_local_launcher_makes_both_workers_checkpoint_the_same_st
 
 def test_a_trial_katib_stops_early_checkpoints_on_every_worker_and_exits_0_not_to_be_restarted(
     synthetic_data, tmp_path
-):  # noqa: E501
+):
     """Katib's metrics collector marks the trial's shell "early-stopped" (/var/log/katib/<pid>.pid), then sends the
     training process SIGTERM: one worker gets it; both checkpoint one agreed step and exit 0, which neither the
     TrainJob runtime's "Preempted" rule (143) nor TFJob's ExitCode policy restarts. Without the mark, the same SIGTERM
