@@ -1,13 +1,18 @@
-"""`make leases [NAMESPACE=...] [REMOVE=1]`: the pipeline's document Leases in a namespace, and which of them stand for
-documents the store no longer holds, listed; with REMOVE=1 those are removed.
+"""`make leases [NAMESPACE=...] [REMOVE=1]`: the pipeline's Leases in a namespace, and which of them are stale: those
+that stand for documents the store no longer holds, and the step Leases of steps that are gone; with REMOVE=1 those
+are removed.
 
 Where the store cannot compare-and-swap, each dataset manifest, writer lease and promotion pointer lives in a Lease
 of the namespace (components/common/coordination.py), and its copy in the store. When the store's copy is gone (KFP's
 artifact retention expired a run's folder, a promotion root or a run was removed) its Lease is left behind, one per
 dataset and run. A Lease is stale when the store holds no copy at its URI and the API server's clock says it has not
-changed for `--min-age-hours` (1 by default: a swap writes its copy right after the Lease); it is removed only over
-the `resourceVersion` read, so a Lease changed meanwhile is kept. Each run reaches the cluster through your
-kubeconfig (or in a pod, its service account) and the store through the usual settings (AWS_*; docs/cluster.md).
+changed for `--min-age-hours` (1 by default: a swap writes its copy right after the Lease).
+
+A step's Lease (components/train/step_lease.py: the launching step renews it while its training job runs) is stale
+when it has not been renewed for its own duration and for `--min-age-hours`: its step ended without deleting it
+(SIGKILL, a lost node). Either kind is removed only over the `resourceVersion` read, so a Lease changed meanwhile is
+kept. Each run reaches the cluster through your kubeconfig (or in a pod, its service account) and the store through
+the usual settings (AWS_*; docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -24,21 +29,30 @@ from components.common import exit_codes, filesystem, stores
 
 logger = logging.getLogger("pipeline.leases")
 
-SELECTOR = "app.kubernetes.io/part-of=cifar10-pipeline,app.kubernetes.io/component=coordination"
+SELECTOR = "app.kubernetes.io/part-of=cifar10-pipeline,app.kubernetes.io/component in (coordination,step-lease)"
+STEP_LEASE = "step-lease"
 MIN_AGE_HOURS = 1.0
 
 
 @dataclass(frozen=True)
 class LeaseRow:
     name: str
-    uri: str
+    uri: str  # a document's URI; a step's Lease: "step of <job>"
     holder: str
     resource_version: str
     idle_seconds: float  # since its last change, on the API server's clock
-    in_store: bool
+    in_store: bool  # a step's Lease: whether it is still within its duration (its step renews it)
+    step: bool = False
 
     def stale(self, min_age_seconds: float) -> bool:
         return not self.in_store and self.idle_seconds >= min_age_seconds
+
+    def state(self, min_age_seconds: float) -> str:
+        if self.stale(min_age_seconds):
+            return "stale: its step is gone" if self.step else "stale: the store no longer holds it"
+        if self.in_store:
+            return "kept: its step renews it" if self.step else "kept: the store holds it"
+        return "kept: changed within --min-age-hours"
 
 
 def last_change(lease) -> datetime.datetime:
@@ -48,18 +62,28 @@ def last_change(lease) -> datetime.datetime:
 
 
 def rows(api, namespace: str, in_store: Callable[[str], bool]) -> list[LeaseRow]:
-    """The namespace's document Leases, each with whether the store holds its document and how long it has been
+    """The namespace's Leases (documents' and steps'), each with whether the store holds its document (a step's:
+    whether it is within its duration) and how long it has been
     unchanged by the API server's clock (its Date header: no clock of this machine is compared with the server's)."""
     from components.common.coordination import URI_ANNOTATION
+    from components.train.step_lease import JOB_ANNOTATION
 
     listed, _status, headers = api.list_namespaced_lease_with_http_info(namespace, label_selector=SELECTOR)
     now = email.utils.parsedate_to_datetime(headers["Date"])
     found = []
     for lease in listed.items:
-        uri = (lease.metadata.annotations or {}).get(URI_ANNOTATION, "")
+        annotations = lease.metadata.annotations or {}
+        idle = (now - last_change(lease)).total_seconds()
+        holder = (lease.spec.holder_identity or "") if lease.spec else ""
+        if (lease.metadata.labels or {}).get("app.kubernetes.io/component") == STEP_LEASE:
+            duration = (lease.spec.lease_duration_seconds if lease.spec else None) or 0
+            job = annotations.get(JOB_ANNOTATION) or lease.metadata.name
+            found.append(LeaseRow(lease.metadata.name, f"step of {job}", holder, lease.metadata.resource_version,
+                                  idle, idle < duration, step=True))  # fmt: skip
+            continue
+        uri = annotations.get(URI_ANNOTATION, "")
         found.append(LeaseRow(
-            lease.metadata.name, uri, (lease.spec.holder_identity or "") if lease.spec else "",
-            lease.metadata.resource_version, (now - last_change(lease)).total_seconds(), bool(uri) and in_store(uri),
+            lease.metadata.name, uri, holder, lease.metadata.resource_version, idle, bool(uri) and in_store(uri),
         ))  # fmt: skip
     return sorted(found, key=lambda row: row.uri)
 
@@ -143,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.STORE_UNAVAILABLE
     stale = [row for row in found if row.stale(arguments.min_age_hours * 3600)]
     for row in found:
-        state = "stale: the store no longer holds it" if row in stale else (
-            "kept: the store holds it" if row.in_store else "kept: changed within --min-age-hours")  # fmt: skip
+        state = row.state(arguments.min_age_hours * 3600)
         print(f"{row.name}  {row.uri}  {state}" + (f"  (held by {row.holder})" if row.holder else ""))
     if arguments.remove:
         removed = remove(api, namespace, stale)

@@ -129,6 +129,33 @@ def granted_verbs(service_account: str, namespace: str = "team-a", release: str 
     return {verb for verb in set(VERBS.values()) if rbac.allows(user, verb, "coordination.k8s.io", "leases", NAMESPACE)}
 
 
+_REQUIREMENT = re.compile(r"\s*([\w./-]+)\s*(?:(!=|==|=)\s*([\w.-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")
+
+
+def selects(selector: str, labels: dict[str, str]) -> bool:
+    """Whether a label selector (the API server's syntax: `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a)`, `k`,
+    joined by commas outside parentheses) selects `labels`; a malformed one is refused as the server refuses it."""
+    requirements = re.split(r",(?![^()]*\))", selector) if selector.strip() else []
+    for requirement in requirements:
+        match = _REQUIREMENT.fullmatch(requirement)
+        if match is None:
+            raise Refused(400, "BadRequest", f"unable to parse requirement: {requirement!r}")
+        key, operator, value, set_operator, values = match.groups()
+        if operator in ("=", "=="):
+            if labels.get(key) != value:
+                return False
+        elif operator == "!=":
+            if labels.get(key) == value:
+                return False
+        elif set_operator:
+            members = {member.strip() for member in values.split(",")}
+            if (labels.get(key) in members) != (set_operator == "in") or (set_operator == "in" and key not in labels):
+                return False
+        elif key not in labels:
+            return False
+    return True
+
+
 class LeaseStore:
     """The Leases of an API server: what its handlers do once the caller is known (`verbs`: what RBAC grants the
     caller on leases in `namespace`)."""
@@ -138,7 +165,9 @@ class LeaseStore:
         self._versions = itertools.count(1000)
         self._lock = threading.Lock()
 
-    def serve(self, method: str, namespace: str, name: str | None, user: str, verbs: set[str], raw: bytes):
+    def serve(
+        self, method: str, namespace: str, name: str | None, user: str, verbs: set[str], raw: bytes, selector: str = ""
+    ):
         verb = VERBS.get((method, name is not None))
         if verb is None:
             raise Refused(405, "MethodNotAllowed", f"{method} is not supported")
@@ -157,7 +186,8 @@ class LeaseStore:
             if verb == "get":
                 return 200, self._existing(namespace, name)
             if verb == "list":
-                items = [lease for (ns, _n), lease in self.leases.items() if ns == namespace]
+                items = [lease for (ns, _n), lease in self.leases.items()
+                         if ns == namespace and selects(selector, lease["metadata"].get("labels") or {})]  # fmt: skip
                 return 200, {"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList", "items": items,
                              "metadata": {"resourceVersion": str(next(self._versions))}}  # fmt: skip
             if verb == "delete":

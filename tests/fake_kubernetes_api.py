@@ -1115,7 +1115,8 @@ def _handler_class(api: FakeKubernetesApi):
                         if api.rbac.allows(user, verb, "coordination.k8s.io", "leases", match["namespace"])
                     }
                     try:
-                        answer = api.lease_store.serve(method, match["namespace"], match["name"], user, verbs, raw)
+                        answer = api.lease_store.serve(method, match["namespace"], match["name"], user, verbs, raw,
+                                                       parse_qs(url.query).get("labelSelector", [""])[0])  # fmt: skip
                     except LeaseRefused as refused:
                         raise Refused(refused.status, refused.reason, str(refused)) from None
                     return self._reply(*answer)

@@ -803,6 +803,32 @@ def test_a_job_name_whose_jobset_pod_names_pass_63_characters_is_refused_before_
         assert trainjob_launcher(api).run(config(workers=workers), launch(), name="j" * longest_allowed).succeeded
 
 
+@pytest.mark.parametrize("installed", [True, False], ids=["profile-installed", "no-workers-binding"])
+def test_a_worker_checks_its_own_rights_before_its_first_step_in_one_line(installed, tmp_path):
+    """A job's worker reads its step's Lease and deletes its own job when that Lease lapses: its supervisor asks the
+    API server for both before the worker starts, as the workers' service account; without manifests/rbac.yaml's
+    binding the worker ends at once, exit 2 (a final error: no restart), in one line naming what is missing."""
+    with FakeKubernetesApi(release="26.03", installed=installed, pod_folder=tmp_path / "pod") as api:
+        (tmp_path / "pod" / "token").write_text("worker-token")  # the cifar10-pipeline service account's pod
+        environment = {**os.environ, **api.pod_environment(), step_lease.LEASE_VARIABLE: "rights-job-step",
+                       step_lease.SECONDS_VARIABLE: "90",
+                       step_lease.JOB_VARIABLE: "trainer.kubeflow.org/v1alpha1/trainjobs/rights-job"}  # fmt: skip
+        program = "import logging, sys; from components.train.supervisor import Supervisor\n" \
+                  "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')\n" \
+                  "sys.exit(Supervisor([sys.executable, '-c', 'print(\"trained\")'], 60).run())"  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", program], cwd=REPOSITORY, env=environment, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        reviews = {(verb, resource) for _user, verb, _group, resource in api.access_reviews}
+    assert reviews == {("get", "leases"), ("delete", "trainjobs")}
+    if installed:
+        assert done.returncode == 0 and "trained" in done.stdout, done.stderr
+        return
+    assert done.returncode == 2 and "trained" not in done.stdout
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
+    assert "may not get leases rights-job-step (coordination.k8s.io), delete trainjobs rights-job" in line, line
+    assert "manifests/rbac.yaml" in line
+
+
 def test_a_trainjob_deletes_itself_when_the_step_that_launched_it_ends_abruptly(tmp_path):
     """The step's pod ends (SIGKILL: a cancelled run, an eviction): its lease lapses, and a worker's supervisor,
     with the job's own environment and the workers' service account, deletes the job. While the step lives, its

@@ -34,15 +34,35 @@ class Permission:
     resource: str  # with its subresource: "pods/log"
     purpose: str
     granted_by: str
+    name: str = ""  # one object of the resource ("": any)
 
     def describe(self) -> str:
-        return f"{self.verb} {self.resource}" + (f" ({self.group})" if self.group else "")
+        named = f" {self.name}" if self.name else ""
+        return f"{self.verb} {self.resource}{named}" + (f" ({self.group})" if self.group else "")
 
 
 def lease_permissions() -> list[Permission]:
     purpose = "to swap datasets, writer leases and pointers on a store without conditional writes"
     return [Permission(verb, "coordination.k8s.io", "leases", purpose, ADMIN_SET) for verb in
             ("get", "create", "update", "delete")]  # fmt: skip
+
+
+def step_lease_permissions() -> list[Permission]:
+    """What the launching step does with its own Lease (components/train/step_lease.py), whatever the store."""
+    purpose = "to hold the lease that stops the training job when this step ends"
+    return [Permission(verb, "coordination.k8s.io", "leases", purpose, ADMIN_SET) for verb in
+            ("get", "create", "update", "delete")]  # fmt: skip
+
+
+def worker_permissions(lease: str, job: str) -> list[Permission]:
+    """What a training worker does on its own (components/train/step_lease.py): read the step's Lease, and delete
+    its own job (group/version/plural/name) when that Lease lapses."""
+    group, _version, plural, name = job.split("/")
+    granted = "manifests/rbac.yaml's binding of cifar10-pipeline-workers, which the profile owner applies"
+    return [
+        Permission("get", "coordination.k8s.io", "leases", "to watch the step that launched this job", granted, lease),
+        Permission("delete", group, plural, "to stop this job when the step that launched it is gone", granted, name),
+    ]
 
 
 def job_permissions(kind: str) -> list[Permission]:
@@ -70,6 +90,8 @@ def missing(api_client, namespace: str, permissions: list[Permission]) -> list[P
                       "resource": resource}  # fmt: skip
         if subresource:
             attributes["subresource"] = subresource
+        if permission.name:
+            attributes["name"] = permission.name
         review = authorization.create_self_subject_access_review(
             {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
              "spec": {"resourceAttributes": attributes}}, _request_timeout=30,

@@ -201,10 +201,10 @@ def run_permissions(launcher: str, locations: list[str], api_client) -> list:
 
     permissions = []
     if launcher in CLUSTER_LAUNCHERS:
-        permissions += access.job_permissions(launcher)
+        permissions += access.job_permissions(launcher) + access.step_lease_permissions()
     elif launcher == "auto":  # the kind the cluster serves (none: the train step says what to install)
         served = served_job_kinds(client.CustomObjectsApi(api_client))
-        permissions += access.job_permissions(served[0]) if served else []
+        permissions += access.job_permissions(served[0]) + access.step_lease_permissions() if served else []
     roots = [location for location in locations if filesystem.is_s3_uri(location)]
     modes = [object_stores.store_mode(object_stores.S3Publisher(root)) for root in roots]
     default_root = kfp_launcher.default_pipeline_root()
@@ -215,7 +215,7 @@ def run_permissions(launcher: str, locations: list[str], api_client) -> list:
             logger.info("access: the pipeline root %s could not be checked (%s)", default_root, error)
     if object_stores.KUBERNETES in modes:
         permissions += access.lease_permissions()
-    return permissions
+    return list(dict.fromkeys(permissions))  # each asked once
 
 
 def check_access(launcher: str, locations: list[str]) -> None:

@@ -94,6 +94,14 @@ class Supervisor:
         self.orphaned = False  # the launching step is gone and the job could not be deleted
 
     def run(self) -> int:
+        from components.common import access, exit_codes
+        from components.train import step_lease
+
+        try:
+            step_lease.check_worker_rights()
+        except access.AccessError as error:
+            logger.error("%s", error)
+            return exit_codes.BAD_INPUT  # final: the job fails at once, no retry lacks it less
         read_end, write_end = os.pipe()
         parent = os.getpid()
         environment = {**os.environ, SUPERVISED: "1", PHASE_FD: str(write_end)}
