@@ -750,3 +750,58 @@ def test_a_live_promotion_renews_its_claim_while_it_stages_and_is_never_taken_ov
     assert not [line for line in said if "taking over the claim" in line], said
     assert [line for line in said if "is being promoted by" in line], said
     assert {outcomes["first"].promotion.version, second.promotion.version} == {2, 3}
+
+
+def test_a_paused_promotion_taken_over_withdraws_nothing_of_the_next_ones(trained, root, monkeypatch, caplog):
+    """The first promotion into an empty root is paused after its claim (SIGSTOP: its staging and its renewals
+    stop); the next takes the claim over once it has watched it unchanged for the claim's lease, and promotes; the
+    first, continued, gives up for silence. Its withdrawal carries the version it claimed: the pointer, now the next
+    one's, stays, and readers and serving see that promotion."""
+    import time
+
+    monkeypatch.setattr(promote, "CLAIM_LEASE_SECONDS", 1.5)
+    monkeypatch.setattr(promote, "CLAIM_RENEW_SECONDS", 0.2)
+    monkeypatch.setattr(promote, "WAIT_POLL_SECONDS", 0.1)
+    paused, second_done = threading.Event(), threading.Event()
+    real_init, real_renew, real_stage = promote.ClaimRenewal.__init__, promote.ClaimRenewal._renew, promote.stage
+
+    def init(self, *arguments):
+        self.owner = threading.current_thread().name  # the promotion whose claim it renews
+        real_init(self, *arguments)
+
+    def renew(self):  # the paused process renews nothing (after it is continued, its check comes first)
+        if self.owner != "paused":
+            real_renew(self)
+
+    def stage(*arguments):
+        if threading.current_thread().name == "paused":
+            paused.set()
+            assert second_done.wait(120), "the next promotion never finished"
+            time.sleep(promote.claim_deadline() + 0.5)  # continued: its claim went unrenewed past its deadline
+        return real_stage(*arguments)
+
+    monkeypatch.setattr(promote.ClaimRenewal, "__init__", init)
+    monkeypatch.setattr(promote.ClaimRenewal, "_renew", renew)
+    monkeypatch.setattr(promote, "stage", stage)
+    failures = []
+
+    def first():
+        try:
+            failures.append(f"promoted {promote_once(trained, root, step=10).promotion}")
+        except promote.PromotionConflictError as error:
+            failures.append(str(error))
+
+    thread = threading.Thread(target=first, name="paused")
+    thread.start()
+    assert paused.wait(120), "the first promotion never claimed"
+    with caplog.at_level("INFO"):
+        second = promote_once(trained, root, step=5, decide_again=lambda ready: promote.Decision(True, ["again"]))
+    second_done.set()
+    thread.join(180)
+    assert failures and "could not be renewed" in failures[0], failures
+    pointer, _version = promote.read_pointer(root)
+    assert pointer is not None and pointer["state"] == "ready", pointer
+    assert pointer["version"] == second.promotion.version
+    assert second.promotion.version in numeric_folders(root)
+    assert_every_numeric_folder_is_a_complete_saved_model(root)
+    assert "the pointer moved while version" in caplog.text

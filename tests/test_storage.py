@@ -195,3 +195,37 @@ def test_a_step_in_a_pod_finds_its_releases_object_store_without_a_setting(monke
         assert object_stores.s3_endpoint() is None  # outside a pod: AWS S3, as boto3 would
     finally:
         object_stores.kubeflow_store.cache_clear()
+
+
+def test_a_writer_stopped_inside_a_local_roots_lock_is_named_and_the_wait_is_bounded(tmp_path, monkeypatch, caplog):
+    """A promotion stopped (SIGSTOP, Ctrl-Z) while it holds the local root's .publish.lock: the next writer says
+    after a few seconds whom it waits for and that it is stopped, and gives up after a bound in one line, changing
+    nothing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from components.common import stores
+    from tests.builders import REPOSITORY
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import os, signal, sys; from components.common import stores\n"
+         f"with stores.root_lock({str(tmp_path)!r}):\n"
+         "    print('held', flush=True); os.kill(os.getpid(), signal.SIGSTOP)"],
+        cwd=REPOSITORY, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(stores, "LOCK_NOTICE_SECONDS", 0.5)
+        monkeypatch.setattr(stores, "LOCK_WAIT_SECONDS", 2.0)
+        with caplog.at_level("WARNING"), pytest.raises(filesystem.StorageError) as refused:
+            stores.LocalPublisher(tmp_path).publish("current.json", b"{}", stores.ABSENT)
+        assert f"held for 2 s by pid {holder.pid} on " in str(refused.value) and "(stopped)" in str(refused.value)
+        assert f"waiting for {tmp_path / '.publish.lock'}, held by pid {holder.pid}" in caplog.text
+        assert not (tmp_path / "current.json").exists()
+        os.kill(holder.pid, signal.SIGCONT)  # continued, it lets go: the next write goes through
+        holder.wait(timeout=30)
+        stores.LocalPublisher(tmp_path).publish("current.json", b"{}", stores.ABSENT)
+    finally:
+        holder.kill()

@@ -296,7 +296,24 @@ class GcsPublisher:
         return self.publish(name, data, expected_version)
 
     def withdraw_document(self, name: str, expected_version: str | None = None) -> None:
-        self.withdraw(name)
+        """Remove the document; with `expected_version`, only that generation (the store's own precondition)."""
+        from google.api_core import exceptions
+
+        if expected_version is None:
+            self.withdraw(name)
+            return
+        if expected_version == ABSENT:
+            if self._get(name) is not None:
+                raise conflict_error(self.uri(name))
+            return
+        blob = self._bucket().blob(self._object_name(name))
+        try:
+            with _gcs_errors(self.uri(name)):
+                blob.delete(if_generation_match=int(expected_version))
+        except exceptions.NotFound:
+            return
+        except exceptions.PreconditionFailed:
+            raise conflict_error(self.uri(name)) from None
 
 
 class S3Publisher:
@@ -453,10 +470,13 @@ class S3Publisher:
         return version
 
     def withdraw_document(self, name: str, expected_version: str | None = None) -> None:
-        """Remove the document; through the Kubernetes API only over `expected_version` when given (a document
-        another writer swapped meanwhile is theirs: PublishConflictError)."""
+        """Remove the document; only over `expected_version` when given (a document another writer swapped
+        meanwhile is theirs: PublishConflictError): its ETag on the store, its Lease through the Kubernetes API."""
         if store_mode(self) != KUBERNETES:
-            self.withdraw(name)
+            if expected_version is None:
+                self.withdraw(name)
+            else:
+                self._withdraw_version(name, expected_version)
             return
 
         documents = coordination.documents()
@@ -464,6 +484,25 @@ class S3Publisher:
             raise conflict_error(self.uri(name))
         self.withdraw(name)  # the copy first: a stop in between leaves the document (the truth) standing
         documents.remove(self.uri(name), expected_version)
+
+    def _withdraw_version(self, name: str, expected_version: str) -> None:
+        """Delete only `expected_version` (its ETag) of `name`: `If-Match` where the store honours it; checked,
+        then deleted, where a single writer is assumed."""
+        head = self._head(name)
+        if head is None:
+            return  # already gone
+        if head["ETag"] != expected_version:
+            raise conflict_error(self.uri(name))
+        with _s3_errors(self.uri(name)):
+            try:
+                condition = {"IfMatch": expected_version} if store_mode(self) == CONDITIONAL else {}
+                self._client().delete_object(Bucket=self.bucket_name, Key=self._key(name), **condition)
+            except _s3_client_error() as error:
+                if _s3_status(error) == 404:
+                    return
+                if _s3_status(error) in (409, 412):
+                    raise conflict_error(self.uri(name)) from None
+                raise
 
     def withdraw(self, name: str) -> None:
         head = self._head(name)

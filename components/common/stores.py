@@ -17,7 +17,12 @@ the compare-and-swap needs each store's own preconditions, which generic layers 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
+import os
+import socket
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -30,6 +35,54 @@ from components.common.filesystem import (
 )
 
 ABSENT = "absent"  # the version of an object that does not exist
+LOCK_NOTICE_SECONDS = 5.0  # a local root's lock held this long is said, with its holder
+LOCK_WAIT_SECONDS = 120.0  # and past this, the wait ends in one line naming the holder
+
+logger = logging.getLogger(__name__)
+
+
+def _holder_state(pid: int) -> str:
+    """'stopped' (SIGSTOP, Ctrl-Z, a debugger), 'running', or 'gone', as this machine's /proc tells."""
+    try:  # reader: the kernel's one-line status of a process: "pid (name) state ..."
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+    return {"T": "stopped", "t": "stopped", "Z": "gone", "X": "gone"}.get(state, "running")
+
+
+@contextlib.contextmanager
+def root_lock(root: str):
+    """The exclusive lock on `<root>/.publish.lock` that local compare-and-swaps take; its holder (pid and host) is
+    written in it. A wait past LOCK_NOTICE_SECONDS is said once, naming the holder and whether it is stopped; past
+    LOCK_WAIT_SECONDS it ends in StorageError naming them."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    path = Path(root, ".publish.lock")
+    with open(path, "a+") as lock:
+        started, said = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - started
+                lock.seek(0)
+                holder = lock.read(200).strip() or "an unknown process"  # reader: the holder's own line
+                pid, _, host = holder.partition(" on ")
+                state = _holder_state(int(pid)) if pid.isdigit() and host == socket.gethostname() else "elsewhere"
+                if waited >= LOCK_WAIT_SECONDS:
+                    raise StorageError(
+                        f"{path}: held for {waited:.0f} s by pid {holder} ({state}); nothing was changed: end or "
+                        "continue that process (kill -CONT), then run again"
+                    ) from None
+                if waited >= LOCK_NOTICE_SECONDS and not said:
+                    logger.warning("waiting for %s, held by pid %s (%s)", path, holder, state)
+                    said = True
+                time.sleep(0.1)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()} on {socket.gethostname()}")
+        lock.flush()
+        yield
 
 
 class Publisher(Protocol):
@@ -62,7 +115,10 @@ class Publisher(Protocol):
     # them in the Kubernetes API (components/common/coordination.py) and the store holds a copy.
     def read_document(self, name: str) -> tuple[bytes | None, str]: ...
     def swap_document(self, name: str, data: bytes, expected_version: str) -> str: ...
-    def withdraw_document(self, name: str, expected_version: str | None = None) -> None: ...
+    def withdraw_document(self, name: str, expected_version: str | None = None) -> None:
+        """Remove the document; with `expected_version`, only that version of it (another writer's since:
+        PublishConflictError, and it stays)."""
+        ...
 
 
 def conflict_error(uri: str) -> PublishConflictError:
@@ -112,9 +168,7 @@ class LocalPublisher:
         if expected_version is None:
             atomic_write_bytes(Path(self.root, name), data)  # renaming over identical bytes changes nothing
             return content_version(data)
-        Path(self.root).mkdir(parents=True, exist_ok=True)
-        with open(Path(self.root, ".publish.lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with root_lock(self.root):
             current, version = self.read_versioned(name)
             if current == data:
                 return version
@@ -146,7 +200,13 @@ class LocalPublisher:
         return self.publish(name, data, expected_version)
 
     def withdraw_document(self, name: str, expected_version: str | None = None) -> None:
-        self.withdraw(name)
+        if expected_version is None:
+            self.withdraw(name)
+            return
+        with root_lock(self.root):  # as publish compares and swaps
+            if self.version(name) not in (expected_version, ABSENT):
+                raise conflict_error(self.uri(name))
+            self.withdraw(name)
 
     def list(self, prefix: str = "") -> list[str]:
         root = Path(self.root)

@@ -453,8 +453,8 @@ def _withdraw_claim(root: str, version: int, ready: dict, claimed: str) -> None:
     try:
         if ready:
             publisher.swap_document(POINTER, _encode(stored(ready, root)), claimed)
-        else:  # nothing was ready before this claim: no pointer, as before it (a live claim is never taken over)
-            publisher.withdraw_document(POINTER)
+        else:  # nothing was ready before this claim: no pointer, as before it; only this claim's version of it
+            publisher.withdraw_document(POINTER, claimed)
     except filesystem.PublishConflictError:
         logger.warning("the pointer moved while version %d failed: its folder is left as the pointer says", version)
         return
