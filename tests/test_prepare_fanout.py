@@ -205,3 +205,63 @@ def test_the_merge_takes_no_part_of_another_source_or_setting(tmp_path, folder_s
     with pytest.raises(ValueError, match=r"no worker published this shard whole"):
         prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), part="merge", seed=7, **config))
     assert prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), part="merge", **config)).reused is False
+
+
+def test_workers_after_tensorflow_ran_in_the_run_finish_and_publish_one_processs_dataset(tmp_path, folder_source):
+    """--resize and --leakage drop_from_train: the leak search resizes with TensorFlow before the workers start. The
+    workers are fresh interpreters (a fork after TensorFlow ran waits for ever in its first op), so the run ends, and
+    publishes what one process does."""
+    options = ["--source", str(folder_source), "--examples-per-shard", "20", "--resize", "24",
+               "--leakage", "drop_from_train"]  # fmt: skip
+    command = [sys.executable, "-m", "components.prepare_data", *options, "--output", str(tmp_path / "two"),
+               "--prepare-workers", "2"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one = [sys.executable, "-m", "components.prepare_data", *options, "--output", str(tmp_path / "one")]
+    assert subprocess.run(one, cwd=REPOSITORY, capture_output=True, timeout=600).returncode == 0
+    assert published(tmp_path / "two") == published(tmp_path / "one")
+
+
+def test_a_hung_worker_is_ended_after_its_silence_and_started_again(tmp_path, folder_source):
+    """Workers that say nothing more once they have begun (frozen: SIGSTOP, a deadlock) are ended once silent for
+    the bound and started again, as dead ones are; the run publishes one process's dataset."""
+    import threading
+
+    output = tmp_path / "fanned"
+    command = [sys.executable, "-m", "components.prepare_data", "--source", str(folder_source), "--output",
+               str(output), "--examples-per-shard", "5", "--prepare-workers", "2"]  # fmt: skip
+    environment = {**os.environ, "CIFAR10_PIPELINE_PREPARE_WORKER_SILENCE_SECONDS": "15"}
+    process = subprocess.Popen(command, cwd=REPOSITORY, stderr=subprocess.PIPE, text=True, env=environment)
+    lines, begun = [], threading.Event()
+
+    def read() -> None:
+        for line in process.stderr:
+            lines.append(line)
+            if "oneDNN" in line or "worker 0 of 2" in line or "worker 1 of 2" in line:
+                begun.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert begun.wait(180), "".join(lines)[-3000:]
+    frozen = _children(process.pid)
+    for worker in frozen:
+        os.kill(worker, signal.SIGSTOP)
+    process.wait(timeout=400)
+    reader.join(timeout=30)
+    log = "".join(lines)
+    assert process.returncode == 0, log[-3000:]
+    assert "said nothing for 15 s (hung?); it was ended; starting it again (attempt 2 of 3)" in log, log[-3000:]
+    prepare_data(PrepareDataConfig(output=str(tmp_path / "one"), source=str(folder_source), examples_per_shard=5))
+    assert published(output) == published(tmp_path / "one")
+
+
+def test_a_worker_that_reads_another_source_than_its_run_refuses_it_in_one_line(tmp_path, folder_source, monkeypatch):
+    """The run plans from its read of the source; a worker reads it again: when the two differ (the archive was
+    replaced in between) the worker refuses in one line, and nothing of it is published."""
+    from components.prepare_data import workers
+
+    monkeypatch.setenv(workers.KEY_VARIABLE, "0123456789ab")  # the key of the run's read, unlike this one's
+    config = PrepareDataConfig(output=str(tmp_path / "out"), source=str(folder_source), prepare_workers=2, part="0")
+    with pytest.raises(ValueError, match=r"the source changed while it was being read .* planned 0123456789ab"):
+        prepare_data(config)
+    assert list((tmp_path / "out").rglob("*.tfrecord")) == []

@@ -268,9 +268,8 @@ def prepare_data(config: PrepareDataConfig) -> PrepareResult | None:
         else:
             if config.part == "all" or config.parts_from:  # shards this run writes or copies
                 written.update(shard.name for shard in plan.shards)
-            if config.part == "all":  # the workers, forked from this process: the plan is theirs as it is
-                workers.run_local_workers(config.prepare_workers, lambda index: _publish_part(publisher, plan, config,
-                                                                                             index))  # fmt: skip
+            if config.part == "all":  # the workers: fresh processes, each a pipeline's worker pod on this machine
+                workers.run_local_workers(config.prepare_workers, lambda index: worker_command(config, index), plan.key)
             statistics, infos = _merged_parts(publisher, plan, config)
         _release_source(plan)
         manifest, content = _publish_manifest(publisher, plan, config, statistics, infos, existing_version)
@@ -387,8 +386,21 @@ def _part_names(key: str, shard: Shard) -> tuple[str, str]:
 
 
 def prepare_part(config: PrepareDataConfig, publisher: stores.Publisher) -> None:
-    """One worker of a fanned-out prepare, on its own (a pipeline's pod): the plan, then `_publish_part`."""
-    _publish_part(publisher, plan_dataset(resolve_source(config), config), config, config.worker_index)
+    """One worker of a fanned-out prepare, on its own (a pipeline's pod, or a local worker process): the plan, then
+    `_publish_part`. A local worker's plan must be its run's (the same source read)."""
+    plan = plan_dataset(resolve_source(config), config)
+    workers.check_key(plan.key, config.source)
+    _publish_part(publisher, plan, config, config.worker_index)
+
+
+def worker_command(config: PrepareDataConfig, index: int) -> list[str]:
+    """The command of local worker `index`: this stage's own CLI with the run's configuration, as `--part index`."""
+    import sys
+
+    from components.common.config import config_to_dict
+
+    values = {**config_to_dict(config), "part": str(index)}
+    return [sys.executable, "-m", "components.prepare_data", "--config", json.dumps(values, sort_keys=True)]
 
 
 def _publish_part(publisher: stores.Publisher, plan: Plan, config: PrepareDataConfig, index: int) -> None:
