@@ -42,7 +42,7 @@ from components.common.progress import Progress
 from components.prepare_data import fetch, sources, splits, synthetic, workers
 from components.prepare_data import statistics as data_statistics
 from components.prepare_data.config import OFFICIAL_SHA256, OFFICIAL_URL, PrepareDataConfig
-from components.prepare_data.safe_io import DirTree, FileTree, SourceError, TarTree, check_source_size
+from components.prepare_data.safe_io import DirTree, FileTree, SourceError, TarTree
 from components.prepare_data.sources import RawDataset, RawSplit, check_classes_present, read_tree, resized_dataset
 
 logger = logging.getLogger(__name__)
@@ -65,11 +65,10 @@ class ResolvedSource:
     path: Path | None = None  # None for synthetic data
     folder: DirTree | None = None  # a folder source, already walked (and hashed) for its digest
     max_bytes: int = 0  # the most the source may unpack to
+    archive: TarTree | None = None  # an archive source: its private copy, made by the read that hashed it
 
     def tree(self) -> FileTree:
-        if self.folder is not None:
-            return self.folder
-        return TarTree(self.path, self.max_bytes, self.uri)
+        return self.folder or self.archive
 
 
 def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
@@ -98,12 +97,10 @@ def resolve_source(config: PrepareDataConfig) -> ResolvedSource:
             raise SourceError(f"{source}: --source-sha256 applies to an archive file, not to a folder")
         folder = DirTree(path, config.max_source_bytes)
         return ResolvedSource(source, folder.sha256(), path, folder=folder, max_bytes=config.max_source_bytes)
-    check_source_size(path, config.max_source_bytes)
-    with filesystem.open_regular(path) as handle:  # streamed: a source larger than memory is hashed all the same
-        digest = filesystem.sha256_stream(handle)
-    if expected is not None and digest != expected.lower():
-        raise SourceError(f"{source}: SHA-256 is {digest}, expected {expected.lower()}; the file is damaged")
-    return ResolvedSource(source, digest, path, max_bytes=config.max_source_bytes)
+    # One read of the archive: hashed as it is copied (decompressed) into a private scratch file, which every later
+    # read takes its bytes from; what is converted is what was hashed, whatever happens to the file meanwhile.
+    archive = TarTree(path, config.max_source_bytes, source, expected)
+    return ResolvedSource(source, archive.sha256, path, max_bytes=config.max_source_bytes, archive=archive)
 
 
 def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDataset:

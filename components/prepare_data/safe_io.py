@@ -17,6 +17,7 @@ place.
 
 from __future__ import annotations
 
+import bisect
 import bz2
 import functools
 import hashlib
@@ -105,28 +106,52 @@ def _stream_pieces(stream: io.BufferedIOBase) -> Iterator[bytes]:
             yield piece
 
 
-def _file_pieces(handle, origin: str) -> Iterator[bytes] | None:
-    """The archive file `handle` (read from its start) decompressed piece by piece, or None when not compressed."""
-    magic = handle.read(6)
-    handle.seek(0)
+class HashingReader(io.RawIOBase):
+    """A file's bytes as read, each hashed on the way: what is hashed is exactly what the reader was given."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        count = self.handle.readinto(buffer)
+        self.digest.update(memoryview(buffer)[:count])
+        return count
+
+    def rest(self) -> None:
+        """Hash what the reader left unread (bytes after a compressed stream's end)."""
+        while piece := self.handle.read(_CHUNK_BYTES):
+            self.digest.update(piece)
+
+
+def _file_pieces(reader, magic: bytes) -> Iterator[bytes]:
+    """The archive's bytes as `reader` gives them, decompressed piece by piece when its `magic` says so."""
     if magic[:2] == b"\x1f\x8b":
-        return gzip_stream_pieces(handle.read)
+        return gzip_stream_pieces(reader.read)
     if magic[:3] == b"BZh":
-        return _stream_pieces(bz2.BZ2File(handle))
+        return _stream_pieces(bz2.BZ2File(reader))
     if magic[:6] == b"\xfd7zXZ\x00":
-        return _stream_pieces(lzma.LZMAFile(handle))
-    return None
+        return _stream_pieces(lzma.LZMAFile(reader))
+    return iter(lambda: reader.read(_CHUNK_BYTES), b"")
 
 
 def unpacked_file(path: Path, origin: str, max_bytes: int):
-    """The archive at `path` as a readable file of its tar bytes: itself when not compressed, else decompressed into
-    an unnamed scratch file (gone when closed or the process ends) under the same bounds as in memory."""
+    """(the archive at `path` as a private scratch file of its tar bytes, the SHA-256 of the file's bytes): one read
+    of the file, hashed as it is decompressed (or copied), so that what is converted is what was hashed, whatever
+    happens to the file meanwhile. An unnamed scratch file: gone when closed or the process ends; under the same
+    bounds as in memory. A file that changed while it was read (its size or time of change moved) is refused."""
     handle = filesystem.open_regular(path)
-    compressed = os.fstat(handle.fileno()).st_size
-    pieces = _file_pieces(handle, origin)
-    if pieces is None:
-        return handle
-    bound = min(max_bytes, max(EXPANSION_FLOOR, MAX_EXPANSION * compressed))
+    before = os.fstat(handle.fileno())
+    magic = handle.read(6)
+    handle.seek(0)
+    compressed = before.st_size
+    reader = HashingReader(handle)
+    pieces = _file_pieces(io.BufferedReader(reader, _CHUNK_BYTES), magic)
+    plain = not (magic[:2] == b"\x1f\x8b" or magic[:3] == b"BZh" or magic[:6] == b"\xfd7zXZ\x00")
+    bound = max_bytes if plain else min(max_bytes, max(EXPANSION_FLOOR, MAX_EXPANSION * compressed))
     unpacked = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the tree that reads it)
     produced = 0
     try:
@@ -141,14 +166,23 @@ def unpacked_file(path: Path, origin: str, max_bytes: int):
                         "likely decompression bomb (image data barely compresses)"
                     )
                 unpacked.write(piece)
+            reader.rest()
+            after = os.fstat(handle.fileno())
     except SourceError:
         unpacked.close()
         raise
     except (EOFError, OSError, zlib.error, lzma.LZMAError, ValueError) as error:
         unpacked.close()
         raise SourceError(f"{origin}: archive is truncated or corrupt ({error})") from error
+    if [(stats.st_size, stats.st_mtime_ns, stats.st_ctime_ns) for stats in (before, after)] != [
+        (before.st_size, before.st_mtime_ns, before.st_ctime_ns)
+    ] * 2:
+        unpacked.close()
+        raise SourceError(
+            f"{origin}: the file changed while it was read; nothing was published: run again once it is still"
+        )
     unpacked.seek(0)
-    return unpacked
+    return unpacked, reader.digest.hexdigest()
 
 
 def check_source_size(path: Path, max_bytes: int) -> None:
@@ -287,10 +321,15 @@ class TarTree(FileTree):
     record of it: 150 bytes a member, a tenth of the record's, for sources of millions of files.
     """
 
-    def __init__(self, path: str | Path, max_bytes: int, origin: str | None = None):
+    def __init__(self, path: str | Path, max_bytes: int, origin: str | None = None, expected_sha256: str | None = None):
         self.origin = origin or str(path)  # what the messages name: the source as given (a URL, not its download)
         check_source_size(Path(path), max_bytes)
-        self._file = unpacked_file(Path(path), self.origin, max_bytes)
+        self._file, self.sha256 = unpacked_file(Path(path), self.origin, max_bytes)  # one read: hashed and copied
+        if expected_sha256 is not None and self.sha256 != expected_sha256.lower():
+            self._file.close()
+            raise SourceError(
+                f"{self.origin}: SHA-256 is {self.sha256}, expected {expected_sha256.lower()}; the file is damaged"
+            )
         if os.fstat(self._file.fileno()).st_size > max_bytes:
             raise _too_large_source(self.origin, max_bytes)
         beginning = self._file.read(512)
@@ -416,6 +455,9 @@ class DirTree(FileTree):
         if max_bytes is not None and total > max_bytes:
             raise _too_large_source(self.origin, max_bytes)
         self._sha256: str | None = None
+        self._digests: bytearray | None = None  # each file's SHA-256 (32 bytes), in the order of `_names`
+        self._sorted: list[str] | None = None
+        self._order: list[int] = []
 
     def names(self) -> list[str]:
         return list(self._names)
@@ -435,19 +477,40 @@ class DirTree(FileTree):
             raise SourceError(f"{path}: file does not exist") from error
         if len(content) > max_bytes:
             raise self._too_large(name, len(content), max_bytes, what)
+        self._check_unchanged(name, content)
         return content
+
+    def _check_unchanged(self, name: str, content: bytes) -> None:
+        """Once the folder is hashed, a file is read only as it was hashed: else the folder changed while read, and
+        the dataset would carry the digest of one version over the pixels of another (refused)."""
+        if self._digests is None:
+            return
+        if self._sorted is None:  # the names in string order, and where each is in the folder's order
+            self._order = sorted(range(len(self._names)), key=self._names.__getitem__)
+            self._sorted = [self._names[index] for index in self._order]
+        found = bisect.bisect_left(self._sorted, name)
+        if found < len(self._sorted) and self._sorted[found] == name:
+            index = self._order[found]
+            if hashlib.sha256(content).digest() != bytes(self._digests[32 * index : 32 * index + 32]):
+                raise SourceError(
+                    f"{self.root / name}: changed since the source folder was hashed; nothing was published: run "
+                    "again once the folder is still"
+                )
 
     def describe(self, name: str) -> str:
         return str(self.root / name)
 
     def sha256(self) -> str:
-        """A digest of the folder: SHA-256 over its sorted relative paths and their contents' SHA-256."""
+        """A digest of the folder: SHA-256 over its sorted relative paths and their contents' SHA-256 (each kept, so
+        that every later read is checked against it)."""
         if self._sha256 is None:
-            digest = hashlib.sha256()
+            digest, digests = hashlib.sha256(), bytearray()
             for name in self._names:
                 with open(self.root / name, "rb") as handle:
-                    digest.update(name.encode() + b"\0" + hashlib.file_digest(handle, "sha256").digest())
-            self._sha256 = digest.hexdigest()
+                    file_digest = hashlib.file_digest(handle, "sha256").digest()
+                digests += file_digest
+                digest.update(name.encode() + b"\0" + file_digest)
+            self._sha256, self._digests = digest.hexdigest(), digests
         return self._sha256
 
 

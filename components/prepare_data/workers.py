@@ -39,13 +39,17 @@ class Worker:
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment, start_new_session=True
         )
         self.last_line = time.monotonic()
+        self.last_error = ""  # the last error line it logged: what a refusal names
         self._reader = threading.Thread(target=self._pass_on, daemon=True)
         self._reader.start()
 
     def _pass_on(self) -> None:
-        for line in self.process.stdout:
+        for raw in self.process.stdout:
             self.last_line = time.monotonic()
-            sys.stderr.write(line.decode("utf-8", errors="replace"))
+            line = raw.decode("utf-8", errors="replace")
+            if " ERROR " in line:
+                self.last_error = line.split(": ", 1)[-1].strip()
+            sys.stderr.write(line)
             sys.stderr.flush()
 
     def end(self) -> None:
@@ -83,7 +87,7 @@ def run_local_workers(
                 if code == exit_codes.SUCCESS:
                     continue
                 if code == exit_codes.BAD_INPUT:
-                    raise WorkerRefusedError(f"{named} refused the source or a setting (its error above)")
+                    raise WorkerRefusedError(f"{named}: {worker.last_error or 'refused the source or a setting'}")
                 if attempts[index] >= WORKER_ATTEMPTS:
                     raise RuntimeError(f"{named} {how}, {attempts[index]} times; giving up")
                 attempts[index] += 1
