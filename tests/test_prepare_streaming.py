@@ -3,6 +3,7 @@ does not grow with the dataset, and what it publishes is byte for byte what read
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tarfile
@@ -166,9 +167,10 @@ def _index(tree) -> tuple:
 
 @pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 @pytest.mark.parametrize("damage", [None, "checksum", "octal", "truncated", "v7-folder", "trailing"])
-def test_the_archive_index_is_what_the_standard_library_reads(tmp_path, monkeypatch, tar_format, damage):
-    """The fast header reader gives the stdlib's members, or hands the archive to it (extension records, a bad
-    checksum, a number that is not plain octal, data past the end); a damaged archive fails as the stdlib fails."""
+def test_the_archive_index_is_what_the_standard_library_reads(tmp_path, tar_format, damage):
+    """The project's own header reader (no header reaches the stdlib's tarfile) gives the stdlib's members on every
+    format (ustar, GNU long names, pax records); a damaged archive is refused in one line naming the archive and
+    where, as the stdlib refuses it."""
     from components.prepare_data import safe_io
 
     def v7_folder(content):  # the first member made a folder the v7 way: type NUL, name ending in '/'
@@ -185,21 +187,32 @@ def test_the_archive_index_is_what_the_standard_library_reads(tmp_path, monkeypa
     }
     archive = _archive_of_every_kind(tmp_path / "every.tar", tar_format, damages.get(damage))
 
-    def index_or_error(tree_of):
-        try:
-            tree = tree_of()
-        except safe_io.SourceError as error:
-            return str(error)
+    def stdlib_index():
+        tree = safe_io.TarTree.__new__(safe_io.TarTree)  # the same bookkeeping, fed by tarfile
+        tree.origin, tree._files, tree._links, tree._directories, tree._order = str(archive), {}, {}, set(), []
+        with tarfile.open(archive) as opened:
+            for member in opened:
+                kind = ("directory" if member.isdir() else "symlink" if member.issym() else
+                        "hardlink" if member.islnk() else "file")  # fmt: skip
+                tree._take(member.name, kind, member.offset_data, member.size, member.linkname)
         return _index(tree)
 
-    fast = index_or_error(lambda: safe_io.TarTree(archive, 1 << 20))
-    with archive.open("rb") as handle:
-        handed_over = [item for item in safe_io._plain_members(handle, archive.stat().st_size) if isinstance(item, int)]
-    if damage in (None, "trailing") and tar_format == tarfile.USTAR_FORMAT:
-        assert not handed_over  # the fast reader read every member itself
-    monkeypatch.setattr(safe_io, "_plain_members", lambda handle, size: iter([0]))
-    stdlib = index_or_error(lambda: safe_io.TarTree(archive, 1 << 20))
-    assert fast == stdlib
+    try:
+        read_whole = stdlib_index()[3][-1:] == ["data/last.png"]  # the stdlib may stop at a cut header silently
+    except (tarfile.TarError, EOFError, OSError):
+        read_whole = False
+    cut_in_padding = damage == "truncated" and read_whole  # only the end's zero padding was cut
+    if damage in ("checksum", "octal", "truncated") and not cut_in_padding:  # the stdlib may stop without a word
+        with pytest.raises(safe_io.SourceError) as refused:
+            safe_io.TarTree(archive, 1 << 20)
+        assert str(refused.value).startswith(f"{archive}: ") and "\n" not in str(refused.value)
+        assert re.search(r"at byte [\d,]+: |truncated|not a readable tar archive", str(refused.value))
+        return
+    fast = _index(safe_io.TarTree(archive, 1 << 20))
+    if damage == "v7-folder":  # a folder with data: skipped as GNU tar does (the stdlib reads no member after it)
+        assert "data/train/cat/0001.pn" in fast[2] and "data/last.png" in fast[0]
+        return
+    assert fast == stdlib_index()
     if damage in (None, "trailing"):
         assert "data/" + "deep/" * 25 + "dog.png" in fast[0] and "data/train/caf\u00e9/0002.png" in fast[0]
 

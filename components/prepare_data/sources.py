@@ -38,6 +38,10 @@ MAX_BATCH_BYTES = 64 * MEGABYTE  # 31 MB in the official archives
 MAX_META_BYTES = MEGABYTE  # a few hundred bytes of class names
 MAX_IMAGE_BYTES = MEGABYTE  # a 32x32 image is a few KB, even uncompressed with metadata
 MAX_RESIZED_IMAGE_BYTES = 32 * MEGABYTE  # with --resize, images of any size up to MAX_IMAGE_SIDE are read
+# An image decodes to at most this many times its file's bytes (past a floor): photos decode to 5-50x, flat PNG
+# drawings to a few hundred; a 49 KB PNG that decodes to 48 MB is a bomb.
+MAX_DECODED_RATIO = 256
+DECODED_FLOOR_BYTES = 4 * MEGABYTE
 SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validation", "test": "eval", "eval": "eval"}
 SPLIT_WORDS = {"train": "train/", "validation": "validation/", "eval": "test/"}  # a split, as its folder is called
 
@@ -465,6 +469,12 @@ def decode_image(content: bytes, origin: str, size: tuple[int, int] | None) -> t
     if not (1 <= header.height <= MAX_IMAGE_SIDE and 1 <= header.width <= MAX_IMAGE_SIDE):
         raise SourceError(
             f"{origin}: image is {header.width}x{header.height}; sides above {MAX_IMAGE_SIDE} are refused"
+        )
+    decoded = header.width * header.height * 3
+    if decoded > max(DECODED_FLOOR_BYTES, MAX_DECODED_RATIO * len(content)):
+        raise SourceError(
+            f"{origin}: a {len(content):,}-byte image that decodes to {header.width}x{header.height} ({decoded:,} "
+            f"bytes, more than {MAX_DECODED_RATIO} times its size); refusing a likely decompression bomb"
         )
     try:
         decoder = tf.io.decode_jpeg if header.kind == "jpeg" else tf.io.decode_png
