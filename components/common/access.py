@@ -20,6 +20,10 @@ JOB_ROLES = (
     "on Kubeflow 1.9 and 1.10, TrainJob on 1.11 and 26.03); on a standalone KFP, manifests/single-user/, which the "
     "cluster admin applies"
 )
+REVIEW_FORBIDDEN = (
+    "the Kubernetes API refused this pod's access review (403): every authenticated user may create "
+    "SelfSubjectAccessReviews (system:basic-user); ask the cluster admin"
+)
 JOB_RESOURCES = {"trainjob": ("trainer.kubeflow.org", "trainjobs"), "tfjob": ("kubeflow.org", "tfjobs")}
 
 
@@ -78,9 +82,25 @@ def job_permissions(kind: str) -> list[Permission]:
     return permissions
 
 
+def _review_answer(answer) -> None:
+    """The API's SelfSubjectAccessReview, its `status.allowed` a boolean (a string "false" is no answer)."""
+    from components.common.coordination import NotTheApiError
+
+    allowed = getattr(getattr(answer, "status", None), "allowed", None)
+    if getattr(answer, "kind", None) not in (None, "SelfSubjectAccessReview") or not isinstance(allowed, bool):
+        raise NotTheApiError(
+            "the Kubernetes API's answer to an access review is not a SelfSubjectAccessReview whose status.allowed is "
+            "true or false (an HTML page: a proxy's login, or an address that is not the API server's?); check "
+            "KUBERNETES_SERVICE_HOST and what stands in front of the API server"
+        )
+
+
 def missing(api_client, namespace: str, permissions: list[Permission]) -> list[Permission]:
-    """The permissions the API server says this service account lacks in `namespace`."""
+    """The permissions the API server says this service account lacks in `namespace`: each asked through the
+    coordination layer's one mapping of the API's answers (components/common/coordination.py `call`)."""
     from kubernetes import client
+
+    from components.common import coordination
 
     authorization = client.AuthorizationV1Api(api_client)
     lacking = []
@@ -92,11 +112,19 @@ def missing(api_client, namespace: str, permissions: list[Permission]) -> list[P
             attributes["subresource"] = subresource
         if permission.name:
             attributes["name"] = permission.name
-        review = authorization.create_self_subject_access_review(
-            {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-             "spec": {"resourceAttributes": attributes}}, _request_timeout=30,
-        )  # fmt: skip
-        if not (review.status and review.status.allowed):
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attributes}}  # fmt: skip
+        review = coordination.call(
+            "ask",
+            lambda body=body: authorization.create_self_subject_access_review(
+                body, _request_timeout=coordination.REQUEST_SECONDS
+            ),
+            namespace,
+            thing=f"whether it may {permission.describe()} (an access review)",
+            forbidden=REVIEW_FORBIDDEN,
+            check=_review_answer,
+        )
+        if review.status.allowed is not True:
             lacking.append(permission)
     return lacking
 

@@ -107,6 +107,24 @@ def available() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (folder / "token").is_file()
 
 
+def _phrase(status: int | None) -> str:
+    """The status's standard phrase (never the server's own text, which may say anything)."""
+    import http
+
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "an unknown status"
+
+
+def _retries():
+    """urllib3's retries for the Kubernetes client: connection failures only. A 429's Retry-After is not slept by
+    the client (it would wait an hour if asked): `call` honours it, bounded, with the other answers it maps."""
+    from urllib3.util.retry import Retry
+
+    return Retry(total=2, connect=2, read=0, status=0, respect_retry_after_header=False, raise_on_status=False)
+
+
 def in_cluster_client():
     """An ApiClient with this pod's service account (in-cluster configuration), and the pod's namespace."""
     from kubernetes import client
@@ -117,7 +135,7 @@ def in_cluster_client():
     InClusterConfigLoader(token_filename=str(folder / "token"), cert_filename=str(folder / "ca.crt")).load_and_set(
         configuration
     )
-    configuration.retries = 2
+    configuration.retries = _retries()
     namespace = pod.namespace_of_this_pod(folder / "namespace")
     if not namespace:
         raise CoordinationError(f"{folder / 'namespace'}: this pod's namespace cannot be read")
@@ -167,10 +185,12 @@ def _claim(content: bytes) -> dict[str, Any]:
     return spec
 
 
-def call(what: str, function, namespace: str):
-    """One API call, retried through throttling (429: after its Retry-After, at most RETRY_AFTER_MOST) and the
-    API server's bad moments (5xx) for at most RETRY_SECONDS; its answer must be the API's object. A 403 and an
-    answer that is not the API's are refused in one line (exit 2); what stays unavailable is retryable (145)."""
+def call(what: str, function, namespace: str, thing: str = "a Lease", forbidden: str | None = None, check=None):
+    """One API call (`what` to `thing`), retried through throttling (429: after its Retry-After, at least a second
+    and at most RETRY_AFTER_MOST) and the API server's bad moments (5xx) for at most RETRY_SECONDS; its answer must
+    be the API's object (`check(answer)` raises NotTheApiError where not; a Lease's by default). A 403 (`forbidden`:
+    its line) and an answer that is not the API's are refused in one line (exit 2); 404 and 409 are the caller's;
+    what stays unavailable is retryable (145). No server text is quoted: the status and what was asked."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -184,22 +204,23 @@ def call(what: str, function, namespace: str):
                 raise
             if error.status == 403:
                 raise access.AccessError(
-                    f"the Kubernetes API refused to {what} Leases in namespace {namespace} (403), which the "
+                    forbidden
+                    or f"the Kubernetes API refused to {what} Leases in namespace {namespace} (403), which the "
                     f"project coordinates through on this store: they are granted by {access.ADMIN_SET}"
                 ) from None
             retried = error.status == 429 or (error.status or 0) >= 500
             if retried:
-                wait = _retry_after(error) if error.status == 429 else None
-                wait = min(wait if wait is not None else delay, RETRY_AFTER_MOST)
+                asked = _retry_after(error) if error.status == 429 else None
+                wait = min(max(asked, delay) if asked is not None else delay, RETRY_AFTER_MOST)
                 if time.monotonic() + wait < deadline:
-                    logger.info("the Kubernetes API answered %s to %s a Lease: again in %.0f s", error.status,
-                                what, wait)  # fmt: skip
+                    logger.info("the Kubernetes API answered %s to %s %s: again in %.0f s", error.status, what,
+                                thing, wait)  # fmt: skip
                     time.sleep(wait)
                     delay = min(delay * 2, RETRY_AFTER_MOST)
                     continue
             during = f", for {RETRY_SECONDS:.0f} s" if retried else ""
             raise CoordinationError(
-                f"the Kubernetes API could not {what} a Lease ({error.status} {error.reason}{during})"
+                f"the Kubernetes API could not {what} {thing} ({error.status} {_phrase(error.status)}{during})"
             ) from None
         except (HTTPError, OSError) as error:  # refused, closed unanswered, or no answer within REQUEST_SECONDS
             # A write may have been applied before its answer was lost: tried again, it meets itself (a 409),
@@ -211,10 +232,10 @@ def call(what: str, function, namespace: str):
                 delay = min(delay * 2, RETRY_AFTER_MOST)
                 continue
             raise CoordinationError(
-                f"the Kubernetes API could not {what} a Lease (no answer: {type(error).__name__}, "
+                f"the Kubernetes API could not {what} {thing} (no answer: {type(error).__name__}, "
                 f"for {RETRY_SECONDS:.0f} s)"
             ) from None
-        check_answer(answer, what)
+        (check or (lambda answered: check_answer(answered, what)))(answer)
         return answer
 
 

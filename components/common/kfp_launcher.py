@@ -193,25 +193,80 @@ def _launcher_data() -> tuple[tuple[str, str], ...] | None:
     if not coordination.available():
         return None
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from components.common import access
 
     api_client, namespace = coordination.in_cluster_client()
+    api = client.CoreV1Api(api_client)
     try:
-        config_map = client.CoreV1Api(api_client).read_namespaced_config_map(CONFIG_MAP, namespace, _request_timeout=30)
-    except Exception as error:
-        status = getattr(error, "status", None)
-        if status in (403, 404):
+        config_map = coordination.call(
+            "read",
+            lambda: api.read_namespaced_config_map(
+                CONFIG_MAP, namespace, _request_timeout=coordination.REQUEST_SECONDS
+            ),
+            namespace,
+            thing=f"the {CONFIG_MAP} ConfigMap",
+            check=_answer_of_kind("ConfigMap", f"the {CONFIG_MAP} ConfigMap"),
+        )
+    except access.AccessError:  # a namespace whose steps may not read it: KFP's own defaults, as its launcher's
+        return None
+    except ApiException as error:
+        if error.status == 404:
             return None
         raise
-    return tuple(sorted((config_map.data or {}).items()))
+    data = config_map.data or {}
+    if not all(isinstance(value, str) for value in data.values()):
+        raise LauncherConfigError(f"the {CONFIG_MAP} ConfigMap's data holds a value that is not a string")
+    return tuple(sorted(data.items()))
+
+
+def _answer_of_kind(kind: str, thing: str):
+    """A check of an answer: the API's object of `kind` (an HTML page parses into an object of no fields)."""
+
+    def check(answer) -> None:
+        if getattr(answer, "metadata", None) is None or not getattr(answer.metadata, "name", None):
+            raise coordination.NotTheApiError(
+                f"the Kubernetes API's answer to reading {thing} is not a {kind} (an HTML page: a proxy's login, or an "
+                "address that is not the API server's?); check KUBERNETES_SERVICE_HOST"
+            )
+
+    return check
 
 
 @functools.cache
 def _read_secret(name: str) -> dict[str, str]:
+    """The secret a provider's secretRef names, decoded; each refusal in one line naming the secret and the key
+    (never a value of it)."""
+    import binascii
+
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
     api_client, namespace = coordination.in_cluster_client()
-    secret = client.CoreV1Api(api_client).read_namespaced_secret(name, namespace, _request_timeout=30)
-    return {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+    api = client.CoreV1Api(api_client)
+    where = f"the secret {name} (named by the {CONFIG_MAP} ConfigMap's providers)"
+    try:
+        secret = coordination.call(
+            "read",
+            lambda: api.read_namespaced_secret(name, namespace, _request_timeout=coordination.REQUEST_SECONDS),
+            namespace,
+            thing=where,
+            forbidden=f"this pod may not read {where} in namespace {namespace} (403): grant its service account get "
+            "on that secret, or name one it may read",
+            check=_answer_of_kind("Secret", where),
+        )
+    except ApiException as error:
+        if error.status == 404:
+            raise LauncherConfigError(f"{where} does not exist in namespace {namespace}") from None
+        raise
+    decoded = {}
+    for key, value in (secret.data or {}).items():
+        try:
+            decoded[key] = base64.b64decode(value, validate=True).decode("utf-8")
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            raise LauncherConfigError(f"{where}: its key {key!r} is not base64 of UTF-8 text") from None
+    return decoded
 
 
 @functools.cache
