@@ -707,6 +707,9 @@ class FakeKubernetesApi:
         self.access_reviews: list[tuple[str, str, str, str]] = []  # (user, verb, group, resource) asked
         self.tick = 0
         self.pod_errors: list[int] = []  # HTTP statuses to answer the next pod GETs with
+        # A fault proxy in front of the API: (path pattern, fault) pairs, each answering the next matching request
+        # once: ("status", code, headers, body bytes), ("hang", seconds) then closed, or ("close",).
+        self.faults: list[tuple[str, tuple]] = []
         self.on_job_get = None  # called with the tick number at each job GET (e.g. to send a signal)
         self.lock = threading.RLock()
         self.lease_store = LeaseStore()  # coordination.k8s.io/v1, as strict as tests/fake_coordination_api.py's
@@ -1099,8 +1102,33 @@ def _handler_class(api: FakeKubernetesApi):
         def _authorize(self, user, verb, group, resource, namespace):
             api.rbac.authorize(user, verb, group, resource, namespace)
 
+        def _fault(self, path: str) -> bool:
+            """Answer from the fault proxy when a fault waits for this path (True: answered)."""
+            for index, (pattern, fault) in enumerate(api.faults):
+                if re.search(pattern, path):
+                    del api.faults[index]
+                    api.requests.append(("fault", fault[0], path))
+                    if fault[0] == "hang":
+                        time.sleep(fault[1])
+                        self.close_connection = True
+                        return True
+                    if fault[0] == "close":
+                        self.close_connection = True
+                        return True
+                    _kind, status, headers, content = fault
+                    self.send_response(status)
+                    for name, value in {"Content-Type": "application/json", **headers}.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(content)))
+                    self.end_headers()
+                    self.wfile.write(content)
+                    return True
+            return False
+
         def _dispatch(self, method: str) -> None:
             url = urlparse(self.path)
+            if self._fault(url.path):
+                return
             query = self.query = parse_qs(url.query)
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""

@@ -82,17 +82,30 @@ def job_permissions(kind: str) -> list[Permission]:
     return permissions
 
 
-def _review_answer(answer) -> None:
-    """The API's SelfSubjectAccessReview, its `status.allowed` a boolean (a string "false" is no answer)."""
+def allowed_in(answer) -> bool:
+    """`status.allowed` of the API's SelfSubjectAccessReview as it was sent (the raw answer: the client's model would
+    take the string "false" for true), which must be a JSON boolean; NotTheApiError for anything else."""
+    import json
+
     from components.common.coordination import NotTheApiError
 
-    allowed = getattr(getattr(answer, "status", None), "allowed", None)
-    if getattr(answer, "kind", None) not in (None, "SelfSubjectAccessReview") or not isinstance(allowed, bool):
+    try:
+        document = json.loads(answer.data)  # reader: the API's JSON answer, checked here
+    except (ValueError, AttributeError, TypeError):
+        document = None
+    status = document.get("status") if isinstance(document, dict) else None
+    allowed = status.get("allowed") if isinstance(status, dict) else None
+    if (
+        not isinstance(document, dict)
+        or document.get("kind") != "SelfSubjectAccessReview"
+        or not isinstance(allowed, bool)
+    ):
         raise NotTheApiError(
             "the Kubernetes API's answer to an access review is not a SelfSubjectAccessReview whose status.allowed is "
             "true or false (an HTML page: a proxy's login, or an address that is not the API server's?); check "
             "KUBERNETES_SERVICE_HOST and what stands in front of the API server"
         )
+    return allowed
 
 
 def missing(api_client, namespace: str, permissions: list[Permission]) -> list[Permission]:
@@ -117,14 +130,14 @@ def missing(api_client, namespace: str, permissions: list[Permission]) -> list[P
         review = coordination.call(
             "ask",
             lambda body=body: authorization.create_self_subject_access_review(
-                body, _request_timeout=coordination.REQUEST_SECONDS
+                body, _request_timeout=coordination.REQUEST_SECONDS, _preload_content=False
             ),
             namespace,
             thing=f"whether it may {permission.describe()} (an access review)",
             forbidden=REVIEW_FORBIDDEN,
-            check=_review_answer,
+            check=allowed_in,
         )
-        if review.status.allowed is not True:
+        if not allowed_in(review):
             lacking.append(permission)
     return lacking
 

@@ -199,6 +199,11 @@ def call(what: str, function, namespace: str, thing: str = "a Lease", forbidden:
     while True:
         try:
             answer = function()
+        except ValueError:  # the client could not make its model of the answer: a page or another object
+            raise NotTheApiError(
+                f"the Kubernetes API's answer to {what} {thing} is not the API's object (an HTML page: a proxy's "
+                "login, or an address that is not the API server's?); check KUBERNETES_SERVICE_HOST"
+            ) from None
         except ApiException as error:
             if error.status in (404, 409):
                 raise
