@@ -408,7 +408,15 @@ URL_SCHEMES = ("http", "https")
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")  # and Unicode's line and paragraph separators
+# Bucket names as the stores define them: S3 (and KFP's minio://) 3-63 of a-z 0-9 . -, a letter or digit at each
+# end; Cloud Storage also takes '_', and up to 222 in dotted names of components of at most 63.
+_BUCKETS = {
+    "s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
+    "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
+}
+_BUCKETS["minio"] = _BUCKETS["s3"]
+MAX_KEY_PREFIX_BYTES = 768  # of a location's key: the stores take 1,024 in all, and the project's names go under it
 
 
 def scheme_problem(name: str, value: str, schemes: Sequence[str] = STORE_SCHEMES + URL_SCHEMES) -> str | None:
@@ -426,13 +434,41 @@ def scheme_problem(name: str, value: str, schemes: Sequence[str] = STORE_SCHEMES
         )
     if CONTROL_CHARACTER.search(value):
         return f"{name}: {shown(value)} holds a control character (a newline, a tab): no location has one"
+    authority = value[match.end() :].split("/", 1)[0]
+    if scheme in URL_SCHEMES and "@" in authority:
+        masked = value[: match.end()] + "***@" + value[match.end() + len(authority.rpartition("@")[0]) + 1 :]
+        return (
+            f"{name}: {shown(masked)} carries credentials in the URL (user:password@); give a URL without them (a "
+            "presigned URL carries its own signature), or copy the data to the store"
+        )
     if scheme in STORE_SCHEMES:
-        bucket, _, key = value[match.end() :].partition("/")
-        if not bucket:
-            return f"{name}: {shown(value)} names no bucket: give {scheme}://BUCKET/PATH"
-        if ".." in key.split("/") or "." in key.split("/"):
-            return (
-                f"{name}: {shown(value)}: an object store has no folders to step out of or stay in ('..', '.'), so "
-                "these would be object names: give the prefix itself"
-            )
+        return _store_location_problem(name, value, scheme, value[match.end() :])
+    return None
+
+
+def _store_location_problem(name: str, value: str, scheme: str, rest: str) -> str | None:
+    """Why an object store's location (`rest`: after the scheme) names nothing the store can hold, by its rules."""
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        return f"{name}: {shown(value)} names no bucket: give {scheme}://BUCKET/PATH"
+    if not _BUCKETS[scheme].fullmatch(bucket) or ".." in bucket or (scheme != "gs" and len(bucket) > 63):
+        return (
+            f"{name}: {shown(value)}: {shown(bucket)} is not a {scheme}:// bucket name (3 to 63 lowercase letters, "
+            "digits, '.' and '-', a letter or digit at each end)"
+        )
+    if "?" in rest or "#" in rest:
+        return f"{name}: {shown(value)} has a query or fragment ('?', '#'): give the prefix alone"
+    segments = key.rstrip("/").split("/") if key else []
+    if "" in segments:
+        return f"{name}: {shown(value)} has an empty segment ('//'): give the prefix with single slashes"
+    if ".." in segments or "." in segments:
+        return (
+            f"{name}: {shown(value)}: an object store has no folders to step out of or stay in ('..', '.'), so "
+            "these would be object names: give the prefix itself"
+        )
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_PREFIX_BYTES:
+        return (
+            f"{name}: {shown(value)}: its key is {len(key.encode('utf-8', 'surrogatepass')):,} bytes; the store's "
+            f"keys hold 1,024 in all and the project's names go under it: at most {MAX_KEY_PREFIX_BYTES}"
+        )
     return None
