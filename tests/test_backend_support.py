@@ -188,7 +188,7 @@ def test_a_schedule_the_backend_cannot_run_creates_no_experiment(capsys):
     with FakeKfpApi(backend_version="2.5.0") as kfp_api:
         code = commands.main(
             cifar10_pipeline,
-            ["schedule", "--host", kfp_api.url, "--cron", "0 0 3 * * *", "--promotion-root", "s3://bucket-b/models",
+            ["schedule", "--host", kfp_api.url, "--cron", "0 0 3 * * *", "--promotion-root", "s3://bkb/models",
              "--prepare-fan-out"],
         )  # fmt: skip
         assert code == 2

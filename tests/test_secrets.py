@@ -233,7 +233,7 @@ def test_kfp_refusals_repeating_the_token_never_print_it(monkeypatch, capsys, st
          "/apis/v2beta1/": (status, "application/json", refusal.encode())},
     )  # fmt: skip
     try:
-        code = commands.main(cifar10_pipeline, ["run", "--host", server.url, "--source", "s3://bucket-b/cifar.tar.gz"])
+        code = commands.main(cifar10_pipeline, ["run", "--host", server.url, "--source", "s3://bkb/cifar.tar.gz"])
     finally:
         server.stop()
         logging.getLogger().handlers.clear()

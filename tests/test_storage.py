@@ -29,7 +29,7 @@ def test_kfp_minio_uris_are_s3_uris():
     assert filesystem.split_uri("minio://mlpipeline/a/b") == ("s3://", "mlpipeline", "a/b")
     assert isinstance(storage.publisher_for("minio://mlpipeline/v2"), object_stores.S3Publisher)
     assert storage.publisher_for("minio://mlpipeline/v2").uri("x") == "s3://mlpipeline/v2/x"
-    assert filesystem.join("minio://bucket-b/p", "q") == "s3://bucket-b/p/q"
+    assert filesystem.join("minio://bkb/p", "q") == "s3://bkb/p/q"
 
 
 def test_the_model_directory_of_a_run_outlives_the_pod_and_the_attempt():

@@ -75,7 +75,8 @@ def test_a_schedule_keeps_each_tasks_own_caching_and_runs_one_at_a_time(kfp_api)
          "--epochs", "30", "--train-options", '{"ema_decay": 0.999}'],
     )  # fmt: skip
     assert code == 0
-    other = ["schedule", "--host", kfp_api.url, "--cron", "0 0 4 * * *", "--promotion-root", "s3://bucket-b/m", "--name", "x",
+    other = ["schedule", "--host", kfp_api.url, "--cron", "0 0 4 * * *", "--promotion-root", "s3://bkb/m",
+             "--name", "x",
              "--data-check", "warn"]  # fmt: skip
     assert commands.main(cifar10_pipeline, other) == 0
     assert len(kfp_api.experiments) == 1, "the second submission reuses the experiment"
@@ -100,7 +101,7 @@ def test_a_schedule_keeps_each_tasks_own_caching_and_runs_one_at_a_time(kfp_api)
     ("arguments", "message"),
     [
         (
-            ["schedule", "--cron", "0 3 * * *", "--promotion-root", "gs://bucket-b"],
+            ["schedule", "--cron", "0 3 * * *", "--promotion-root", "gs://bkb"],
             "has 5 fields; KFP's cron has six, seconds first",
         ),
         (["schedule", "--cron", "0 0 3 * * *"], "a schedule needs --promotion-root"),
@@ -138,7 +139,7 @@ def test_bad_submission_requests_are_clear_errors_and_send_nothing(kfp_api, caps
 def test_a_cron_kfp_would_refuse_is_refused_before_anything_is_sent(kfp_api, capsys, cron, message):
     """Checked as the KFP API server parses it (robfig/cron v1: six fields, seconds first, each in its range, or a
     descriptor): one line naming the field and value, exit 2, nothing submitted."""
-    arguments = ["schedule", "--host", kfp_api.url, "--cron", cron, "--promotion-root", "gs://bucket-b/m"]
+    arguments = ["schedule", "--host", kfp_api.url, "--cron", cron, "--promotion-root", "gs://bkb/m"]
     assert commands.main(cifar10_pipeline, arguments) == 2
     error = capsys.readouterr().err
     assert message in error and len(error.strip().splitlines()) == 1, error
@@ -155,7 +156,7 @@ def test_every_cron_form_kfp_takes_is_taken(cron):
 
 
 def test_a_schedule_by_descriptor_is_submitted_as_given(kfp_api):
-    arguments = ["schedule", "--host", kfp_api.url, "--cron", "@every 12h", "--promotion-root", "gs://bucket-b/m"]
+    arguments = ["schedule", "--host", kfp_api.url, "--cron", "@every 12h", "--promotion-root", "gs://bkb/m"]
     assert commands.main(cifar10_pipeline, arguments) == 0
     (recurring,) = kfp_api.bodies("POST", f"{API}/recurringruns")
     assert recurring["trigger"] == {"cron_schedule": {"cron": "@every 12h"}}
@@ -367,8 +368,8 @@ def test_every_pipeline_refuses_a_value_its_parameter_cannot_carry(pipeline_name
         ("training", ["run", "--source", "cifar-10-python.tar.gz"], "source: 'cifar-10-python.tar.gz' is a path"),
         ("training", ["run", "--warm-start", "outputs/run/model"], "warm_start: 'outputs/run/model' is a path"),
         ("sweep", ["run", "--sweep-dir", "outputs/sweep"], "sweep_dir: 'outputs/sweep' is a path"),
-        ("predict", ["run", "--model", "outputs/models", "--images", "s3://bucket-b/i"], "model: 'outputs/models' is a"),
-        ("predict", ["run", "--model", "s3://bucket-b/m", "--images", "new-images/"], "images: 'new-images/' is a path"),
+        ("predict", ["run", "--model", "outputs/models", "--images", "s3://bkb/i"], "model: 'outputs/models' is a"),
+        ("predict", ["run", "--model", "s3://bkb/m", "--images", "new-images/"], "images: 'new-images/' is a path"),
     ],
 )
 def test_a_cluster_run_refuses_a_path_of_this_machine(kfp_api, capsys, pipeline_name, arguments, message):
@@ -391,19 +392,20 @@ def test_a_cluster_run_refuses_a_path_of_this_machine(kfp_api, capsys, pipeline_
     ("pipeline_name", "arguments", "message"),
     [("training", ["run", "--promotion-root", "s3:///models"], "promotion_root: 's3:///models' names no bucket"),
      ("training", ["run", "--model-dir", "s3://bucket/../other"], "model_dir: 's3://bucket/../other': an object store"),
-     ("training", ["schedule", "--promotion-root", "gs://bucket-b/models\n"], "holds a control character"),
-     ("training", ["run", "--source", "s3://bucket-b/./cifar.tar.gz"], "an object store has no folders"),
-     ("sweep", ["run", "--sweep-dir", "s3://bucket-b/sweeps/\x1b[2J"], "sweep_dir: 's3://bucket-b/sweeps/\\x1b[2J' holds a control"),
-     ("predict", ["run", "--model", "s3:///m", "--images", "s3://bucket-b/i"], "model: 's3:///m' names no bucket"),
+     ("training", ["schedule", "--promotion-root", "gs://bkb/models\n"], "holds a control character"),
+     ("training", ["run", "--source", "s3://bkb/./cifar.tar.gz"], "an object store has no folders"),
+     ("sweep", ["run", "--sweep-dir", "s3://bkb/sweeps/\x1b[2J"],
+      "sweep_dir: 's3://bkb/sweeps/\\x1b[2J' holds a control"),
+     ("predict", ["run", "--model", "s3:///m", "--images", "s3://bkb/i"], "model: 's3:///m' names no bucket"),
      # by the stores' own rules: bucket names, empty segments, a query, the key's length, Unicode line separators
      ("training", ["run", "--promotion-root", "s3://Bucket_Name/m"], "'Bucket_Name' is not a s3:// bucket name"),
      ("training", ["run", "--promotion-root", "s3://b/m"], "'b' is not a s3:// bucket name"),
      ("training", ["run", "--source", "s3://" + "a" * 64 + "/d.tar.gz"], "is not a s3:// bucket name"),
      ("training", ["run", "--model-dir", "gs://Bucket/m"], "'Bucket' is not a gs:// bucket name"),
-     ("training", ["run", "--promotion-root", "s3://bucket-b/a//m"], "has an empty segment ('//')"),
-     ("training", ["run", "--source", "s3://bucket-b/d.tar.gz?versionId=3"], "has a query or fragment"),
-     ("training", ["run", "--promotion-root", "s3://bucket-b/" + "k" * 2000], "its key is 2,000 bytes"),
-     ("training", ["run", "--promotion-root", "s3://bucket-b/a\u2028b"], "holds a control character"),
+     ("training", ["run", "--promotion-root", "s3://bkb/a//m"], "has an empty segment ('//')"),
+     ("training", ["run", "--source", "s3://bkb/d.tar.gz?versionId=3"], "has a query or fragment"),
+     ("training", ["run", "--promotion-root", "s3://bkb/" + "k" * 2000], "its key is 2,000 bytes"),
+     ("training", ["run", "--promotion-root", "s3://bkb/a\u2028b"], "holds a control character"),
      ("training", ["run", "--source", "https://user:secret-pass@example.org/d.tar.gz"],
       "'https://***@example.org/d.tar.gz' carries credentials in the URL")],
 )  # fmt: skip
@@ -441,7 +443,7 @@ def test_names_are_bounded_as_the_kfp_api_bounds_them_before_anything_is_sent(kf
 def test_launcher_pod_with_more_workers_than_its_pod_holds_is_refused_before_the_run(kfp_api, capsys):
     """launcher pod trains as processes of the training step's own pod: 32 workers of half a GB each do not fit its
     8Gi (the pod would be OOMKilled, and retried, after the data was prepared)."""
-    arguments = ["run", "--host", kfp_api.url, "--source", "s3://bucket-b/cifar.tar.gz", "--launcher", "pod",
+    arguments = ["run", "--host", kfp_api.url, "--source", "s3://bkb/cifar.tar.gz", "--launcher", "pod",
                  "--workers", "32", "--train-step-memory", "8Gi"]  # fmt: skip
     assert commands.main(cifar10_pipeline, arguments) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
@@ -512,7 +514,7 @@ def test_run_submits_the_images_make_compile_named_and_leaves_the_compiled_file_
     commands.compile_pipeline(cifar10_pipeline, compiled)
     compiled.write_text(compiled.read_text().replace(images.DEFAULT_REGISTRY + "/", "registry.example.com/ml/"))
     before = compiled.read_bytes()
-    assert commands.main(cifar10_pipeline, ["run", "--host", kfp_api.url, "--source", "s3://bucket-b/data.tar.gz"]) == 0
+    assert commands.main(cifar10_pipeline, ["run", "--host", kfp_api.url, "--source", "s3://bkb/data.tar.gz"]) == 0
     (run,) = kfp_api.bodies("POST", f"{API}/runs")
     tag = images.image_tag()
     assert images_in(run) == {f"registry.example.com/ml/{kind}:{tag}" for kind in ("cpu", "gpu")}
@@ -541,7 +543,7 @@ def test_run_submits_the_tag_make_compile_was_given_and_not_an_older_codes(kfp_a
     for kind in images.KINDS:
         text = text.replace(f"{images.DEFAULT_REGISTRY}/{kind}:{tag}", f"r.example.com/{kind}:{compiled_tag}")
     compiled.write_text(text)
-    assert commands.main(cifar10_pipeline, ["run", "--host", kfp_api.url, "--source", "s3://bucket-b/data.tar.gz"]) == 0
+    assert commands.main(cifar10_pipeline, ["run", "--host", kfp_api.url, "--source", "s3://bkb/data.tar.gz"]) == 0
     (run,) = kfp_api.bodies("POST", f"{API}/runs")
     submitted = submitted or tag
     assert images_in(run) == {f"r.example.com/{kind}:{submitted}" for kind in ("cpu", "gpu")}
@@ -562,7 +564,7 @@ def test_run_without_a_source_says_which_data_it_trains_on(kfp_api, capsys):
 
 
 def test_a_schedule_of_the_same_name_is_refused_replaced_listed_and_disabled(kfp_api, capsys):
-    schedule = ["schedule", "--host", kfp_api.url, "--cron", "0 0 3 * * *", "--promotion-root", "s3://bucket-b/models"]
+    schedule = ["schedule", "--host", kfp_api.url, "--cron", "0 0 3 * * *", "--promotion-root", "s3://bkb/models"]
     assert commands.main(cifar10_pipeline, schedule) == 0
     (first,) = kfp_api.recurring_runs
     assert commands.main(cifar10_pipeline, [*schedule, "--epochs", "2"]) == 2
@@ -592,7 +594,7 @@ def test_run_wait_keeps_its_exit_code_without_make(outcome, code, tmp_path):
     """make turns a failure into its own 2; the same target through python -m pipeline.make keeps the run's code."""
     with FakeKfpApi(run_outcome=outcome) as api:
         ran = subprocess.run(
-            [sys.executable, "-m", "pipeline.make", "run", f"KFP_HOST={api.url}", "WAIT=1", "SOURCE=s3://bucket-b/d.tar.gz",
+            [sys.executable, "-m", "pipeline.make", "run", f"KFP_HOST={api.url}", "WAIT=1", "SOURCE=s3://bkb/d.tar.gz",
              "EXTRA=--poll-seconds 0.1",
             ],
             capture_output=True, text=True, timeout=300, cwd=tmp_path,

@@ -317,12 +317,12 @@ def cifar10_sweep_pipeline():
 def test_every_search_setting_reaches_a_trial_as_the_train_stage_types_it():
     from components.sweep.config import SweepConfig
 
-    config = SweepConfig(data="s3://bucket-b/d", sweep_dir="s3://bucket-b/s", space="{}", launcher="trainjob",
+    config = SweepConfig(data="s3://bkb/d", sweep_dir="s3://bkb/s", space="{}", launcher="trainjob",
                          train_options={"gpus_per_worker": 1.0, "epochs": 2})  # fmt: skip
-    settings = sweep_module.trial_settings(config, {"depth": 14.0, "learning_rate": 1}, "s3://bucket-b/s/trials/0003", 7)
+    settings = sweep_module.trial_settings(config, {"depth": 14.0, "learning_rate": 1}, "s3://bkb/s/trials/0003", 7)
     assert settings["depth"] == 14 and isinstance(settings["depth"], int) and settings["gpus_per_worker"] == 1
     assert settings["learning_rate"] == 1.0 and isinstance(settings["learning_rate"], float)
-    assert (settings["model_dir"], settings["seed"], settings["data"]) == ("s3://bucket-b/s/trials/0003", 7, "s3://bucket-b/d")
+    assert (settings["model_dir"], settings["seed"], settings["data"]) == ("s3://bkb/s/trials/0003", 7, "s3://bkb/d")
     assert os.path.basename(settings["model_dir"]) == "0003"
     # trials that start no cluster job would ignore a job's setting: refused before any trial
     with pytest.raises(
@@ -585,8 +585,8 @@ def test_an_emptied_journal_beside_recorded_trials_is_refused_as_damaged(split_d
     assert "study.journal: the study journal is empty, yet trials.jsonl beside it records finished trials" in message
     assert (sweep_dir / "trials.jsonl").read_text() == json.dumps(record) + "\n"
     with pytest.raises(sweep_module.SweepError):  # and the rule itself, without the folder
-        sweep_module.recover_journal(sweep_dir / "study.journal", "s3://bucket-b/sweep/study.journal", trials_recorded=True)
-    sweep_module.recover_journal(sweep_dir / "study.journal", "s3://bucket-b/sweep/study.journal")  # a new study's: fine
+        sweep_module.recover_journal(sweep_dir / "study.journal", "s3://bkb/sweep/study.journal", trials_recorded=True)
+    sweep_module.recover_journal(sweep_dir / "study.journal", "s3://bkb/sweep/study.journal")  # a new study's: fine
 
 
 @pytest.mark.parametrize("sampler", ["random", "tpe"])

@@ -276,8 +276,8 @@ def test_the_tfjob_cli_launches_without_tensorflow_through_a_kubeconfig(tmp_path
             "sys.exit(main(sys.argv[1:]))"
         )
         completed = subprocess.run(
-            [sys.executable, "-c", program, "--launcher", "tfjob", "--workers", "2", "--data", "s3://bucket-b/data",
-             "--model-dir", "s3://bucket-b/model", "--job-namespace", "team-a", "--job-name", "cli-job",
+            [sys.executable, "-c", program, "--launcher", "tfjob", "--workers", "2", "--data", "s3://bkb/data",
+             "--model-dir", "s3://bkb/model", "--job-namespace", "team-a", "--job-name", "cli-job",
              "--worker-image", "registry.example/train:1"],
             cwd=REPOSITORY, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True,
             timeout=120,

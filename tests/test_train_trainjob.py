@@ -682,8 +682,8 @@ def test_the_trainjob_cli_launches_without_tensorflow_through_a_kubeconfig(tmp_p
             "sys.exit(main(sys.argv[1:]))"
         )
         completed = subprocess.run(
-            [sys.executable, "-c", program, "--launcher", "trainjob", "--workers", "2", "--data", "s3://bucket-b/data",
-             "--model-dir", "s3://bucket-b/model", "--job-namespace", NAMESPACE, "--job-name", "cli-job",
+            [sys.executable, "-c", program, "--launcher", "trainjob", "--workers", "2", "--data", "s3://bkb/data",
+             "--model-dir", "s3://bkb/model", "--job-namespace", NAMESPACE, "--job-name", "cli-job",
              "--worker-image", "registry.example/train:1", "--queue-name", "gpus", "--image-pull-secrets", "regcred"],
             cwd=REPOSITORY, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True,
             timeout=120,
@@ -838,7 +838,7 @@ def test_a_trainjob_deletes_itself_when_the_step_that_launched_it_ends_abruptly(
         install_runtime(api)
         step = subprocess.Popen(
             [sys.executable, "-m", "components.train", "--launcher", "trainjob", "--workers", "2", "--data",
-             "s3://bucket-b/data", "--model-dir", "s3://bucket-b/model", "--job-namespace", NAMESPACE, "--job-name", "lapse-job",
+             "s3://bkb/data", "--model-dir", "s3://bkb/model", "--job-namespace", NAMESPACE, "--job-name", "lapse-job",
              "--step-lease-seconds", str(seconds)],
             cwd=REPOSITORY, env={**os.environ, "KUBECONFIG": str(api.kubeconfig(tmp_path / "step-kubeconfig"))},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,

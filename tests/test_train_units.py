@@ -74,7 +74,8 @@ class TestTfConfig:
         assert choose_launcher(TrainConfig(data="d", model_dir="m")) == "inprocess"
         assert choose_launcher(TrainConfig(data="d", model_dir="m", workers=2)) == "local"
         assert (
-            choose_launcher(TrainConfig(data="gs://bucket-b/d", model_dir="gs://bucket-b/m", workers=2, launcher="tfjob")) == "tfjob"
+            choose_launcher(TrainConfig(data="gs://bkb/d", model_dir="gs://bkb/m", workers=2, launcher="tfjob"))
+            == "tfjob"
         )
         monkeypatch.setenv("TF_CONFIG", tf_config(2))
         assert choose_launcher(TrainConfig(data="d", model_dir="m", workers=2)) == "worker"
