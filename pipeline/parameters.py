@@ -165,6 +165,13 @@ def check_cluster_locations(parameters: dict[str, Any]) -> None:
     as the first, and lose it), so a path is refused, naming the parameter and what it may be."""
     from components.common.filesystem import SCHEME
 
+    source = parameters.get("source")
+    if isinstance(source, str) and source.startswith(("http://", "https://")) and ("?" in source or "#" in source):
+        raise CommandError(
+            "source: a URL with a query (a presigned URL's signature, a ?token=) would travel in the run's "
+            "parameters, which everyone who may see the run reads: copy the archive into the store (s3://, gs://) "
+            "and give that location"
+        )
     for name, expected in CLUSTER_LOCATIONS.items():
         value = parameters.get(name)
         if (

@@ -250,3 +250,20 @@ def test_publishers_racing_on_the_manifest_after_writing_their_shards(tmp_path, 
     assert verified.manifest_sha256 == winner.manifest_sha256
     listed = {shard.path for split in verified.manifest.splits.values() for shard in split.shards}
     assert set(storage.publisher_for(output).list()) == listed | {"manifest.json", "statistics.json"}
+
+
+def test_a_presigned_urls_signature_is_never_stored_in_the_published_dataset(tmp_path, http_server, isolated_cache):
+    """A presigned URL carries its credentials in its query: the download uses it whole, the manifest and the
+    statistics name it without them, and a cluster run refuses it (the run's parameters are readable by everyone
+    who may see the run)."""
+    from pipeline import commands
+    from pipeline.training_pipeline import cifar10_pipeline
+
+    url, _requests = http_server
+    signed = f"{url}?X-Amz-Signature=0123456789abcdef0123&X-Amz-Credential=AKIA-SECRET"
+    prepare_data(PrepareDataConfig(output=str(tmp_path / "out"), source=signed))
+    for path in (tmp_path / "out").rglob("*.json"):
+        text = path.read_text()
+        assert "X-Amz-Signature" not in text and "AKIA-SECRET" not in text, path
+    assert f'"uri": "{url}?..."' in (tmp_path / "out" / "manifest.json").read_text()
+    assert commands.main(cifar10_pipeline, ["run", "--host", "http://127.0.0.1:9", "--source", signed]) == 2

@@ -118,6 +118,14 @@ ENCODED = {
     "base64url-unpadded": lambda token: base64.urlsafe_b64encode(token.encode()).decode().rstrip("="),
     "percent": lambda token: urllib.parse.quote(token, safe=""),
     "hex": lambda token: token.encode().hex(),
+    # the outside round's: the words are never quoted, so no list of encodings is needed to keep these out
+    "mime-wrapped": lambda token: base64.encodebytes(token.encode() * 2).decode(),
+    "base64-of-bearer": lambda token: base64.b64encode(f"Bearer {token}".encode()).decode(),
+    "percent-lower-and-double": lambda token: urllib.parse.quote(urllib.parse.quote(token, safe="")).lower(),
+    "json-escaped-slashes": lambda token: token.replace(".", "\\/"),
+    "split-by-a-newline": lambda token: token[:30] + "\n" + token[30:],
+    "base32": lambda token: base64.b32encode(token.encode()).decode(),
+    "hex-with-colons": lambda token: ":".join(f"{byte:02x}" for byte in token.encode()),
 }
 
 
@@ -134,7 +142,8 @@ def test_a_registry_echoing_the_token_in_any_encoding_has_its_words_left_out(tok
     output = lines() + outcome.line
     assert not outcome.registered
     assert not any(form in output for form in (ENCODED[name](TOKEN) for name in ENCODED)), output
-    assert "the server's words left out (they repeat a credential)" in outcome.line
+    assert not any(piece in output for piece in (TOKEN[:24], TOKEN[-24:], echoed[:24], echoed[-24:])), output
+    assert "is not allowed here" not in output and "403 Forbidden" in outcome.line  # its status, never its words
 
 
 @pytest.mark.parametrize(
@@ -163,8 +172,7 @@ def test_a_registry_repeating_the_authorization_header_never_has_the_token_print
     output = lines() + outcome.line
     assert TOKEN not in output and "c2Vzc2lvbg9876" not in output  # ...and is in no line
     assert f"the Model Registry at {server.url}" in outcome.line
-    if kind != "html":
-        assert "the server's words left out (they repeat a credential)" in outcome.line
+    assert "request had" not in output and str(status) in outcome.line  # its status, never its words
     assert "<body>" not in output
 
 

@@ -303,11 +303,11 @@ def probe(address: str, token: str | None, custom_ca: str | None) -> None:
         )
     if status in (401, 403):
         raise RegistrationError(
-            f"{where} refused the bearer token ({status}{answer.server_words()}); give one it accepts "
+            f"{where} refused the bearer token ({status} {_phrase(status)}); give one it accepts "
             f"({TOKEN_PATH_VARIABLE})"
         )
     if status >= 500 or status == 429:
-        raise RegistrationError(f"{where}: HTTP {status}{answer.server_words()}", transient=True)
+        raise RegistrationError(f"{where}: HTTP {status} {_phrase(status)}", transient=True)
     if 300 <= status < 400 or not replies.is_json(kind):
         raise RegistrationError(
             f"{where}: the answer to {API_PATH} is not the Model Registry's (HTTP {status}, {kind}): this is not the "
@@ -385,10 +385,8 @@ def _cause(error: BaseException) -> tuple[str, bool]:
     if isinstance(error, replies.ReplyError):
         return str(error), False
     if isinstance(error, api_errors.ApiException):
-        status = error.status or 0
-        body = (error.body or error.reason or "").strip()
-        reply = replies.Reply(status, "application/json" if body.startswith("{") else "text/plain", body.encode())
-        return f"HTTP {status}{reply.server_words(200)}", status >= 500 or status == 429
+        status = error.status or 0  # the registry's own words are never quoted: it may echo the token it was sent
+        return f"HTTP {status} {_phrase(status)}", status >= 500 or status == 429
     if isinstance(error, (OSError, asyncio.TimeoutError)):
         return (f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)[:300], True
     import aiohttp
@@ -511,3 +509,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _phrase(status: int) -> str:
+    """The status's standard phrase: what a request that carried a token may say of the server's answer (its own
+    text may echo the token, in any encoding)."""
+    import http
+
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "(an unknown status)"

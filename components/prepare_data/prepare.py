@@ -117,8 +117,16 @@ def read_source(resolved: ResolvedSource, config: PrepareDataConfig) -> RawDatas
                 f"{resolved.uri}: ran out of memory reading the source; give the step more memory (in a pipeline: "
                 f"prepare_step_memory) or lower --max-source-megabytes (now {config.max_source_megabytes})"
             ) from error
-    raw.source.update(uri=resolved.uri, sha256=resolved.sha256)
+    raw.source.update(uri=published_uri(resolved.uri), sha256=resolved.sha256)
     return raw
+
+
+def published_uri(uri: str) -> str:
+    """The source as a published document names it: a URL without its query and fragment (a presigned URL's
+    signature, a ?token=: credentials, never stored), said with '?...'."""
+    if uri.startswith(("http://", "https://")) and ("?" in uri or "#" in uri):
+        return uri.split("?", 1)[0].split("#", 1)[0] + "?..."
+    return uri
 
 
 def dataset_key(source_sha256: str, parameters: dict) -> str:
