@@ -25,6 +25,7 @@ def cluster(tmp_path, monkeypatch):
     monkeypatch.setattr(coordination, "RETRY_SECONDS", 6.0)
     monkeypatch.setattr(coordination, "RETRY_AFTER_MOST", 2.0)
     monkeypatch.setattr(coordination, "REQUEST_SECONDS", 1)
+    monkeypatch.setattr(access, "REQUEST_SECONDS", 1)
     with FakeKubernetesApi(release="26.03", pod_folder=tmp_path / "pod") as api:
         for name, value in api.pod_environment().items():
             monkeypatch.setenv(name, value)
@@ -35,7 +36,7 @@ def cluster(tmp_path, monkeypatch):
 
 def review(api) -> list:
     api_client, namespace = coordination.in_cluster_client()
-    return access.missing(api_client, namespace, LEASE_PERMISSION)
+    return access.missing(api_client, namespace, LEASE_PERMISSION, coordination.call)
 
 
 def answer(status: int, body, headers: dict | None = None, kind: str = "application/json") -> tuple:

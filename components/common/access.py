@@ -27,6 +27,10 @@ REVIEW_FORBIDDEN = (
 JOB_RESOURCES = {"trainjob": ("trainer.kubeflow.org", "trainjobs"), "tfjob": ("kubeflow.org", "tfjobs")}
 
 
+class NotTheApiError(ValueError):
+    """What answered is not the Kubernetes API (a proxy's login page, another server): final, exit 2."""
+
+
 class AccessError(ValueError):
     """The step's service account lacks a permission the run needs (final: a retry lacks it too)."""
 
@@ -87,8 +91,6 @@ def allowed_in(answer) -> bool:
     take the string "false" for true), which must be a JSON boolean; NotTheApiError for anything else."""
     import json
 
-    from components.common.coordination import NotTheApiError
-
     try:
         document = json.loads(answer.data)  # reader: the API's JSON answer, checked here
     except (ValueError, AttributeError, TypeError):
@@ -108,12 +110,14 @@ def allowed_in(answer) -> bool:
     return allowed
 
 
-def missing(api_client, namespace: str, permissions: list[Permission]) -> list[Permission]:
-    """The permissions the API server says this service account lacks in `namespace`: each asked through the
-    coordination layer's one mapping of the API's answers (components/common/coordination.py `call`)."""
-    from kubernetes import client
+REQUEST_SECONDS = 30
 
-    from components.common import coordination
+
+def missing(api_client, namespace: str, permissions: list[Permission], call) -> list[Permission]:
+    """The permissions the API server says this service account lacks in `namespace`: each asked through `call`, the
+    coordination layer's one mapping of the API's answers (components/common/coordination.py `call`, handed in: that
+    module imports this one)."""
+    from kubernetes import client
 
     authorization = client.AuthorizationV1Api(api_client)
     lacking = []
@@ -127,10 +131,10 @@ def missing(api_client, namespace: str, permissions: list[Permission]) -> list[P
             attributes["name"] = permission.name
         body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                 "spec": {"resourceAttributes": attributes}}  # fmt: skip
-        review = coordination.call(
+        review = call(
             "ask",
             lambda body=body: authorization.create_self_subject_access_review(
-                body, _request_timeout=coordination.REQUEST_SECONDS, _preload_content=False
+                body, _request_timeout=REQUEST_SECONDS, _preload_content=False
             ),
             namespace,
             thing=f"whether it may {permission.describe()} (an access review)",
@@ -152,9 +156,10 @@ def refusal(account: str, namespace: str, lacking: list[Permission]) -> str:
     )
 
 
-def check(api_client, namespace: str, account: str, permissions: list[Permission]) -> None:
-    """AccessError naming what is missing, before anything else happens; said in one line when all is held."""
-    lacking = missing(api_client, namespace, permissions)
+def check(api_client, namespace: str, account: str, permissions: list[Permission], call) -> None:
+    """AccessError naming what is missing, before anything else happens; said in one line when all is held. `call`:
+    components/common/coordination.py's."""
+    lacking = missing(api_client, namespace, permissions, call)
     if lacking:
         raise AccessError(refusal(account, namespace, lacking))
     if permissions:

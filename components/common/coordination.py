@@ -76,8 +76,7 @@ def _retry_after(error) -> float | None:
         return RETRY_AFTER_MOST
 
 
-class NotTheApiError(ValueError):
-    """What answered is not the Kubernetes API (a proxy's login page, another server): final, exit 2."""
+NotTheApiError = access.NotTheApiError  # what answered is not the Kubernetes API: final, exit 2
 
 
 def check_answer(answer: Any, what: str) -> None:

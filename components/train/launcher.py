@@ -228,4 +228,4 @@ def check_access(launcher: str, locations: list[str]) -> None:
         return
     api_client, namespace = coordination.in_cluster_client()
     permissions = run_permissions(launcher, [location for location in locations if location], api_client)
-    access.check(api_client, namespace, coordination.service_account_name(), permissions)
+    access.check(api_client, namespace, coordination.service_account_name(), permissions, coordination.call)

@@ -259,7 +259,8 @@ def check_worker_rights(environment=None) -> None:
         return
     try:
         api_client, namespace = cluster_client()
-        access.check(api_client, namespace, coordination.service_account_name(), access.worker_permissions(name, job))
+        account, permissions = coordination.service_account_name(), access.worker_permissions(name, job)
+        access.check(api_client, namespace, account, permissions, coordination.call)
     except access.AccessError:
         raise
     except Exception as error:  # the review could not be made: the watch says what it cannot do, as before
