@@ -126,15 +126,16 @@ class HashingReader(io.RawIOBase):
             self.digest.update(piece)
 
 
-def _file_pieces(reader, magic: bytes) -> Iterator[bytes]:
-    """The archive's bytes as `reader` gives them, decompressed piece by piece when its `magic` says so."""
+def _file_pieces(reader, magic: bytes) -> tuple[Iterator[bytes], bool]:
+    """The archive's bytes as `reader` gives them, decompressed piece by piece when its `magic` says so; and whether
+    it was compressed."""
     if magic[:2] == b"\x1f\x8b":
-        return gzip_stream_pieces(reader.read)
+        return gzip_stream_pieces(reader.read), True
     if magic[:3] == b"BZh":
-        return _stream_pieces(bz2.BZ2File(reader))
+        return _stream_pieces(bz2.BZ2File(reader)), True
     if magic[:6] == b"\xfd7zXZ\x00":
-        return _stream_pieces(lzma.LZMAFile(reader))
-    return iter(lambda: reader.read(_CHUNK_BYTES), b"")
+        return _stream_pieces(lzma.LZMAFile(reader)), True
+    return iter(lambda: reader.read(_CHUNK_BYTES), b""), False
 
 
 def unpacked_file(path: Path, origin: str, max_bytes: int):
@@ -148,9 +149,8 @@ def unpacked_file(path: Path, origin: str, max_bytes: int):
     handle.seek(0)
     compressed = before.st_size
     reader = HashingReader(handle)
-    pieces = _file_pieces(io.BufferedReader(reader, _CHUNK_BYTES), magic)
-    plain = not (magic[:2] == b"\x1f\x8b" or magic[:3] == b"BZh" or magic[:6] == b"\xfd7zXZ\x00")
-    bound = max_bytes if plain else min(max_bytes, max(EXPANSION_FLOOR, MAX_EXPANSION * compressed))
+    pieces, was_compressed = _file_pieces(io.BufferedReader(reader, _CHUNK_BYTES), magic)
+    bound = min(max_bytes, max(EXPANSION_FLOOR, MAX_EXPANSION * compressed)) if was_compressed else max_bytes
     unpacked = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the tree that reads it)
     produced = 0
     try:
